@@ -1,0 +1,2 @@
+def test_imports():
+    import mindtrain.config, mindtrain.data, mindtrain.models, mindtrain.parallel, mindtrain.trainer  # noqa
