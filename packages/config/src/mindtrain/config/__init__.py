@@ -1,5 +1,42 @@
-"""The mindtrain YAML schema as dataclasses: loading, validation, legacy conversion."""
+"""The mindtrain YAML schema as dataclasses: loading, validation, legacy conversion.
+
+Imports neither numpy nor MindSpore.
+"""
 
 from mindtrain.config.__about__ import __version__
+from mindtrain.config.derived import (
+    ParallelDims,
+    num_accumulation_steps,
+    resolve_parallelism,
+    total_lr_steps,
+    warmup_steps,
+)
+from mindtrain.config.errors import ConfigError, UserError
+from mindtrain.config.legacy import convert_legacy, legacy_problems
+from mindtrain.config.loader import dump_config, from_dict, load_config, parse_config, to_dict
+from mindtrain.config.schema import (
+    CheckpointConfig,
+    ContextConfig,
+    DataLoaderConfig,
+    GPTDatasetConfig,
+    LRSchedulerConfig,
+    MindTrainConfig,
+    ModelConfig,
+    MonitorConfig,
+    OptimizerConfig,
+    ParallelismConfig,
+    TrainDatasetConfig,
+    TrainingConfig,
+)
+from mindtrain.config.validate import parse_data_path, parse_split, validate_config, validate_model
 
-__all__ = ["__version__"]
+__all__ = [
+    "__version__",
+    "CheckpointConfig", "ConfigError", "ContextConfig", "DataLoaderConfig", "GPTDatasetConfig",
+    "LRSchedulerConfig", "MindTrainConfig", "ModelConfig", "MonitorConfig", "OptimizerConfig",
+    "ParallelDims", "ParallelismConfig", "TrainDatasetConfig", "TrainingConfig", "UserError",
+    "convert_legacy", "dump_config", "from_dict", "legacy_problems", "load_config",
+    "num_accumulation_steps", "parse_config", "parse_data_path", "parse_split",
+    "resolve_parallelism", "to_dict", "total_lr_steps", "validate_config", "validate_model",
+    "warmup_steps",
+]

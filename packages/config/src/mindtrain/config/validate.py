@@ -1,0 +1,271 @@
+"""Cross-field rules. Each violation raises ConfigError naming the full field path."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from mindtrain.config.derived import num_accumulation_steps, resolve_parallelism, total_lr_steps, warmup_steps
+from mindtrain.config.errors import ConfigError
+from mindtrain.config.schema import (
+    GPTDatasetConfig,
+    MindTrainConfig,
+    ModelConfig,
+    ParallelismConfig,
+    TrainDatasetConfig,
+)
+
+MODEL_TYPES = {"deepseek_v3": "DeepseekV3ForCausalLM"}
+LR_SCHEDULES = {
+    # type -> fields (besides the common ones) that the schedule reads
+    "ConstantWarmUpLR": set(),
+    "LinearWithWarmUpLR": {"lr_end"},
+    "CosineWithWarmUpLR": {"lr_end", "num_cycles"},
+    "PolynomialWithWarmUpLR": {"lr_end", "power"},
+    "WarmUpStableDecayLR": {"lr_end", "decay_ratio"},
+    "ConstantWithCoolDownLR": {"lr_end", "decay_ratio"},
+}
+BASE_COLUMNS = ["input_ids", "labels", "loss_mask", "position_ids"]
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _positive(value: int, path: str) -> None:
+    if value < 1:
+        raise ConfigError(path, f"must be a positive integer, got {value}")
+
+
+def _non_negative(value: float, path: str) -> None:
+    if value < 0:
+        raise ConfigError(path, f"must be >= 0, got {value}")
+
+
+def parse_split(split: str, path: str = "train_dataset.dataloader.config.split") -> list[float]:
+    """'1, 0, 0' -> normalised [train, test, eval] weights."""
+    parts = [s.strip() for s in str(split).replace("/", ",").split(",")]
+    try:
+        weights = [float(s) for s in parts]
+    except ValueError:
+        raise ConfigError(path, f"must be comma-separated numbers like \"1, 0, 0\", got {split!r}") from None
+    if len(weights) > 3 or not weights:
+        raise ConfigError(path, f"needs at most 3 weights [train, test, eval], got {split!r}")
+    weights += [0.0] * (3 - len(weights))
+    if any(w < 0 for w in weights) or sum(weights) <= 0:
+        raise ConfigError(path, f"weights must be >= 0 with a positive sum, got {split!r}")
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+def parse_data_path(data_path: list[str], path: str = "train_dataset.dataloader.config.data_path"
+                    ) -> tuple[list[str], Optional[list[float]]]:
+    """Flat [weight, prefix, weight, prefix, ...] -> (prefixes, weights normalised to 1).
+
+    A single prefix without a weight is accepted (weights None), as in Megatron.
+    """
+    if len(data_path) == 1:
+        return [data_path[0]], None
+    if len(data_path) % 2:
+        raise ConfigError(path, f"must be pairs of weight and .bin/.idx prefix, got {len(data_path)} entries")
+    weights, prefixes = [], []
+    for i in range(0, len(data_path), 2):
+        w, prefix = data_path[i], data_path[i + 1]
+        try:
+            weight = float(w)
+        except ValueError:
+            raise ConfigError(f"{path}[{i}]", f"must be a sampling weight (a number) before the prefix, got {w!r}") from None
+        if weight <= 0:
+            raise ConfigError(f"{path}[{i}]", f"weight must be > 0, got {w!r}")
+        try:
+            float(prefix)
+            raise ConfigError(f"{path}[{i + 1}]", f"must be a .bin/.idx prefix, got the number {prefix!r}")
+        except ValueError:
+            pass
+        weights.append(weight)
+        prefixes.append(prefix)
+    total = sum(weights)
+    return prefixes, [w / total for w in weights]
+
+
+def validate_model(m: ModelConfig, path: str = "model") -> None:
+    """Rules on the model section alone (the models package calls this too)."""
+    if m.model_type not in MODEL_TYPES:
+        raise ConfigError(f"{path}.model_type", f"unknown model type {m.model_type!r}; known: {', '.join(MODEL_TYPES)}")
+    if m.architectures != MODEL_TYPES[m.model_type]:
+        raise ConfigError(f"{path}.architectures",
+                          f"must be {MODEL_TYPES[m.model_type]!r} for model_type {m.model_type!r}, got {m.architectures!r}")
+    for name in ("seq_length", "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
+                 "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "kv_lora_rank",
+                 "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim", "max_position_embeddings"):
+        _positive(getattr(m, name), f"{path}.{name}")
+    if m.q_lora_rank is not None:
+        _positive(m.q_lora_rank, f"{path}.q_lora_rank")
+    if m.qk_rope_head_dim % 2:
+        raise ConfigError(f"{path}.qk_rope_head_dim", f"must be even (rotary pairs), got {m.qk_rope_head_dim}")
+    if m.num_key_value_heads != m.num_attention_heads:
+        raise ConfigError(f"{path}.num_key_value_heads",
+                          f"MLA uses one key/value head per query head; set it to num_attention_heads ({m.num_attention_heads})")
+    if not 0 <= m.first_k_dense_replace <= m.num_hidden_layers:
+        raise ConfigError(f"{path}.first_k_dense_replace",
+                          f"must be between 0 and num_hidden_layers ({m.num_hidden_layers}), got {m.first_k_dense_replace}")
+    has_moe = m.first_k_dense_replace < m.num_hidden_layers or m.num_nextn_predict_layers > 0
+    if has_moe:
+        _positive(m.n_routed_experts, f"{path}.n_routed_experts")
+        _positive(m.n_group, f"{path}.n_group")
+        _positive(m.num_experts_per_tok, f"{path}.num_experts_per_tok")
+        _non_negative(m.n_shared_experts, f"{path}.n_shared_experts")
+        if m.n_routed_experts % m.n_group:
+            raise ConfigError(f"{path}.n_routed_experts",
+                              f"{m.n_routed_experts} is not divisible by n_group ({m.n_group})")
+        if not 1 <= m.topk_group <= m.n_group:
+            raise ConfigError(f"{path}.topk_group", f"must be between 1 and n_group ({m.n_group}), got {m.topk_group}")
+        reachable = m.topk_group * (m.n_routed_experts // m.n_group)
+        if m.num_experts_per_tok > reachable:
+            raise ConfigError(f"{path}.num_experts_per_tok",
+                              f"{m.num_experts_per_tok} exceeds the {reachable} experts reachable in topk_group "
+                              f"({m.topk_group}) groups of {m.n_routed_experts // m.n_group}")
+        if (m.n_routed_experts // m.n_group) < 2 and m.n_group > 1:
+            raise ConfigError(f"{path}.n_group", "each group needs at least 2 experts (group score = sum of its top 2)")
+    if m.hidden_act != "silu":
+        raise ConfigError(f"{path}.hidden_act", f"only 'silu' is supported, got {m.hidden_act!r}")
+    if m.rope_scaling is not None:
+        kind = m.rope_scaling.get("type", m.rope_scaling.get("rope_type"))
+        if kind not in ("yarn", "default", None):
+            raise ConfigError(f"{path}.rope_scaling.type", f"only 'yarn' is supported, got {kind!r}")
+        if kind == "yarn" and float(m.rope_scaling.get("factor", 0)) <= 0:
+            raise ConfigError(f"{path}.rope_scaling.factor", "must be > 0 for yarn scaling")
+    for name in ("compute_dtype", "param_init_dtype"):
+        if getattr(m, name) not in DTYPES:
+            raise ConfigError(f"{path}.{name}", f"must be one of {', '.join(DTYPES)}, got {getattr(m, name)!r}")
+    _non_negative(m.num_nextn_predict_layers, f"{path}.num_nextn_predict_layers")
+    _non_negative(m.aux_loss_alpha, f"{path}.aux_loss_alpha")
+    _non_negative(m.bias_update_speed, f"{path}.bias_update_speed")
+    _non_negative(m.mtp_loss_scaling_factor, f"{path}.mtp_loss_scaling_factor")
+    if m.rms_norm_eps <= 0:
+        raise ConfigError(f"{path}.rms_norm_eps", f"must be > 0, got {m.rms_norm_eps}")
+
+
+def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
+    path = "parallelism"
+    if p.data_parallel_shard != -1:
+        _positive(p.data_parallel_shard, f"{path}.data_parallel_shard")
+    for name in ("expert_parallel", "tensor_parallel", "context_parallel", "pipeline_parallel"):
+        _positive(getattr(p, name), f"{path}.{name}")
+    strategies = ("optim", "optim_grads", "optim_grads_params")
+    if p.data_parallel_sharding_strategy not in strategies:
+        raise ConfigError(f"{path}.data_parallel_sharding_strategy",
+                          f"must be one of {', '.join(strategies)}, got {p.data_parallel_sharding_strategy!r}")
+    if p.pipeline_schedule not in ("1f1b", "gpipe"):
+        raise ConfigError(f"{path}.pipeline_schedule", f"must be '1f1b' or 'gpipe', got {p.pipeline_schedule!r}")
+    tp = p.tensor_parallel
+    if m.num_attention_heads % tp:
+        raise ConfigError(f"{path}.tensor_parallel",
+                          f"{tp} must divide model.num_attention_heads ({m.num_attention_heads})")
+    for name in ("vocab_size", "intermediate_size", "moe_intermediate_size", "seq_length"):
+        if getattr(m, name) % tp:
+            raise ConfigError(f"{path}.tensor_parallel", f"{tp} must divide model.{name} ({getattr(m, name)})")
+    if m.n_routed_experts % p.expert_parallel:
+        raise ConfigError(f"{path}.expert_parallel",
+                          f"{p.expert_parallel} must divide model.n_routed_experts ({m.n_routed_experts})")
+    cp = p.context_parallel
+    if cp > 1 and m.seq_length % (2 * cp):
+        raise ConfigError(f"{path}.context_parallel",
+                          f"model.seq_length ({m.seq_length}) must be divisible by 2 x context_parallel = {2 * cp}")
+    if cp > 1 and tp > 1 and (m.seq_length // cp) % tp:
+        raise ConfigError(f"{path}.tensor_parallel",
+                          f"{tp} must divide the per-rank sequence seq_length / context_parallel = {m.seq_length // cp}")
+    pp = p.pipeline_parallel
+    if p.pipeline_layers_per_stage is not None:
+        layers = p.pipeline_layers_per_stage
+        if len(layers) != pp:
+            raise ConfigError(f"{path}.pipeline_layers_per_stage",
+                              f"needs one entry per stage ({pp}), got {len(layers)}")
+        if any(n < 1 for n in layers) or sum(layers) != m.num_hidden_layers:
+            raise ConfigError(f"{path}.pipeline_layers_per_stage",
+                              f"entries must be >= 1 and sum to model.num_hidden_layers ({m.num_hidden_layers}), got {layers}")
+    elif pp > m.num_hidden_layers:
+        raise ConfigError(f"{path}.pipeline_parallel",
+                          f"{pp} stages exceed model.num_hidden_layers ({m.num_hidden_layers})")
+
+
+def validate_dataset(d: TrainDatasetConfig, m: ModelConfig) -> None:
+    path = "train_dataset.dataloader"
+    dl = d.dataloader
+    if dl.type != "BlendedMegatronDatasetDataLoader":
+        raise ConfigError(f"{path}.type", f"must be 'BlendedMegatronDatasetDataLoader', got {dl.type!r}")
+    if dl.datasets_type is None:
+        raise ConfigError(f"{path}.datasets_type", "is required for BlendedMegatronDatasetDataLoader; set it to \"GPTDataset\"")
+    if dl.datasets_type != "GPTDataset":
+        raise ConfigError(f"{path}.datasets_type", f"must be \"GPTDataset\", got {dl.datasets_type!r}")
+    if dl.sizes is None:
+        raise ConfigError(f"{path}.sizes", "is required for BlendedMegatronDatasetDataLoader: [train, test, eval] sample counts")
+    if len(dl.sizes) != 3 or any(s < 0 for s in dl.sizes):
+        raise ConfigError(f"{path}.sizes", f"must be 3 non-negative sample counts [train, test, eval], got {dl.sizes}")
+    if dl.config is None:
+        raise ConfigError(f"{path}.config", "is required for BlendedMegatronDatasetDataLoader (seq_length, split, eod, pad, data_path, ...)")
+    c: GPTDatasetConfig = dl.config
+    cpath = f"{path}.config"
+    _positive(c.seq_length, f"{cpath}.seq_length")
+    if c.seq_length != m.seq_length:
+        raise ConfigError(f"{cpath}.seq_length", f"{c.seq_length} must equal model.seq_length ({m.seq_length})")
+    if c.data_path:
+        if c.split is None:
+            raise ConfigError(f"{cpath}.split", "required when data_path is set, e.g. \"1, 0, 0\"")
+        parse_data_path(c.data_path, f"{cpath}.data_path")
+    if c.split is not None:
+        parse_split(c.split, f"{cpath}.split")
+    _positive(c.eod_pad_length, f"{cpath}.eod_pad_length")
+    if c.create_attention_mask and c.create_compressed_eod_mask:
+        raise ConfigError(f"{cpath}.create_compressed_eod_mask",
+                          "cannot be combined with create_attention_mask; choose one attention_mask form")
+    wants_mask = c.create_attention_mask or c.create_compressed_eod_mask
+    expected = BASE_COLUMNS + (["attention_mask"] if wants_mask else [])
+    if list(dl.column_names) != expected:
+        why = ("attention_mask is created" if wants_mask else "no attention_mask is created")
+        raise ConfigError(f"{path}.column_names", f"must be {expected} because {why}, got {dl.column_names}")
+    _non_negative(d.num_parallel_workers, "train_dataset.num_parallel_workers")
+
+
+def validate_config(cfg: MindTrainConfig, world_size: Optional[int] = None) -> None:
+    """Check every rule; with ``world_size``, also the parallel layout and accumulation."""
+    if cfg.context.mode != 1:
+        raise ConfigError("context.mode", f"only eager mode (1) is supported, got {cfg.context.mode}")
+    if cfg.context.device_target not in (None, "Ascend", "CPU", "GPU"):
+        raise ConfigError("context.device_target", f"must be Ascend, CPU or GPU, got {cfg.context.device_target!r}")
+    t = cfg.training
+    for name in ("steps", "local_batch_size", "global_batch_size", "log_interval", "max_skipped_steps"):
+        _positive(getattr(t, name), f"training.{name}")
+    ck = cfg.checkpoint
+    _non_negative(ck.save_interval, "checkpoint.save_interval")
+    _non_negative(ck.keep_last, "checkpoint.keep_last")
+    if ck.enable_save and not ck.save_path:
+        raise ConfigError("checkpoint.save_path", "must be set when enable_save is true")
+    o = cfg.optimizer
+    if o.type != "AdamW":
+        raise ConfigError("optimizer.type", f"only 'AdamW' is supported, got {o.type!r}")
+    if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
+        raise ConfigError("optimizer.betas", f"must be two numbers in [0, 1), got {o.betas}")
+    if o.eps <= 0:
+        raise ConfigError("optimizer.eps", f"must be > 0, got {o.eps}")
+    _non_negative(o.weight_decay, "optimizer.weight_decay")
+    lr = cfg.lr_scheduler
+    if lr.type not in LR_SCHEDULES:
+        raise ConfigError("lr_scheduler.type", f"unknown schedule {lr.type!r}; known: {', '.join(LR_SCHEDULES)}")
+    defaults = type(lr)()
+    for name in ("lr_end", "power", "num_cycles", "decay_ratio"):
+        if getattr(lr, name) != getattr(defaults, name) and name not in LR_SCHEDULES[lr.type]:
+            raise ConfigError(f"lr_scheduler.{name}", f"is not used by {lr.type}; remove it")
+    _non_negative(lr.learning_rate, "lr_scheduler.learning_rate")
+    if not 0 <= lr.warmup_ratio <= 1:
+        raise ConfigError("lr_scheduler.warmup_ratio", f"must be between 0 and 1, got {lr.warmup_ratio}")
+    if lr.total_steps is not None:
+        _positive(lr.total_steps, "lr_scheduler.total_steps")
+    if lr.warmup_steps is not None:
+        _non_negative(lr.warmup_steps, "lr_scheduler.warmup_steps")
+    if warmup_steps(lr, total_lr_steps(cfg)) > total_lr_steps(cfg):
+        raise ConfigError("lr_scheduler.warmup_steps", f"exceeds the schedule's {total_lr_steps(cfg)} steps")
+    if not 0 < lr.decay_ratio <= 1:
+        raise ConfigError("lr_scheduler.decay_ratio", f"must be in (0, 1], got {lr.decay_ratio}")
+    validate_model(cfg.model)
+    validate_parallelism(cfg.parallelism, cfg.model)
+    validate_dataset(cfg.train_dataset, cfg.model)
+    if world_size is not None:
+        dims = resolve_parallelism(cfg.parallelism, world_size)
+        num_accumulation_steps(cfg, dims)
