@@ -11,7 +11,7 @@ import yaml
 from mindtrain.config.errors import UserError
 from mindtrain.config.legacy import convert_legacy, legacy_problems
 from mindtrain.config.loader import parse_config, read_yaml
-from mindtrain.config.schema import ModelConfig
+from mindtrain.config.schema import MindTrainConfig
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,7 +23,9 @@ def main(argv: list[str] | None = None) -> int:
         raw = read_yaml(args.old)
         if not legacy_problems(raw):
             print(f"{args.old}: already in the flat eager form; nothing to convert", file=sys.stderr)
-        fields = {f.name for f in dataclasses.fields(ModelConfig)}
+        fields = {f.name: {g.name for g in dataclasses.fields(f.type if isinstance(f.type, type) else
+                                                         getattr(MindTrainConfig(), f.name).__class__)}
+                  for f in dataclasses.fields(MindTrainConfig)}
         new, notes = convert_legacy(raw, fields)
         parse_config(new, validate=True)  # the result must load and validate
         with open(args.new, "w", encoding="utf-8") as f:

@@ -25,7 +25,8 @@ def _type_name(tp: Any) -> str:
         return " or ".join(_type_name(a) for a in args) + " or null"
     if origin is list:
         (inner,) = typing.get_args(tp) or (Any,)
-        return f"a list of {_type_name(inner)}"
+        plural = {int: "integers", float: "numbers", str: "strings", bool: "booleans"}
+        return f"a list of {plural.get(inner, 'values')}"
     if origin is dict:
         return "a mapping"
     if dataclasses.is_dataclass(tp):

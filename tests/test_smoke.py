@@ -1,2 +1,0 @@
-def test_imports():
-    import mindtrain.config, mindtrain.data, mindtrain.models, mindtrain.parallel, mindtrain.trainer  # noqa
