@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from typing import Iterable, Optional, Sequence
 
-import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, ops
 
@@ -73,8 +72,9 @@ class AdamW:
         """Moments keyed ``exp_avg.<param>`` / ``exp_avg_sq.<param>`` plus ``step``."""
         out: dict[str, np.ndarray] = {"step": np.array(self.step_count, np.int64)}
         for name, m, v in zip(self.names, self.exp_avg, self.exp_avg_sq):
-            out[f"exp_avg.{name}"] = m.asnumpy()
-            out[f"exp_avg_sq.{name}"] = v.asnumpy()
+            # asnumpy() may share memory with the Parameter, which the kernel updates in place
+            out[f"exp_avg.{name}"] = m.asnumpy().copy()
+            out[f"exp_avg_sq.{name}"] = v.asnumpy().copy()
         return out
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
@@ -85,8 +85,3 @@ class AdamW:
         for name, m, v in zip(self.names, self.exp_avg, self.exp_avg_sq):
             m.set_data(Tensor(np.ascontiguousarray(state[f"exp_avg.{name}"], np.float32)))
             v.set_data(Tensor(np.ascontiguousarray(state[f"exp_avg_sq.{name}"], np.float32)))
-
-
-def named_trainable(cell: ms.nn.Cell) -> list[tuple[str, Parameter]]:
-    """(name, parameter) of every trainable parameter, names as the cell reports them."""
-    return [(p.name, p) for p in cell.trainable_params()]
