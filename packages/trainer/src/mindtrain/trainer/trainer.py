@@ -1,0 +1,327 @@
+"""The Trainer: builds model, data, optimizer and schedule from the config and runs the loop."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import resource
+import time
+from typing import Callable, Optional
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, ops
+
+from mindtrain.config import (
+    MindTrainConfig,
+    UserError,
+    dump_config,
+    num_accumulation_steps,
+    resolve_parallelism,
+)
+from mindtrain.trainer import checkpoint as ckpt
+from mindtrain.trainer.log_line import format_step_line
+from mindtrain.trainer.lr_schedule import LRSchedule
+from mindtrain.trainer.metrics import MetricsWriter, new_run_dir
+from mindtrain.trainer.monitor import format_train_state, parameter_norms
+from mindtrain.trainer.optimizer import AdamW
+from mindtrain.trainer.runtime import Runtime
+
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.safetensors"
+
+
+class NonFiniteError(UserError):
+    """Too many consecutive steps had a non-finite loss or gradient."""
+
+
+def _rank_file(rank: int) -> str:
+    return f"rank_{rank:05d}.json"
+
+
+def _max_rss_mb() -> float:
+    # MindSpore's memory counters read 0 on CPU; the process's peak RSS is what a user sees.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+class Trainer:
+    """One training job on this rank.
+
+    Data parallel over ``dims.dp`` ranks: every rank holds the full model; per optimizer
+    step each rank runs ``num_accumulation_steps`` micro-batches, gradients (and the MoE
+    expert load) are summed over micro-batches and ranks in one all-reduce and divided by
+    micro-batches x ranks, i.e. the gradient of the mean of the micro-batch mean losses.
+    """
+
+    def __init__(self, cfg: MindTrainConfig, runtime: Runtime, out: Callable[[str], None] = print):
+        from mindtrain.data import PretrainingLoader, build_dataset
+        from mindtrain.models import build_model
+
+        self.cfg = cfg
+        self.rt = runtime
+        self.out = out if runtime.rank == 0 else (lambda _line: None)
+        self.dims = resolve_parallelism(cfg.parallelism, runtime.world_size)
+        self.accum = num_accumulation_steps(cfg, self.dims)
+        self._check_supported()
+        t = cfg.training
+        self.total_steps = t.steps
+        self._seed(t.seed)
+        self.model = build_model(cfg.model)
+        self.params = [(p.name, p) for p in self.model.trainable_params()]
+        self.all_params = list(self.model.parameters_and_names())
+        self.schedule = LRSchedule.from_config(cfg)
+        self.optimizer = AdamW.from_config(self.params, cfg.optimizer, lr=self.schedule(1))
+        self._sizes = [int(np.prod(p.shape)) for _, p in self.params]
+        self._shapes = [tuple(p.shape) for _, p in self.params]
+        self._grad_fn = ms.value_and_grad(self._forward, None, [p for _, p in self.params], has_aux=True)
+
+        dl = cfg.train_dataset.dataloader
+        self.columns = list(dl.column_names)
+        dataset = build_dataset(cfg.train_dataset)
+        self.loader = PretrainingLoader(
+            dataset, micro_batch_size=t.local_batch_size, global_batch_size=t.global_batch_size,
+            dp_rank=self.rt.rank % self.dims.dp, dp_size=self.dims.dp,
+            drop_remainder=cfg.train_dataset.drop_remainder,
+            num_workers=cfg.train_dataset.num_parallel_workers, shuffle=dl.shuffle, seed=t.seed)
+        self._batches = None
+        self.step = 0
+        self.consumed_samples = 0
+        self.skipped_total = 0
+        self.skipped_in_row = 0
+        self.flops_per_token = self._flops_per_token()
+        self.writer = None
+        if cfg.checkpoint.enable_save:
+            self.writer = ckpt.CheckpointWriter(cfg.checkpoint.save_path, cfg.checkpoint.keep_last,
+                                                rank=self.rt.rank, world_size=self.rt.world_size,
+                                                barrier=self.rt.barrier)
+        if cfg.checkpoint.load_path:
+            self.load(cfg.checkpoint.load_path)
+        self.metrics: Optional[MetricsWriter] = None
+        if self.rt.rank == 0:
+            run_dir = new_run_dir(cfg.monitor.metrics_dir)
+            dump_config(cfg, os.path.join(run_dir, "config.yaml"))
+            self.metrics = MetricsWriter(run_dir)
+
+    # ------------------------------------------------------------------ setup
+    def _check_supported(self) -> None:
+        d = self.dims
+        for name, degree in (("tensor_parallel", d.tp), ("context_parallel", d.cp),
+                             ("pipeline_parallel", d.pp), ("expert_parallel", d.ep)):
+            if degree != 1:
+                raise UserError(f"parallelism.{name}: {degree} is not supported by this trainer yet; "
+                                "set it to 1 (data parallelism over all workers is supported)")
+
+    @staticmethod
+    def _seed(seed: int) -> None:
+        # Every rank seeds identically, so all ranks initialise the same full model.
+        ms.set_seed(seed)
+        np.random.seed(seed)
+        random.seed(seed)
+
+    def _flops_per_token(self) -> float:
+        from mindtrain.models import flops_per_token
+
+        return float(flops_per_token(self.cfg.model, self.cfg.model.seq_length))
+
+    # ------------------------------------------------------------------ step
+    def _forward(self, *inputs):
+        kwargs = dict(zip(self.columns[1:], inputs[1:]))
+        loss, metrics = self.model(inputs[0], labels=kwargs["labels"], loss_mask=kwargs.get("loss_mask"),
+                                   position_ids=kwargs.get("position_ids"),
+                                   attention_mask=kwargs.get("attention_mask"))
+        zero = ops.zeros((), ms.float32)
+        return loss, metrics["lm_loss"], metrics.get("load_balancing_loss", zero), metrics.get("mtp_loss", zero)
+
+    def _micro_batch(self, batch: dict) -> tuple[list[Tensor], np.ndarray]:
+        inputs = [Tensor(np.ascontiguousarray(batch[name])) for name in self.columns]
+        (loss, lm, lbl, mtp), grads = self._grad_fn(*inputs)
+        return list(grads), np.array([float(lm.asnumpy()), float(lbl.asnumpy()), float(mtp.asnumpy()),
+                                      float(loss.asnumpy())], np.float64)
+
+    def train_step(self) -> dict:
+        """One optimizer step (all micro-batches); returns the step's metrics."""
+        start = time.perf_counter()
+        acc: Optional[list[Tensor]] = None
+        micro_losses = []
+        if self._batches is None:
+            self._batches = iter(self.loader)
+        for _ in range(self.accum):
+            grads, losses = self._micro_batch(next(self._batches))
+            acc = grads if acc is None else [a + g for a, g in zip(acc, grads)]
+            micro_losses.append(losses)
+        local = np.mean(micro_losses, axis=0)
+        load = self.model.take_expert_load()
+        n_load = int(np.prod(load.shape))
+        world = self.rt.world_size
+        # One all-reduce carries the gradients, the expert load and every rank's losses
+        # (each rank fills its own slot, so the sum is a gather).
+        slots = np.zeros((world, 4), np.float32)
+        slots[self.rt.rank] = local
+        flat = ops.cat([g.reshape(-1) for g in acc] + [load.reshape(-1).astype(ms.float32),
+                                                        Tensor(slots.reshape(-1))])
+        if self.rt.distributed:
+            from mindspore.mint import distributed as dist
+
+            flat = flat.contiguous()
+            dist.all_reduce(flat)
+        n_grad = sum(self._sizes)
+        grads_flat = flat[:n_grad] / float(self.accum * self.dims.dp)
+        total_load = flat[n_grad:n_grad + n_load].reshape(load.shape)
+        device_losses = flat[n_grad + n_load:].asnumpy().reshape(world, 4).astype(np.float64)
+        dp_losses = device_losses.mean(axis=0)
+        grad_norm = float(ops.sqrt((grads_flat * grads_flat).sum()).asnumpy())
+        lr = self.schedule(self.step + 1)
+        finite = math.isfinite(grad_norm) and bool(np.all(np.isfinite(dp_losses)))
+        if finite:
+            self.skipped_in_row = 0
+            max_norm = self.cfg.training.max_norm
+            if max_norm > 0:
+                coef = max_norm / (grad_norm + 1e-6)
+                if coef < 1.0:
+                    grads_flat = grads_flat * coef
+            grads = [g.reshape(s) for g, s in zip(ops.split(grads_flat, self._sizes), self._shapes)]
+            self.optimizer.step(grads, lr=lr)
+            self.model.update_expert_bias(total_load)
+        else:
+            self.skipped_total += 1
+            self.skipped_in_row += 1
+        self.step += 1
+        self.consumed_samples += self.cfg.training.global_batch_size
+        elapsed = time.perf_counter() - start
+        tokens_per_device = self.accum * self.cfg.training.local_batch_size * self.cfg.model.seq_length
+        return {"step": self.step, "loss": dp_losses[0], "load_balancing_loss": dp_losses[1],
+                "mtp_loss": dp_losses[2], "total_loss": dp_losses[3], "lr": lr, "grad_norm": grad_norm,
+                "per_step_time_ms": elapsed * 1000.0,
+                "tokens_per_s": tokens_per_device * self.dims.dp / elapsed,
+                "throughput_flops": self.flops_per_token * tokens_per_device / elapsed,
+                "max_rss_mb": _max_rss_mb(), "skipped": not finite, "skipped_total": self.skipped_total,
+                "consumed_samples": self.consumed_samples,
+                "local_losses": [m[0] for m in micro_losses], "device_losses": list(device_losses[:, 0])}
+
+    # ------------------------------------------------------------------ loop
+    def train(self) -> list[dict]:
+        """Run until training.steps; returns the per-step metrics (on every rank)."""
+        cfg = self.cfg
+        m = cfg.model
+        has_moe = m.first_k_dense_replace < m.num_hidden_layers or m.num_nextn_predict_layers > 0
+        history = []
+        save_every = cfg.checkpoint.save_interval
+        while self.step < self.total_steps:
+            rec = self.train_step()
+            history.append(rec)
+            if self.step % cfg.training.log_interval == 0 or self.step == self.total_steps:
+                self.out(format_step_line(
+                    self.step, self.total_steps, rec["loss"], rec["per_step_time_ms"], rec["lr"], rec["grad_norm"],
+                    rec["throughput_flops"], load_balancing_loss=rec["load_balancing_loss"] if has_moe else None,
+                    mtp_loss=rec["mtp_loss"] if m.num_nextn_predict_layers > 0 else None))
+                if cfg.monitor.train_state:
+                    norms = parameter_norms([(n, p.asnumpy()) for n, p in self.params])
+                    for line in format_train_state(self.step, self.total_steps, rec["local_losses"],
+                                                   rec["device_losses"], norms):
+                        self.out(line)
+            if self.metrics is not None:
+                self.metrics.write({k: v for k, v in rec.items() if k not in ("local_losses",)})
+            if self.skipped_in_row >= cfg.training.max_skipped_steps:
+                raise NonFiniteError(
+                    f"training.max_skipped_steps: {self.skipped_in_row} steps in a row had a non-finite loss or "
+                    f"gradient (last at step {self.step}); lower lr_scheduler.learning_rate, enable "
+                    "training.max_norm, or check the data")
+            if self.writer is not None and ((save_every and self.step % save_every == 0)
+                                            or self.step == self.total_steps):
+                self.save()
+        if self.metrics is not None:
+            self.metrics.close()
+        return history
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self) -> str:
+        rank = self.rt.rank
+        tensors: dict[str, dict[str, np.ndarray]] = {}
+        files: dict[str, object] = {_rank_file(rank): {
+            "loader": self.loader.state_dict(),
+            "rng": {"numpy": _numpy_rng_state(), "python": _python_rng_state()}}}
+        if rank == 0:
+            tensors[MODEL_FILE] = {name: p.asnumpy().copy() for name, p in self.all_params}
+            tensors[OPTIMIZER_FILE] = self.optimizer.state_dict()
+            files[ckpt.STATE_FILE] = {
+                "step": self.step, "consumed_samples": self.consumed_samples, "skipped_total": self.skipped_total,
+                "skipped_in_row": self.skipped_in_row, "world_size": self.rt.world_size, "dp": self.dims.dp,
+                "lr_schedule": {"kind": self.schedule.kind, "peak": self.schedule.peak, "total": self.schedule.total,
+                                "warmup": self.schedule.warmup},
+                "seed": self.cfg.training.seed}
+        return self.writer.save(self.step, tensors, files)
+
+    def load(self, load_path: str) -> None:
+        kind, folder = ckpt.resolve_checkpoint(load_path)
+        if kind == "hf":
+            self._load_weights(_read_hf_weights(folder), folder, strict=False)
+            self.out(f"mindtrain: started from the weights of HF model directory {folder}")
+            return
+        self._load_weights(ckpt.load_tensors(folder, MODEL_FILE), folder, strict=True)
+        if not self.cfg.checkpoint.load_optimizer:
+            self.out(f"mindtrain: loaded model weights from {folder} (load_optimizer is false)")
+            return
+        state = ckpt.load_json(folder)
+        self.optimizer.load_state_dict(ckpt.load_tensors(folder, OPTIMIZER_FILE))
+        self.step = int(state["step"])
+        self.consumed_samples = int(state["consumed_samples"])
+        self.skipped_total = int(state["skipped_total"])
+        self.skipped_in_row = int(state["skipped_in_row"])
+        if self.step >= self.total_steps:
+            raise UserError(f"checkpoint.load_path: the checkpoint is at step {self.step}, but training.steps is "
+                            f"{self.total_steps}; raise training.steps to train further")
+        if int(state["dp"]) == self.dims.dp:
+            rank_state = ckpt.load_json(folder, _rank_file(self.rt.rank))
+            self.loader.load_state_dict(rank_state["loader"])
+            _set_numpy_rng_state(rank_state["rng"]["numpy"])
+            random.setstate(_python_rng_from_json(rank_state["rng"]["python"]))
+        else:
+            self.loader.load_state_dict({"consumed_samples": self.consumed_samples})
+        self.out(f"mindtrain: resumed from {folder} at step {self.step}")
+
+    def _load_weights(self, arrays: dict[str, np.ndarray], folder: str, strict: bool) -> None:
+        missing = [n for n, _ in self.all_params if n not in arrays]
+        if missing and (strict or len(missing) == len(self.all_params)):
+            raise ckpt.CheckpointError(f"checkpoint.load_path: '{folder}' lacks {missing[0]} "
+                                       f"(and {len(missing) - 1} more parameters); it was saved for a different model")
+        for name, p in self.all_params:
+            if name not in arrays:
+                continue
+            a = arrays[name]
+            if tuple(a.shape) != tuple(p.shape):
+                raise ckpt.CheckpointError(f"checkpoint.load_path: '{folder}' has {name} with shape {tuple(a.shape)}, "
+                                           f"but model.* gives {tuple(p.shape)}; the checkpoint is for a different model")
+            p.set_data(Tensor(np.ascontiguousarray(a, dtype=np.float32)).astype(p.dtype))
+
+
+def _read_hf_weights(folder: str) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
+    if not files:
+        raise ckpt.CheckpointError(f"checkpoint.load_path: HF directory '{folder}' has no .safetensors weights "
+                                   "(only safetensors are read, never pickle .bin files)")
+    out: dict[str, np.ndarray] = {}
+    for f in files:
+        out.update(load_file(os.path.join(folder, f)))
+    return out
+
+
+def _numpy_rng_state() -> dict:
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"kind": kind, "keys": keys.tolist(), "pos": int(pos), "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached)}
+
+
+def _set_numpy_rng_state(s: dict) -> None:
+    np.random.set_state((s["kind"], np.array(s["keys"], np.uint32), s["pos"], s["has_gauss"], s["cached_gaussian"]))
+
+
+def _python_rng_state() -> list:
+    version, internal, gauss = random.getstate()
+    return [version, list(internal), gauss]
+
+
+def _python_rng_from_json(s: list) -> tuple:
+    return (s[0], tuple(s[1]), s[2])
