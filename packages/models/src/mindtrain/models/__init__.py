@@ -1,5 +1,27 @@
 """DeepSeek-V3 (MLA, MoE, MTP) for MindSpore eager mode, with HF weight names."""
 
 from mindtrain.models.__about__ import __version__
+from mindtrain.models.attention import MLAttention
+from mindtrain.models.counting import count_parameters, flops_per_token
+from mindtrain.models.decoder import DecoderLayer
+from mindtrain.models.deepseek_v3 import DeepseekV3ForCausalLM, DeepseekV3Model
+from mindtrain.models.experts import RoutedExperts
+from mindtrain.models.hf_checkpoint import from_pretrained, hf_state_dict, load_hf_state_dict, save_pretrained
+from mindtrain.models.hf_config import config_from_hf, config_to_hf
+from mindtrain.models.mlp import MLP
+from mindtrain.models.moe import MoE
+from mindtrain.models.mtp import MTPLayer
+from mindtrain.models.norm import RMSNorm
+from mindtrain.models.parallel_plan import parallel_plan
+from mindtrain.models.registry import build_model, model_class, register_model
+from mindtrain.models.rope import RotaryEmbedding
+from mindtrain.models.router import TopkRouter
 
-__all__ = ["__version__"]
+__all__ = [
+    "__version__",
+    "DecoderLayer", "DeepseekV3ForCausalLM", "DeepseekV3Model", "MLAttention", "MLP", "MoE", "MTPLayer",
+    "RMSNorm", "RotaryEmbedding", "RoutedExperts", "TopkRouter",
+    "build_model", "config_from_hf", "config_to_hf", "count_parameters", "flops_per_token",
+    "from_pretrained", "hf_state_dict", "load_hf_state_dict", "model_class", "parallel_plan",
+    "register_model", "save_pretrained",
+]

@@ -1,0 +1,198 @@
+"""DeepSeek-V3 for causal LM training: HF DeepseekV3ForCausalLM's math and parameter names,
+plus the sequence-wise balance loss, aux-loss-free bias update and multi-token prediction."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common.initializer import Normal, initializer
+
+from mindtrain.config import ModelConfig
+from mindtrain.models.attention_mask import additive_mask
+from mindtrain.models.decoder import DecoderLayer
+from mindtrain.models.linear import Linear
+from mindtrain.models.loss import MaskedCrossEntropy
+from mindtrain.models.mtp import MTPLayer
+from mindtrain.models.norm import RMSNorm
+from mindtrain.models.rope import RotaryEmbedding
+
+
+class Embedding(nn.Cell):
+    """``weight [V, H]`` looked up with ops.gather (F.embedding has no CPU kernel)."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, init_std: float):
+        super().__init__()
+        self.weight = Parameter(initializer(Normal(init_std), (vocab_size, hidden_size)), name="weight")
+
+    def construct(self, ids):
+        return ops.gather(self.weight, ids, 0)
+
+
+class DeepseekV3Model(nn.Cell):
+    """``embed_tokens``, ``layers`` (decoder layers, then the MTP modules), ``norm``."""
+
+    def __init__(self, cfg: ModelConfig, moe_block: int = 32):
+        super().__init__()
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, cfg.initializer_range)
+        layers = [DecoderLayer(cfg, i, moe_block) for i in range(cfg.num_hidden_layers)]
+        layers += [MTPLayer(cfg, cfg.num_hidden_layers + k, moe_block) for k in range(cfg.num_nextn_predict_layers)]
+        self.layers = nn.CellList(layers)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.rope_scaling,
+                                          cfg.max_position_embeddings)
+
+
+class _HeadLoss(nn.Cell):
+    """Final norm + lm_head + masked cross-entropy as one cell so it can be one jit graph.
+    Holds no parameters of its own (norm and head are passed in)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ce = MaskedCrossEntropy()
+        self.matmul = ops.MatMul(transpose_b=True)
+
+    def construct(self, h, norm_weight, eps, head_weight, labels, loss_mask):
+        x = h.reshape(-1, h.shape[-1])
+        x = norm_weight * (x * ops.rsqrt(ops.mean(ops.square(x), -1, keep_dims=True) + eps))
+        logits = self.matmul(x, head_weight)
+        return self.ce(logits, labels, loss_mask)
+
+
+class DeepseekV3ForCausalLM(nn.Cell):
+    """DeepSeek-V3 causal LM. See the package README for the call conventions."""
+
+    def __init__(self, cfg: ModelConfig, moe_block: int = 32, jit: bool = False):
+        super().__init__()
+        self.config = cfg
+        self.model = DeepseekV3Model(cfg, moe_block)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, init_std=cfg.initializer_range)
+        self.head_loss = _HeadLoss()
+        self.num_layers = cfg.num_hidden_layers
+        self.num_mtp = cfg.num_nextn_predict_layers
+        self.moe_layer_ids = [i for i, layer in enumerate(self.model.layers) if layer.is_moe]
+        self._expert_load: Optional[Tensor] = None
+        self._jit = False
+        if jit:
+            self.set_jit(True)
+
+    # ------------------------------------------------------------------ jit
+    def set_jit(self, enabled: bool = True) -> "DeepseekV3ForCausalLM":
+        """Compile each decoder layer (and the head + loss) with ms.jit; False returns to eager."""
+        for cell in list(self.model.layers) + [self.head_loss]:
+            if enabled and "construct" not in cell.__dict__:
+                object.__setattr__(cell, "construct", ms.jit(type(cell).construct.__get__(cell)))
+            elif not enabled and "construct" in cell.__dict__:
+                object.__delattr__(cell, "construct")
+        self._jit = bool(enabled)
+        return self
+
+    @property
+    def jit_enabled(self) -> bool:
+        return self._jit
+
+    # ------------------------------------------------------------------ forward
+    def construct(self, input_ids, labels=None, loss_mask=None, position_ids=None, attention_mask=None):
+        cfg = self.config
+        b, s = input_ids.shape
+        if position_ids is None:
+            position_ids = Tensor(np.broadcast_to(np.arange(s, dtype=np.int32), (b, s)).copy())
+        cos, sin = self.model.rotary_emb(position_ids)
+        cos, sin = ops.expand_dims(cos, 1), ops.expand_dims(sin, 1)
+        mask_add = additive_mask(attention_mask, b, s, cfg.num_attention_heads)
+
+        h = self.model.embed_tokens(input_ids)
+        counts, balances = [], []
+        for i in range(self.num_layers):
+            layer = self.model.layers[i]
+            h, c, bal = layer(h, cos, sin, mask_add)
+            if layer.is_moe:
+                counts.append(c)
+                balances.append(bal)
+        if labels is None:
+            return self.lm_head(self.model.norm(h))
+
+        if loss_mask is None:
+            loss_mask = ops.ones(labels.shape, ms.float32)
+        norm_w, eps = self.model.norm.weight, self.model.norm.eps
+        lm_loss = self.head_loss(h, norm_w, eps, self.lm_head.weight, labels, loss_mask)
+        metrics = {"lm_loss": lm_loss}
+        loss = lm_loss
+
+        if self.num_mtp:
+            mtp_losses = []
+            for k in range(1, self.num_mtp + 1):
+                layer = self.model.layers[self.num_layers + k - 1]
+                ids_k = _shift_left(input_ids, k)
+                h, c, bal = layer(h, self.model.embed_tokens(ids_k), cos, sin, mask_add)
+                if layer.is_moe:
+                    counts.append(c)
+                    balances.append(bal)
+                mtp_losses.append(self.head_loss(h, layer.shared_head.norm.weight, layer.shared_head.norm.eps,
+                                                 self.lm_head.weight, _shift_left(labels, k),
+                                                 _shift_left(loss_mask, k)))
+            mtp_loss = sum(mtp_losses[1:], mtp_losses[0]) / len(mtp_losses)
+            metrics["mtp_loss"] = mtp_loss
+            loss = loss + cfg.mtp_loss_scaling_factor * mtp_loss
+
+        if balances:
+            balance = sum(balances[1:], balances[0])
+            metrics["load_balancing_loss"] = balance
+            if cfg.aux_loss_alpha:
+                loss = loss + cfg.aux_loss_alpha * balance
+            load = ops.stack([c.astype(ms.float32) for c in counts])
+            self._expert_load = load if self._expert_load is None else self._expert_load + load
+        return loss, metrics
+
+    # ------------------------------------------------------------------ balancing
+    def take_expert_load(self) -> Tensor:
+        """Tokens routed to each expert since the last call, [num_moe_layers, n_routed_experts]
+        (MoE decoder layers, then MTP modules); resets the count."""
+        load = self._expert_load
+        self._expert_load = None
+        if load is None:
+            load = Tensor(np.zeros((len(self.moe_layer_ids), self.config.n_routed_experts), np.float32))
+        return load
+
+    def update_expert_bias(self, load) -> None:
+        """``bias += bias_update_speed * sign(mean(load) - load)`` per MoE layer (aux-loss-free)."""
+        speed = self.config.bias_update_speed
+        if not speed:
+            return
+        load = load.asnumpy() if isinstance(load, Tensor) else np.asarray(load)
+        load = load.astype(np.float64)
+        for row, idx in zip(load, self.moe_layer_ids):
+            bias = self.model.layers[idx].mlp.gate.e_score_correction_bias
+            new = bias.asnumpy() + speed * np.sign(row.mean() - row)
+            bias.set_data(Tensor(new.astype(np.float32)))
+
+    # ------------------------------------------------------------------ plan, checkpoints
+    def parallel_plan(self) -> dict:
+        """See :func:`mindtrain.models.parallel_plan`."""
+        from mindtrain.models.parallel_plan import parallel_plan
+
+        return parallel_plan(self)
+
+    def save_pretrained(self, directory: str) -> None:
+        """See :func:`mindtrain.models.save_pretrained`."""
+        from mindtrain.models.hf_checkpoint import save_pretrained
+
+        save_pretrained(self, directory)
+
+    @classmethod
+    def from_pretrained(cls, directory: str, **kwargs) -> "DeepseekV3ForCausalLM":
+        """See :func:`mindtrain.models.from_pretrained`."""
+        from mindtrain.models.hf_checkpoint import from_pretrained
+
+        return from_pretrained(directory, **kwargs)
+
+    def moe_routers(self):
+        return [self.model.layers[i].mlp.gate for i in self.moe_layer_ids]
+
+
+def _shift_left(x, k: int):
+    """x[:, k:] followed by k zeros: position i holds what was at i + k."""
+    pad = ops.zeros((x.shape[0], k), x.dtype)
+    return ops.concat((x[:, k:], pad), 1)

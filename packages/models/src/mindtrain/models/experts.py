@@ -1,0 +1,75 @@
+"""Routed experts stored stacked ([E, ...] weights) with static-shape, sort-free dispatch.
+
+Every (token, choice) pair goes to a slot in a buffer where each expert's rows are padded
+to a multiple of ``block``; one batched matmul over blocks (each block with its expert's
+weights) computes all experts at once. Shapes depend only on T, K, E and ``block``, so the
+code compiles once under ms.jit and an expert with no tokens needs no special case.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common.initializer import Normal, initializer
+
+
+class RoutedExperts(nn.Cell):
+    """``gate_proj [E, I, H]``, ``up_proj [E, I, H]``, ``down_proj [E, H, I]`` (expert dim 0).
+
+    HF checkpoints store these per expert (``experts.{e}.gate_proj.weight``); the checkpoint
+    code maps between the two layouts.
+    """
+
+    def __init__(self, n_experts: int, hidden_size: int, intermediate_size: int, init_std: float = 0.02,
+                 block: int = 32):
+        super().__init__()
+        self.n_experts = n_experts
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.block = block
+        self.gate_proj = Parameter(initializer(Normal(init_std), (n_experts, intermediate_size, hidden_size)),
+                                   name="gate_proj")
+        self.up_proj = Parameter(initializer(Normal(init_std), (n_experts, intermediate_size, hidden_size)),
+                                 name="up_proj")
+        self.down_proj = Parameter(initializer(Normal(init_std), (n_experts, hidden_size, intermediate_size)),
+                                   name="down_proj")
+        self.bmm_t = ops.BatchMatMul(transpose_b=True)
+
+    def construct(self, x, topk_idx, topk_weight):
+        """x [T, H], topk_idx [T, K] int32, topk_weight [T, K] -> ([T, H], tokens per expert [E])."""
+        t, h = x.shape
+        k = topk_idx.shape[1]
+        e = self.n_experts
+        b = self.block
+        n = t * k
+        n_slots = ((n + e * (b - 1)) + b - 1) // b * b
+        n_blocks = n_slots // b
+
+        flat_e = topk_idx.reshape(-1)
+        one_hot = ops.one_hot(flat_e, e, Tensor(1, ms.int32), Tensor(0, ms.int32))  # [N, E]
+        counts = one_hot.sum(0)                                                      # [E]
+        rank = (ops.cumsum(one_hot, 0) * one_hot).sum(1) - 1                         # order within expert
+        padded = (counts + (b - 1)) // b * b
+        ends = ops.cumsum(padded, 0)
+        starts = ends - padded
+        dest = ops.gather(starts, flat_e, 0) + rank                                  # [N] slot of each pair
+
+        token_of_pair = ops.arange(n, dtype=ms.int32) // k
+        # slots no pair fills read the zero row appended at index t
+        slot_token = ops.fill(ms.int32, (n_slots,), t)
+        slot_token = ops.tensor_scatter_update(slot_token, dest.reshape(-1, 1), token_of_pair)
+        x_pad = ops.concat((x, ops.zeros((1, h), x.dtype)), 0)
+        xb = ops.gather(x_pad, slot_token, 0).reshape(n_blocks, b, h)
+
+        block_start = ops.arange(n_blocks, dtype=ms.int32) * b
+        block_expert = (ops.expand_dims(block_start, 1) >= ops.expand_dims(ends, 0)).astype(ms.int32).sum(1)
+        block_expert = ops.minimum(block_expert, e - 1)
+        block_expert = ops.stop_gradient(block_expert)
+
+        gate = self.bmm_t(xb, ops.gather(self.gate_proj, block_expert, 0))
+        up = self.bmm_t(xb, ops.gather(self.up_proj, block_expert, 0))
+        out = self.bmm_t(ops.silu(gate) * up, ops.gather(self.down_proj, block_expert, 0))   # [nb, b, H]
+        out = ops.gather(out.reshape(n_slots, h), ops.stop_gradient(dest), 0).reshape(t, k, h)
+        y = (out * ops.expand_dims(topk_weight, -1)).sum(1)
+        return y, ops.stop_gradient(counts)

@@ -1,0 +1,194 @@
+"""HF-format model directories: config.json + safetensors (one file, or shards + index).
+
+Routed experts live stacked in the model (``mlp.experts.gate_proj [E, I, H]``); files use the
+official per-expert names (``mlp.experts.{e}.gate_proj.weight``). Loading also accepts the
+stacked layout transformers 5.x uses in memory (``experts.gate_up_proj`` / ``experts.down_proj``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from typing import Any, Optional
+
+import numpy as np
+from mindspore import Tensor
+
+from mindtrain.config import ConfigError, UserError, validate_model
+from mindtrain.models.hf_config import config_from_hf, config_to_hf
+
+log = logging.getLogger(__name__)
+
+_EXPERT_FILE = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_EXPERT_V5 = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
+_STACKED = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$")
+_MTP_COPIES = re.compile(r"^model\.layers\.(\d+)\.(embed_tokens\.weight|shared_head\.head\.weight)$")
+
+
+def hf_state_dict(model) -> dict[str, np.ndarray]:
+    """The model's weights under HF checkpoint names (float32 numpy arrays).
+
+    MTP modules also get the copies of the shared embedding and head that the official
+    checkpoint stores (``model.layers.{L+k}.embed_tokens.weight``, ``shared_head.head.weight``).
+    """
+    out: dict[str, np.ndarray] = {}
+    for p in model.get_parameters():
+        arr = p.asnumpy()
+        m = _STACKED.match(p.name)
+        if m:
+            for e in range(arr.shape[0]):
+                out[f"{m.group(1)}.{e}.{m.group(2)}.weight"] = np.ascontiguousarray(arr[e])
+        else:
+            out[p.name] = arr
+    cfg = model.config
+    for k in range(cfg.num_nextn_predict_layers):
+        idx = cfg.num_hidden_layers + k
+        out[f"model.layers.{idx}.embed_tokens.weight"] = out["model.embed_tokens.weight"]
+        out[f"model.layers.{idx}.shared_head.head.weight"] = out["lm_head.weight"]
+    return out
+
+
+def load_hf_state_dict(model, tensors: dict[str, np.ndarray], source: str = "checkpoint",
+                       allow_missing_mtp: bool = True) -> None:
+    """Copy HF-named arrays into the model; missing or mis-shaped weights are a UserError."""
+    cfg = model.config
+    params = {p.name: p for p in model.get_parameters()}
+    stacked: dict[str, dict[int, np.ndarray]] = {}
+    assigned: dict[str, np.ndarray] = {}
+    unexpected = []
+    for name, arr in tensors.items():
+        if name.endswith("weight_scale_inv"):
+            raise UserError(f"{source}: holds FP8 block-quantised weights ({name}); "
+                            "convert them to bf16/fp32 first")
+        m = _EXPERT_FILE.match(name)
+        if m:
+            stacked.setdefault(f"{m.group(1)}.{m.group(3)}", {})[int(m.group(2))] = arr
+            continue
+        m = _EXPERT_V5.match(name)
+        if m:
+            if m.group(2) == "gate_up_proj":
+                half = arr.shape[1] // 2
+                assigned[f"{m.group(1)}.gate_proj"] = arr[:, :half]
+                assigned[f"{m.group(1)}.up_proj"] = arr[:, half:]
+            else:
+                assigned[f"{m.group(1)}.down_proj"] = arr
+            continue
+        m = _MTP_COPIES.match(name)
+        if m and int(m.group(1)) >= cfg.num_hidden_layers:
+            continue  # shared with the main embedding / head
+        if name in params:
+            assigned[name] = arr
+        else:
+            unexpected.append(name)
+    for name, per_expert in stacked.items():
+        n = cfg.n_routed_experts
+        missing = [e for e in range(n) if e not in per_expert]
+        if missing:
+            raise UserError(f"{source}: {name.rsplit('.', 1)[0]} lacks experts {missing[:5]} of {n}")
+        assigned[name] = np.stack([per_expert[e] for e in range(n)])
+    mtp_prefixes = tuple(f"model.layers.{cfg.num_hidden_layers + k}." for k in range(cfg.num_nextn_predict_layers))
+    missing = [n for n in params if n not in assigned]
+    missing_main = [n for n in missing if not (allow_missing_mtp and mtp_prefixes and n.startswith(mtp_prefixes))]
+    if missing_main:
+        raise UserError(f"{source}: missing {len(missing_main)} weights, e.g. {missing_main[0]}; "
+                        "does config.json match the weights?")
+    if missing:
+        log.warning("%s: no weights for the %d MTP parameters; they keep their fresh initialisation",
+                    source, len(missing))
+    if unexpected:
+        log.warning("%s: ignoring %d unknown tensors, e.g. %s", source, len(unexpected), unexpected[0])
+    for name, arr in assigned.items():
+        p = params[name]
+        if tuple(arr.shape) != tuple(p.shape):
+            raise UserError(f"{source}: {name} has shape {tuple(arr.shape)}, the model expects {tuple(p.shape)}")
+        p.set_data(Tensor(np.ascontiguousarray(arr, dtype=np.float32)))
+
+
+def _read_safetensors(path: str) -> dict[str, np.ndarray]:
+    from safetensors import safe_open
+
+    out = {}
+    with safe_open(path, framework="np") as f:
+        for key in f.keys():
+            arr = f.get_tensor(key)
+            out[key] = arr if arr.dtype == np.float32 else arr.astype(np.float32)
+    return out
+
+
+def read_hf_weights(directory: str) -> dict[str, np.ndarray]:
+    """All tensors of an HF directory (model.safetensors, or the shards its index names)."""
+    index = os.path.join(directory, "model.safetensors.index.json")
+    single = os.path.join(directory, "model.safetensors")
+    if os.path.exists(index):
+        with open(index, encoding="utf-8") as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+        out: dict[str, np.ndarray] = {}
+        for name in files:
+            path = os.path.join(directory, name)
+            if not os.path.exists(path):
+                raise UserError(f"{index}: names {name}, which does not exist")
+            out.update(_read_safetensors(path))
+        return out
+    if os.path.exists(single):
+        return _read_safetensors(single)
+    raise UserError(f"{directory}: no model.safetensors or model.safetensors.index.json")
+
+
+def read_hf_config(directory: str, **overrides: Any):
+    path = os.path.join(directory, "config.json")
+    if not os.path.exists(path):
+        raise UserError(f"{path}: not found; from_pretrained needs an HF model directory")
+    with open(path, encoding="utf-8") as f:
+        try:
+            hf = json.load(f)
+        except json.JSONDecodeError as err:
+            raise ConfigError(path, f"is not valid JSON ({err})") from None
+    cfg = config_from_hf(hf, **overrides)
+    validate_model(cfg, path)
+    return cfg
+
+
+def from_pretrained(directory: str, jit: Optional[bool] = None, **overrides: Any):
+    """Build the model of an HF directory and load its weights. ``overrides`` replace
+    ModelConfig fields (e.g. ``seq_length=4096``, ``num_nextn_predict_layers=0``)."""
+    from mindtrain.models.registry import build_model
+
+    cfg = read_hf_config(directory, **overrides)
+    model = build_model(cfg, jit=jit)
+    load_hf_state_dict(model, read_hf_weights(directory), source=directory)
+    return model
+
+
+def save_pretrained(model, directory: str, max_shard_bytes: int = 2 * 1024 ** 3) -> None:
+    """Write config.json and safetensors (sharded with an index above ``max_shard_bytes``)
+    that transformers' DeepseekV3ForCausalLM loads."""
+    from safetensors.numpy import save_file
+
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config_to_hf(model.config), f, indent=2)
+    tensors = hf_state_dict(model)
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for name in sorted(tensors):
+        arr = np.ascontiguousarray(tensors[name])
+        if shards[-1] and size + arr.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = arr
+        size += arr.nbytes
+    # safetensors refuses tensors that share memory; the MTP copies alias the main weights
+    if len(shards) == 1:
+        save_file({k: v.copy() for k, v in shards[0].items()}, os.path.join(directory, "model.safetensors"),
+                  metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file({k: v.copy() for k, v in shard.items()}, os.path.join(directory, fname), metadata={"format": "pt"})
+        weight_map.update({k: fname for k in shard})
+    total = sum(v.nbytes for v in tensors.values())
+    with open(os.path.join(directory, "model.safetensors.index.json"), "w", encoding="utf-8") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)

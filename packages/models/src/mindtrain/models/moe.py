@@ -1,0 +1,50 @@
+"""Mixture of experts block: router (``gate``), routed ``experts``, ``shared_experts``."""
+
+from __future__ import annotations
+
+from mindspore import Tensor, nn, ops
+
+from mindtrain.models.experts import RoutedExperts
+from mindtrain.models.mlp import MLP
+from mindtrain.models.router import TopkRouter
+
+
+def sequence_balance_loss(scores, topk_idx, batch: int, n_experts: int):
+    """DeepSeek-V3's sequence-wise balance loss ``mean_b sum_i f_i P_i`` (without alpha).
+
+    ``f_i = E / (K S) * #tokens of the sequence routed to i``, ``P_i`` = mean over the sequence
+    of the scores normalised to sum 1 per token. scores [T, E], topk_idx [T, K]; T = batch * S.
+    """
+    t, k = topk_idx.shape
+    s = t // batch
+    chosen = ops.one_hot(topk_idx, n_experts, Tensor(1.0, scores.dtype), Tensor(0.0, scores.dtype))
+    f = chosen.reshape(batch, s * k, n_experts).sum(1) * (n_experts / (k * s))
+    p = (scores / scores.sum(-1, keepdims=True)).reshape(batch, s, n_experts).mean(1)
+    return (ops.stop_gradient(f) * p).sum(-1).mean()
+
+
+class MoE(nn.Cell):
+    """``construct(x [B,S,H])`` -> (y [B,S,H], tokens per expert [E], balance loss scalar)."""
+
+    def __init__(self, cfg, block: int = 32):
+        super().__init__()
+        std = cfg.initializer_range
+        self.n_experts = cfg.n_routed_experts
+        self.gate = TopkRouter(cfg)
+        self.experts = RoutedExperts(cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size,
+                                     init_std=std, block=block)
+        self.n_shared = cfg.n_shared_experts
+        if self.n_shared:
+            self.shared_experts = MLP(cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts,
+                                      init_std=std)
+
+    def construct(self, x):
+        b, s, h = x.shape
+        flat = x.reshape(b * s, h)
+        topk_idx, topk_weight, scores = self.gate(flat)
+        y, counts = self.experts(flat, topk_idx, topk_weight)
+        y = y.reshape(b, s, h)
+        if self.n_shared:
+            y = y + self.shared_experts(x)
+        balance = sequence_balance_loss(scores, topk_idx, b, self.n_experts)
+        return y, counts, balance

@@ -1,0 +1,42 @@
+"""Multi-token prediction module of DeepSeek-V3 (paper section 2.2).
+
+Depth k combines the previous depth's hidden state h (the main model's last decoder output for
+k = 1) with the embedding of token i+k: ``h' = eh_proj([enorm(emb); hnorm(h)])``, runs one
+decoder block on it, and predicts token i+k+1 with the shared output head after its own
+``shared_head.norm``. Embedding and output head are shared with the main model. Parameter
+names follow the official checkpoint: ``model.layers.{num_hidden_layers + k - 1}.*``.
+"""
+
+from __future__ import annotations
+
+from mindspore import nn, ops
+
+from mindtrain.models.decoder import DecoderLayer
+from mindtrain.models.linear import Linear
+from mindtrain.models.norm import RMSNorm
+
+
+class SharedHead(nn.Cell):
+    """Holds the MTP module's own final norm (``shared_head.norm``); the head weight is shared."""
+
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.norm = RMSNorm(hidden_size, eps)
+
+    def construct(self, h):
+        return self.norm(h)
+
+
+class MTPLayer(DecoderLayer):
+    """``construct(h_prev, emb_next, cos, sin, mask_add)`` -> (h, tokens per expert, balance loss)."""
+
+    def __init__(self, cfg, layer_idx: int, moe_block: int = 32):
+        super().__init__(cfg, layer_idx, moe_block)
+        self.enorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hnorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.eh_proj = Linear(2 * cfg.hidden_size, cfg.hidden_size, init_std=cfg.initializer_range)
+        self.shared_head = SharedHead(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def construct(self, h_prev, emb_next, cos, sin, mask_add):
+        h = self.eh_proj(ops.concat((self.enorm(emb_next), self.hnorm(h_prev)), -1))
+        return DecoderLayer.construct(self, h, cos, sin, mask_add)
