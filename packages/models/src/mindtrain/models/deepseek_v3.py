@@ -188,8 +188,16 @@ class DeepseekV3ForCausalLM(nn.Cell):
 
         return from_pretrained(directory, **kwargs)
 
-    def moe_routers(self):
+    def moe_routers(self) -> list:
+        """The TopkRouter of every MoE layer (decoder layers, then MTP modules)."""
         return [self.model.layers[i].mlp.gate for i in self.moe_layer_ids]
+
+    def record_routing(self, enabled: bool = True) -> None:
+        """Keep each router's top-k expert ids ([T, K] per call) in ``router.recorded``; needs jit off."""
+        if enabled and self._jit:
+            raise RuntimeError("record_routing needs set_jit(False): a compiled layer cannot record")
+        for router in self.moe_routers():
+            router.recorded = [] if enabled else None
 
 
 def _shift_left(x, k: int):

@@ -28,6 +28,8 @@ class TopkRouter(nn.Cell):
         self.e_score_correction_bias = Parameter(Tensor(np.zeros(self.n_experts, np.float32)),
                                                  name="e_score_correction_bias", requires_grad=False)
         self.matmul = ops.MatMul(transpose_b=True)
+        # a list while DeepseekV3ForCausalLM.record_routing(True) is on (eager only)
+        self.recorded = None
 
     def construct(self, x):
         t = x.shape[0]
@@ -45,6 +47,8 @@ class TopkRouter(nn.Cell):
             choice = ops.select(expert_mask > 0.5, choice, ops.fill(choice.dtype, choice.shape, -1e30))
         _, topk_idx = ops.topk(choice, self.top_k)
         topk_idx = ops.stop_gradient(topk_idx)
+        if self.recorded is not None:
+            self.recorded.append(topk_idx)
         weights = ops.gather_elements(scores, 1, topk_idx)
         if self.norm_topk_prob:
             weights = weights / (weights.sum(-1, keepdims=True) + 1e-20)
