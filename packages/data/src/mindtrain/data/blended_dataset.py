@@ -64,8 +64,7 @@ def build_blending_indices(weights: list, size: int) -> tuple[np.ndarray, np.nda
 class BlendedDataset:
     """Samples of member datasets interleaved by normalised weights, ``size`` in total."""
 
-    def __init__(self, datasets: list, weights: list, size: int, cache_dir: Optional[str] = None,
-                 description: Optional[dict] = None):
+    def __init__(self, datasets: list, weights: list, size: int, cache_dir: Optional[str] = None):
         if len(datasets) != len(weights) or not datasets:
             raise ValueError("one weight per dataset is needed")
         if len(datasets) >= 32767:
@@ -74,8 +73,8 @@ class BlendedDataset:
         self.weights = normalize(weights)
         self.size = int(size)
         self.column_names = datasets[0].column_names
-        desc = json.dumps({"class": "BlendedDataset", "members": description or {},
-                           "weights": self.weights, "size": self.size}, indent=2)
+        # The interleaving depends on nothing but the weights and the size.
+        desc = json.dumps({"class": "BlendedDataset", "weights": self.weights, "size": self.size}, indent=2)
         arrays, self.built_indices = cached_build(
             cache_dir, desc, "BlendedDataset", ["dataset_index", "dataset_sample_index"],
             lambda: dict(zip(["dataset_index", "dataset_sample_index"],

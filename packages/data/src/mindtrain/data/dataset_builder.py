@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import re
 from typing import Optional, Union
 
@@ -105,7 +104,4 @@ def build_dataset(train_dataset_section: Union[dict, TrainDatasetConfig], split:
     members = [member(p, buffered[i][s]) for i, p in enumerate(prefixes)]
     size = sum(target[i][s] for i in range(len(prefixes)))
     cache_dir = index_cache_dir(prefixes[0], c.path_to_cache, "BlendedDataset")
-    description = {"members": [[os.path.abspath(p), buffered[i][s]] for i, p in enumerate(prefixes)],
-                   "split": split, "split_matrix": matrix, "seed": c.seed, "seq_length": c.seq_length,
-                   "add_extra_token_to_sequence": c.add_extra_token_to_sequence}
-    return BlendedDataset(members, weights, size, cache_dir, description)
+    return BlendedDataset(members, weights, size, cache_dir)
