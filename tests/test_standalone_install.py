@@ -31,3 +31,38 @@ def test_config_alone(tmp_path):
     assert out.stdout.strip() == "7168"
     listed = subprocess.run([py, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True).stdout
     assert "numpy" not in listed and "mindspore" not in listed
+
+
+_READ = r"""
+import os, sys, numpy as np
+from mindtrain.data import IndexedDatasetBuilder, IndexedDataset, build_dataset
+d = sys.argv[1]
+prefix = os.path.join(d, "tiny_text_document")
+b = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+rng = np.random.RandomState(0)
+for n in rng.randint(5, 40, size=50):
+    b.add_document(list(rng.randint(3, 250, size=n)) + [1], [n + 1])
+b.finalize(prefix + ".idx")
+ds = IndexedDataset(prefix)
+assert len(ds) == 50 and ds[0][-1] == 1
+section = {"dataloader": {"type": "BlendedMegatronDatasetDataLoader", "datasets_type": "GPTDataset",
+           "sizes": [20, 0, 0], "column_names": ["input_ids", "labels", "loss_mask", "position_ids"],
+           "config": {"seq_length": 16, "split": "1, 0, 0", "data_path": ["1", prefix],
+                      "path_to_cache": os.path.join(d, "cache")}}}
+gpt = build_dataset(section)
+sample = gpt[0]
+assert sample["input_ids"].shape == (16,) and (sample["labels"][:-1] == sample["input_ids"][1:]).all()
+assert "mindspore" not in sys.modules
+print(len(gpt), np.__version__)
+"""
+
+
+def test_config_and_data_without_mindspore(tmp_path):
+    py = _venv(str(tmp_path / "v"))
+    _pip(py, os.path.join(ROOT, "packages", "config"), os.path.join(ROOT, "packages", "data"))
+    out = subprocess.run([py, "-c", _READ, str(tmp_path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    n, numpy_version = out.stdout.split()
+    assert int(n) >= 20
+    listed = subprocess.run([py, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True).stdout
+    assert "mindspore" not in listed
