@@ -38,9 +38,9 @@ def test_megatron_sampler_order_across_ranks(dataset):
 
 def test_drop_remainder_and_epoch_end(dataset):
     n = len(dataset)
-    loader = PretrainingLoader(dataset, 4, 8, 0, 1)
+    loader = PretrainingLoader(dataset, 4, 8, 0, 1, repeat=False)
     assert len(list(loader)) == (n // 8) * 2 == len(loader)
-    keep = PretrainingLoader(dataset, 4, 8, 0, 1, drop_remainder=False)
+    keep = PretrainingLoader(dataset, 4, 8, 0, 1, drop_remainder=False, repeat=False)
     batches = list(keep)
     assert sum(b["input_ids"].shape[0] for b in batches) == n
 
@@ -60,6 +60,19 @@ def test_resume_continues_at_the_exact_next_sample(dataset, workers, shuffle):
     resumed.load_state_dict(state)
     for k in range(137, 300):
         np.testing.assert_array_equal(next(resumed)["input_ids"], expected[k])
+
+
+def test_consumed_samples_alone_counts_over_epochs(dataset):
+    kw = dict(micro_batch_size=2, global_batch_size=8, dp_rank=1, dp_size=2, shuffle=True, seed=3)
+    a = PretrainingLoader(dataset, **kw)
+    for _ in range(100):
+        next(a)
+    state = a.state_dict()
+    assert state["epoch"] == 1
+    b = PretrainingLoader(dataset, **kw)
+    per_epoch = (len(dataset) // 8) * 8
+    b.load_state_dict({"consumed_samples": state["epoch"] * per_epoch + state["consumed_samples"]})
+    np.testing.assert_array_equal(next(a)["input_ids"], next(b)["input_ids"])
 
 
 def test_start_step_skips_whole_global_batches(dataset):

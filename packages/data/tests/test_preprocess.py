@@ -54,8 +54,8 @@ def test_jsonl_gz_and_globs_with_eod(tmp_path):
 
 def test_workers_give_identical_files(tmp_path):
     _write_jsonl(tmp_path / "a.jsonl", [f"document {i} " * (i % 7) for i in range(500)])
-    for w in (1, 2):
-        preprocess(str(tmp_path / "a.jsonl"), str(tmp_path / f"w{w}"), ByteTokenizer(), workers=w)
+    preprocess(str(tmp_path / "a.jsonl"), str(tmp_path / "w1"), ByteTokenizer(), workers=1)
+    preprocess(input=str(tmp_path / "a.jsonl"), output_prefix=str(tmp_path / "w2"), tokenizer="byte", workers=2)
     for ext in (".bin", ".idx"):
         assert (tmp_path / f"w1_text_document{ext}").read_bytes() == (tmp_path / f"w2_text_document{ext}").read_bytes()
 

@@ -25,13 +25,15 @@ class PretrainingLoader:
     step gives every rank ``global_batch_size / (micro_batch_size * dp_size)`` micro-batches.
 
     ``shuffle`` permutes the sample order of each epoch with ``RandomState(seed + epoch)``;
-    ``repeat`` starts another epoch instead of stopping; ``num_workers`` threads prefetch.
-    ``state_dict()`` records the next sample; ``load_state_dict()`` resumes there in O(1).
+    ``repeat`` (default) starts another epoch at the end, else iteration stops there;
+    ``num_workers`` threads prefetch. ``state_dict()`` records the next sample;
+    ``load_state_dict()`` resumes there in O(1). A state of only ``{"consumed_samples": n}``
+    counts n samples over all epochs (Megatron's consumed_samples).
     """
 
     def __init__(self, dataset, micro_batch_size: int, global_batch_size: int, dp_rank: int = 0,
                  dp_size: int = 1, drop_remainder: bool = True, num_workers: int = 0,
-                 shuffle: bool = False, seed: int = 0, start_step: int = 0, repeat: bool = False):
+                 shuffle: bool = False, seed: int = 0, start_step: int = 0, repeat: bool = True):
         if micro_batch_size < 1 or dp_size < 1:
             raise ConfigError("training.local_batch_size", f"micro batch {micro_batch_size} and dp size {dp_size} must be >= 1")
         group = micro_batch_size * dp_size
@@ -85,7 +87,8 @@ class PretrainingLoader:
         if (state.get("shuffle", self.shuffle), state.get("seed", self.seed)) != (self.shuffle, self.seed):
             raise ConfigError("train_dataset.dataloader.shuffle",
                               "differs from the checkpoint (shuffle/seed); resume with the same settings")
-        self._set_position(int(state["consumed_samples"]), int(state["epoch"]))
+        epoch = state.get("epoch")
+        self._set_position(int(state["consumed_samples"]), None if epoch is None else int(epoch))
 
     def __len__(self) -> int:
         """Micro-batches this rank gets per epoch."""
@@ -167,7 +170,7 @@ class PretrainingLoader:
 
 def build_loader(train_dataset_section, dataset, micro_batch_size: int, global_batch_size: int,
                  dp_rank: int = 0, dp_size: int = 1, seed: int = 0, start_step: int = 0,
-                 repeat: bool = False) -> PretrainingLoader:
+                 repeat: bool = True) -> PretrainingLoader:
     """A PretrainingLoader with drop_remainder, num_parallel_workers and shuffle from the section."""
     section = (train_dataset_section if isinstance(train_dataset_section, TrainDatasetConfig)
                else from_dict(TrainDatasetConfig, train_dataset_section, "train_dataset"))

@@ -131,17 +131,27 @@ def _progress(enabled: bool, total_files: int):
     return tqdm(unit=" docs", desc=f"tokenizing {total_files} file(s)", file=sys.stderr, mininterval=0.5)
 
 
-def preprocess(inputs, output_prefix: str, tokenizer=None, append_eod: bool = True, workers: int = 1,
-               json_keys: Sequence[str] = ("text",), on_error: str = "fail", progress: bool = False,
-               log=None) -> dict:
+def preprocess(inputs=None, output_prefix: Optional[str] = None, tokenizer=None, append_eod: bool = True,
+               workers: int = 1, json_keys: Sequence[str] = ("text",), on_error: str = "fail",
+               progress: bool = False, log=None, input=None) -> dict:
     """Tokenize json/jsonl(.gz) files into Megatron .bin/.idx pairs; returns a summary dict.
+
+    ``inputs``: a path/glob or a list of them (``input`` is accepted as an alias).
+    ``tokenizer``: a tokenizer object, "byte"/"ByteTokenizer", a HuggingFace tokenizer
+    directory, or None for the byte tokenizer.
 
     Writes ``<output_prefix>_<key>_document.bin/.idx`` per json key (atomically: files appear
     complete or not at all). Bad records raise DataFileError naming file and line, or are
     skipped and counted with ``on_error="skip"``.
     """
-    if isinstance(inputs, str):
-        inputs = [inputs]
+    inputs = input if inputs is None else inputs
+    if inputs is None or output_prefix is None:
+        raise TypeError("preprocess() needs inputs and output_prefix")
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [os.fspath(inputs)]
+    if isinstance(tokenizer, str):
+        tokenizer = (load_tokenizer("ByteTokenizer") if tokenizer.lower() in ("byte", "bytetokenizer")
+                     else load_tokenizer("HuggingFaceTokenizer", tokenizer))
     if on_error not in ("skip", "fail"):
         raise UserError(f"--on-error: must be skip or fail, got {on_error!r}")
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer()
