@@ -14,7 +14,11 @@ class MLAttention(nn.Cell):
     """HF DeepseekV3Attention's math and parameter names (q_a_proj/q_a_layernorm/q_b_proj or
     q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj).
 
-    ``construct(x [B,S,H], cos, sin [B,1,S,rope], mask_add [B,N|1,S,S] additive)`` -> [B,S,H].
+    ``construct(x [B,S,H], cos, sin [B,1,S,rope], mask_add [B,N|1,S,Sk] additive)`` -> [B,S,H].
+
+    ``kv_exchange`` (None by default) is the context-parallel hook: a callable taking this
+    rank's latent ``kv_lat [B,S,kv_lora]`` and roped ``k_rot [B,1,S,rope]`` and returning
+    those of the whole sequence (``Sk`` keys); the mask then has ``Sk`` columns.
     """
 
     def __init__(self, cfg):
@@ -44,6 +48,7 @@ class MLAttention(nn.Cell):
         self.softmax = Softmax()
         self.bmm_t = ops.BatchMatMul(transpose_b=True)
         self.bmm = ops.BatchMatMul()
+        self.kv_exchange = None
 
     def construct(self, x, cos, sin, mask_add):
         b, s, _ = x.shape
@@ -65,11 +70,14 @@ class MLAttention(nn.Cell):
             k_rot = deinterleave(k_rot)
         q_rot = apply_rotary(q_rot, cos, sin)
         k_rot = apply_rotary(k_rot, cos, sin)
+        if self.kv_exchange is not None:
+            kv_lat, k_rot = self.kv_exchange(kv_lat, k_rot)
+        sk = kv_lat.shape[1]
 
-        kv = ops.transpose(self.kv_b_proj(kv_lat).reshape(b, s, n, self.nope + self.v_dim), (0, 2, 1, 3))
+        kv = ops.transpose(self.kv_b_proj(kv_lat).reshape(b, sk, n, self.nope + self.v_dim), (0, 2, 1, 3))
         k_nope = kv[..., :self.nope]
         v = kv[..., self.nope:]
-        k = ops.concat((k_nope, ops.broadcast_to(k_rot, (b, n, s, self.rope))), -1)
+        k = ops.concat((k_nope, ops.broadcast_to(k_rot, (b, n, sk, self.rope))), -1)
         q = ops.concat((q_nope, q_rot), -1)
 
         scores = self.bmm_t(q, k) + mask_add

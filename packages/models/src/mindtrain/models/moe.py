@@ -9,15 +9,24 @@ from mindtrain.models.mlp import MLP
 from mindtrain.models.router import TopkRouter
 
 
-def sequence_balance_loss(scores, topk_idx, batch: int, n_experts: int):
+def sequence_balance_loss(scores, topk_idx, batch: int, n_experts: int, sequence_reduce=None):
     """DeepSeek-V3's sequence-wise balance loss ``mean_b sum_i f_i P_i`` (without alpha).
 
     ``f_i = E / (K S) * #tokens of the sequence routed to i``, ``P_i`` = mean over the sequence
     of the scores normalised to sum 1 per token. scores [T, E], topk_idx [T, K]; T = batch * S.
+
+    ``sequence_reduce`` (context parallelism: each rank holds part of every sequence) maps
+    ``(counts [B, E], S)`` to the whole sequences' ``(counts, S)``; the result is then this
+    rank's share of the loss (the shares of all ranks sum to it).
     """
     t, k = topk_idx.shape
     s = t // batch
     chosen = ops.one_hot(topk_idx, n_experts, Tensor(1.0, scores.dtype), Tensor(0.0, scores.dtype))
+    if sequence_reduce is not None:
+        counts, s_all = sequence_reduce(ops.stop_gradient(chosen.reshape(batch, s * k, n_experts).sum(1)), s)
+        f = counts * (n_experts / (k * s_all))
+        p = (scores / scores.sum(-1, keepdims=True)).reshape(batch, s, n_experts).sum(1) / s_all
+        return (ops.stop_gradient(f) * p).sum(-1).mean()
     f = chosen.reshape(batch, s * k, n_experts).sum(1) * (n_experts / (k * s))
     p = (scores / scores.sum(-1, keepdims=True)).reshape(batch, s, n_experts).mean(1)
     return (ops.stop_gradient(f) * p).sum(-1).mean()
@@ -37,6 +46,8 @@ class MoE(nn.Cell):
         if self.n_shared:
             self.shared_experts = MLP(cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts,
                                       init_std=std)
+        # context-parallel hook, see sequence_balance_loss
+        self.sequence_reduce = None
 
     def construct(self, x):
         b, s, h = x.shape
@@ -46,5 +57,5 @@ class MoE(nn.Cell):
         y = y.reshape(b, s, h)
         if self.n_shared:
             y = y + self.shared_experts(x)
-        balance = sequence_balance_loss(scores, topk_idx, b, self.n_experts)
+        balance = sequence_balance_loss(scores, topk_idx, b, self.n_experts, self.sequence_reduce)
         return y, counts, balance
