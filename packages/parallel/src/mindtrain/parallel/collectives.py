@@ -22,6 +22,8 @@ from __future__ import annotations
 import os
 from typing import Optional, Sequence
 
+import numpy as np
+
 import mindspore as ms
 from mindspore import Tensor, mint, ops
 
@@ -144,11 +146,24 @@ def all_reduce(x: Tensor, group: Optional[Group] = None, op: str = "sum") -> Ten
     g = _g(group)
     if _trivial(g):
         return fresh(x)
-    import mindspore.mint.distributed as dist
+    if x.dtype == ms.float64 and _state["backend"] == "composed":
+        total = _all_reduce_float64(x, g)
+    else:
+        import mindspore.mint.distributed as dist
 
-    buf = fresh(x)
-    dist.all_reduce(buf, group=_name(g))
-    return buf / g.size if op == "avg" else buf
+        total = fresh(x)
+        dist.all_reduce(total, group=_name(g))
+    return total / g.size if op == "avg" else total
+
+
+def _all_reduce_float64(x: Tensor, g: Group) -> Tensor:
+    # The CPU AllReduce kernel rejects float64. Each value travels as two float32 words
+    # (hi + lo keep ~48 bits) by all_gather and the sum is taken in float64 here.
+    arr = x.asnumpy()
+    hi = arr.astype(np.float32)
+    lo = (arr - hi).astype(np.float32)
+    table = all_gather(Tensor(np.stack([hi, lo])[None]), g).asnumpy().astype(np.float64)
+    return Tensor(table.sum(axis=(0, 1)))
 
 
 def all_gather(x: Tensor, group: Optional[Group] = None, dim: int = 0) -> Tensor:

@@ -1,0 +1,176 @@
+"""Context parallelism: each sequence split over the CP group in load-balanced causal chunks.
+
+The sequence is cut into ``2 * cp`` chunks; CP rank ``i`` holds chunks ``i`` and
+``2 * cp - 1 - i`` so every rank gets the same share of the causal attention work. Attention
+stays exact over the whole sequence: each MLA layer all-gathers the compressed latent
+(``kv_lora_rank`` normalised latent + ``qk_rope_head_dim`` roped key per token, the only
+per-token state K and V are made from) and rebuilds the keys and values of the whole
+sequence locally. The sequence-wise MoE balance loss sums its per-sequence routing counts
+over the group, and every loss is this rank's share (token sums divided by the whole
+micro-batch's token count), so the shares of the CP ranks add up to the single-process loss
+and their gradients add up to its gradient.
+
+The model is duck-typed: each attention Cell with a ``kv_exchange`` attribute and each MoE
+Cell with a ``sequence_reduce`` attribute gets the hook (see the models package).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+from mindspore import Tensor, ops
+
+from mindtrain.config import ConfigError
+from mindtrain.parallel import functional as F
+from mindtrain.parallel.mesh import Group
+
+_NEG = -1e9  # the additive mask value the model uses (exp underflows to exactly 0)
+
+
+def chunk_indices(seq_length: int, cp: int, rank: int) -> np.ndarray:
+    """Sequence positions held by CP rank ``rank``: chunk ``rank`` then chunk ``2*cp-1-rank``."""
+    check_seq_length(seq_length, cp)
+    c = seq_length // (2 * cp)
+    first, second = rank, 2 * cp - 1 - rank
+    return np.concatenate([np.arange(first * c, (first + 1) * c), np.arange(second * c, (second + 1) * c)])
+
+
+def check_seq_length(seq_length: int, cp: int) -> None:
+    """One-line error unless ``seq_length`` splits into ``2 * cp`` equal chunks."""
+    if cp > 1 and seq_length % (2 * cp):
+        raise ConfigError("model.seq_length", f"{seq_length} must be divisible by 2 x context_parallel = "
+                                              f"{2 * cp} (each CP rank holds two equal causal chunks)")
+
+
+def _gathered_order(seq_length: int, cp: int) -> np.ndarray:
+    """``natural[j] = gathered[perm[j]]`` for keys all-gathered from every rank's local order."""
+    gathered = np.concatenate([chunk_indices(seq_length, cp, r) for r in range(cp)])
+    perm = np.empty(seq_length, np.int32)
+    perm[gathered] = np.arange(seq_length, dtype=np.int32)
+    return perm
+
+
+def blocked_matrix(attention_mask: Optional[np.ndarray], batch: int, seq: int) -> np.ndarray:
+    """[B, S, S] bool, True where query i may not see key j: causality plus the packed
+    document mask (a Megatron [B, 1, S, S] / [B, S, S] mask with True = masked, or the
+    compressed EOD form [B, L] of cumulative document ends padded with S)."""
+    causal = np.triu(np.ones((seq, seq), dtype=bool), 1)
+    if attention_mask is None:
+        return np.broadcast_to(causal, (batch, seq, seq))
+    m = np.asarray(attention_mask)
+    if m.ndim == 2:
+        pos = np.arange(seq)
+        doc = (m[:, None, :] <= pos[None, :, None]).sum(-1)  # [B, S]: document index of each position
+        return (doc[:, :, None] != doc[:, None, :]) | causal
+    if m.ndim == 4:
+        m = m[:, 0]
+    if m.ndim != 3 or m.shape[-2:] != (seq, seq):
+        raise ConfigError("attention_mask", f"expected [B, 1, {seq}, {seq}] or [B, eod_pad_length], "
+                                            f"got {tuple(np.shape(attention_mask))}")
+    return np.broadcast_to(m.astype(bool) | causal, (batch, seq, seq))
+
+
+def _shift_left(x: np.ndarray, k: int) -> np.ndarray:
+    out = np.zeros_like(x)
+    out[:, :x.shape[1] - k] = x[:, k:]
+    return out
+
+
+def _valid_tokens(labels: np.ndarray, loss_mask: np.ndarray) -> float:
+    return float(((labels >= 0) * loss_mask.astype(np.float32)).sum())
+
+
+def split_batch(batch: Mapping[str, Any], cp: int = 1, rank: int = 0, num_heads: int = 1,
+                mtp_depths: int = 0) -> dict[str, Any]:
+    """This CP rank's part of one micro-batch, with everything the stage forward needs.
+
+    ``batch`` holds numpy ``input_ids``, ``labels`` and optionally ``loss_mask``,
+    ``position_ids`` and ``attention_mask`` of whole sequences [B, S]. Returns Tensors
+    ``input_ids``, ``labels``, ``loss_mask``, ``position_ids`` (of the local tokens),
+    ``mask_add`` [B, heads, S_local, S] (local queries against all keys), the float
+    ``lm_scale`` (local / whole valid-token count, turning the local mean loss into this
+    rank's share), and per MTP depth ``k`` the labels shifted by ``k`` on the whole sequence
+    (``mtp`` list of dicts with ``input_ids``, ``labels``, ``loss_mask``, ``scale``).
+    Works for ``cp == 1`` too (then nothing is split).
+    """
+    ids = np.asarray(batch["input_ids"])
+    b, s = ids.shape
+    check_seq_length(s, cp)
+    labels = np.asarray(batch["labels"])
+    loss_mask = batch.get("loss_mask")
+    loss_mask = np.ones((b, s), np.float32) if loss_mask is None else np.asarray(loss_mask, np.float32)
+    pos = batch.get("position_ids")
+    pos = np.broadcast_to(np.arange(s, dtype=np.int32), (b, s)) if pos is None else np.asarray(pos)
+    idx = chunk_indices(s, cp, rank) if cp > 1 else np.arange(s)
+    blocked = blocked_matrix(batch.get("attention_mask"), b, s)[:, idx, :]
+    add = np.where(blocked, np.float32(_NEG), np.float32(0.0))[:, None]
+    add = np.ascontiguousarray(np.broadcast_to(add, (b, num_heads) + add.shape[2:]))
+
+    def local(x, dtype):
+        return Tensor(np.ascontiguousarray(x[:, idx]).astype(dtype))
+
+    def scale(lab, msk):
+        whole = _valid_tokens(lab, msk)
+        part = _valid_tokens(lab[:, idx], msk[:, idx])
+        return max(part, 1.0) / max(whole, 1.0)
+
+    out = {"input_ids": local(ids, np.int32), "labels": local(labels, np.int32),
+           "loss_mask": local(loss_mask, np.float32), "position_ids": local(pos, np.int32),
+           "mask_add": Tensor(add), "lm_scale": scale(labels, loss_mask), "mtp": []}
+    for k in range(1, mtp_depths + 1):
+        lab_k, msk_k = _shift_left(labels, k), _shift_left(loss_mask, k)
+        out["mtp"].append({"input_ids": local(_shift_left(ids, k), np.int32), "labels": local(lab_k, np.int32),
+                           "loss_mask": local(msk_k, np.float32), "scale": scale(lab_k, msk_k)})
+    return out
+
+
+class _KVExchange:
+    """All-gathers the local MLA latent and roped key over the CP group, in sequence order."""
+
+    def __init__(self, group: Group, seq_length: int):
+        self.group = group
+        self.perm = Tensor(_gathered_order(seq_length, group.size))
+
+    def __call__(self, kv_lat, k_rot):
+        b, s, r = kv_lat.shape[0], kv_lat.shape[1], k_rot.shape[-1]
+        # one collective for both pieces: [B, S_local, kv_lora + rope]
+        local = ops.concat((kv_lat, k_rot.reshape(b, s, r)), -1)
+        whole = ops.gather(F.all_gather(local, self.group, 1), self.perm, 1)
+        n = whole.shape[1]
+        return whole[..., :-r], whole[..., -r:].reshape(b, 1, n, r)
+
+
+class _SequenceReduce:
+    """Sums per-sequence routing counts over the CP group (for the sequence balance loss)."""
+
+    def __init__(self, group: Group):
+        self.group = group
+
+    def __call__(self, counts, s):
+        return F.reduce_from_group(counts, self.group), s * self.group.size
+
+
+def apply_context_parallel(model, group: Group, seq_length: int) -> int:
+    """Install the CP hooks on every attention and MoE Cell of ``model``; returns how many.
+
+    Compiled layers cannot call collectives, so a model with ``set_jit`` is switched to
+    eager. ``group`` is the mesh's ``cp`` group; a group of size 1 removes the hooks.
+    """
+    check_seq_length(seq_length, group.size)
+    if group.size > 1 and getattr(model, "jit_enabled", False):
+        model.set_jit(False)
+    exchange = _KVExchange(group, seq_length) if group.size > 1 else None
+    reduce = _SequenceReduce(group) if group.size > 1 else None
+    n = 0
+    for _, cell in model.cells_and_names():
+        if hasattr(cell, "kv_exchange"):
+            cell.kv_exchange = exchange
+            n += 1
+        if hasattr(cell, "sequence_reduce"):
+            cell.sequence_reduce = reduce
+            n += 1
+    if group.size > 1 and n == 0:
+        raise ValueError("apply_context_parallel: the model has no attention Cell with a kv_exchange hook")
+    return n

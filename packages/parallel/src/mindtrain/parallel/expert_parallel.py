@@ -1,0 +1,260 @@
+"""Expert parallelism: routed experts split over the mesh's ``ep`` group, tokens moved by
+all-to-all with unequal splits, expert weights sharded over the ``edp`` group.
+
+Each EP rank holds ``E / ep`` consecutive experts. A MoE forward sorts its (token, choice)
+pairs by expert, sends each pair's token row to the rank that holds the expert (all-to-all
+with the per-rank counts), runs the local experts, sends the outputs back by the reverse
+all-to-all and combines them with the router weights. The router, shared experts and the
+balance loss stay on the routing rank; the per-expert token counts are the routing rank's
+own, so :func:`global_expert_load` (a sum over the data-parallel ranks) gives the
+single-process counts for the aux-loss-free bias update.
+
+Expert weights are owned here, not by autograd or FSDP: they are marked
+``requires_grad=False`` so neither ``ms.value_and_grad(model.trainable_params())`` nor
+``fully_shard`` touches them, and the local-experts step has a custom backward that
+computes their gradients, reduce-scatters them over the expert-data-parallel group
+(``edp``: the ranks with the same experts) and keeps the shard. With ``edp`` > 1 only
+``1 / edp`` of the local experts stays resident; the step all-gathers them for its
+forward and backward (ZeRO-3 over edp). Gradients are scaled like FSDP's ``avg``: the
+mean over the dp x cp ranks of each rank's (already micro-batch-scaled) loss.
+
+Order: ``apply_tensor_parallel`` -> ``apply_expert_parallel`` -> ``fully_shard`` (over
+``dp``) -> the optimizer on ``fsdp.named_parameters() + ep.named_parameters()``; each
+step add ``ep.grads`` to the FSDP gradients and call ``ep.zero_grad()`` after the update.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+
+from mindtrain.config import ConfigError
+from mindtrain.parallel import collectives as C
+from mindtrain.parallel import functional as F
+from mindtrain.parallel.mesh import DeviceMesh, Group
+
+_WEIGHTS = ("gate_proj", "up_proj", "down_proj")
+
+
+class _ExpertSlot:
+    """One stacked expert weight of one MoE layer: the module Parameter holds this rank's
+    shard; ``grad`` accumulates its gradient shard."""
+
+    def __init__(self, name: str, param: Parameter, local_experts: int):
+        self.name = name
+        self.param = param
+        self.local_experts = local_experts
+        self.grad: Optional[Tensor] = None
+
+
+class _LocalExperts(nn.Cell):
+    """Runs this rank's experts on received rows; the backward computes the weight
+    gradients itself (they are not autograd leaves) and returns the rows' gradient."""
+
+    def __init__(self, owner: "ExpertParallel", slots: list[_ExpertSlot]):
+        super().__init__()
+        self._ctx = [owner, slots]  # a list keeps the Parameters out of this Cell
+
+    def construct(self, rows, ids):
+        owner, slots = self._ctx
+        w = owner.full_weights(slots)
+        return _ffn(rows, ids.asnumpy(), *w)
+
+    def bprop(self, rows, ids, out, dout):
+        owner, slots = self._ctx
+        w = owner.full_weights(slots)
+        ids_np = ids.asnumpy()
+
+        def replay(r, g, u, d):
+            return (_ffn(r, ids_np, g, u, d) * dout).sum()
+
+        grads = ms.grad(replay, grad_position=(0, 1, 2, 3))(rows, *w)
+        owner.accumulate(slots, grads[1:])
+        return grads[0], ops.zeros_like(ids)
+
+
+def _ffn(rows, ids_np: np.ndarray, gate, up, down):
+    """SwiGLU of each row with its local expert ``ids_np[i]``: rows sorted by expert, one
+    matmul chain per expert, then put back in order."""
+    n, h = rows.shape
+    if n == 0:
+        return rows * 0
+    e_local = gate.shape[0]
+    perm = np.argsort(ids_np, kind="stable").astype(np.int32)
+    counts = np.bincount(ids_np, minlength=e_local)
+    xs = ops.gather(rows, Tensor(perm), 0)
+    outs, off = [], 0
+    for e in range(e_local):
+        c = int(counts[e])
+        if not c:
+            continue
+        xe = xs[off:off + c]
+        off += c
+        g = ops.matmul(xe, gate[e].T)
+        u = ops.matmul(xe, up[e].T)
+        outs.append(ops.matmul(ops.silu(g) * u, down[e].T))
+    y = ops.concat(outs, 0) if len(outs) > 1 else outs[0]
+    inv = np.empty_like(perm)
+    inv[perm] = np.arange(n, dtype=np.int32)
+    return ops.gather(y, Tensor(inv), 0)
+
+
+class ExpertParallel:
+    """Expert weights split over ``ep`` and sharded over ``edp``; see the module docstring."""
+
+    def __init__(self, mesh: DeviceMesh, n_experts: int):
+        self.mesh = mesh
+        self.ep_group = mesh.group("ep")
+        self.edp_group = mesh.group("edp")
+        self.dp_size = mesh.size("dp_cp")
+        self.n_experts = n_experts
+        self.local_experts = n_experts // self.ep_group.size
+        self.first_expert = self.ep_group.index * self.local_experts
+        self.slots: dict[str, _ExpertSlot] = {}
+
+    # ---- optimizer-facing API ---------------------------------------------------------------
+    @property
+    def params(self) -> list[Parameter]:
+        """This rank's expert weight shards (the module Parameters themselves)."""
+        return [s.param for s in self.slots.values()]
+
+    def named_parameters(self) -> list[tuple[str, Parameter]]:
+        return [(n, s.param) for n, s in self.slots.items()]
+
+    @property
+    def grads(self) -> list[Tensor]:
+        """Gradient shards aligned with :attr:`params` (zeros before any backward)."""
+        return [s.grad if s.grad is not None else ops.zeros(s.param.shape, s.param.dtype)
+                for s in self.slots.values()]
+
+    def zero_grad(self) -> None:
+        for s in self.slots.values():
+            s.grad = None
+
+    def grad_sq_norm(self) -> float:
+        """Squared L2 norm of every expert gradient of the model (all EP and edp shards)."""
+        local = sum(float((g.astype(ms.float32) ** 2).sum().asnumpy()) for g in self.grads)
+        total = C.all_reduce(Tensor([local], ms.float64), self.ep_group)
+        return float(C.all_reduce(total, self.edp_group).asnumpy()[0])
+
+    def full_state(self) -> dict[str, np.ndarray]:
+        """Every expert weight at its full ``[E, ...]`` shape (collective over ep and edp)."""
+        out = {}
+        for name, s in self.slots.items():
+            local = C.all_gather(s.param, self.edp_group) if self.edp_group.size > 1 else s.param
+            out[name] = C.all_gather(local, self.ep_group).asnumpy()
+        return out
+
+    def memory_bytes(self) -> int:
+        return int(sum(s.param.size * s.param.itemsize for s in self.slots.values()))
+
+    # ---- used by the local-experts step ---------------------------------------------------
+    def full_weights(self, slots: list[_ExpertSlot]) -> list[Tensor]:
+        if self.edp_group.size == 1:
+            return [C.fresh(s.param) for s in slots]
+        return [C.all_gather(s.param, self.edp_group) for s in slots]
+
+    def accumulate(self, slots: list[_ExpertSlot], grads: Sequence[Tensor]) -> None:
+        for s, g in zip(slots, grads):
+            if self.edp_group.size > 1:
+                g = C.reduce_scatter(g, self.edp_group)
+            g = g / self.dp_size
+            s.grad = g if s.grad is None else s.grad + g
+
+
+def global_expert_load(load: Tensor, mesh: DeviceMesh) -> Tensor:
+    """Tokens per expert summed over the data-parallel ranks (dp x cp): what one process
+    with the whole global batch would count. Use it before ``model.update_expert_bias``."""
+    return C.all_reduce(load.astype(ms.float32), mesh.group("dp_cp"))
+
+
+def apply_expert_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> ExpertParallel:
+    """Keep this rank's experts of every MoE layer and route tokens to the others by
+    all-to-all. Duck-typed: the plan flags expert weights (``expert``: True, stacked on dim
+    0); their Cell has ``gate_proj``, ``up_proj``, ``down_proj`` and is called as
+    ``experts(x [T, H], topk_idx [T, K], topk_weight [T, K]) -> (y [T, H], counts [E])``.
+
+    Raises ConfigError when ``n_routed_experts`` does not divide by ``expert_parallel``.
+    With EP of 1 the experts stay as they are (FSDP shards them with the rest; the
+    returned object holds none).
+    Combining with tensor parallelism > 1 is not supported yet.
+    """
+    n_experts = int(plan.get("num_experts") or 0)
+    ep = ExpertParallel(mesh, max(n_experts, 1))
+    if mesh.size("ep") == 1 or not n_experts:
+        return ep
+    if getattr(model, "jit_enabled", False):
+        raise ConfigError("model", "expert parallelism needs eager layers; call model.set_jit(False) first")
+    if mesh.size("tp") > 1 and mesh.size("ep") > 1:
+        raise ConfigError("parallelism.expert_parallel",
+                          "expert_parallel > 1 together with tensor_parallel > 1 is not supported yet; "
+                          "set one of them to 1")
+    n_ep = mesh.size("ep")
+    if n_experts % n_ep:
+        raise ConfigError("model.n_routed_experts", f"{n_experts} is not divisible by "
+                          f"parallelism.expert_parallel={n_ep}; choose a degree that divides it")
+    n_edp = mesh.size("edp")
+    shard_edp = ep.local_experts % n_edp == 0
+    if not shard_edp:
+        ep.edp_group = Group("edp", (mesh.global_rank,), 0, None)  # keep whole local experts
+    cells = dict(model.cells_and_names())
+    params = {p.name: p for p in model.get_parameters()}
+    by_cell: dict[str, list[str]] = {}
+    for name, info in plan["params"].items():
+        if info.get("expert"):
+            path, _, attr = name.rpartition(".")
+            by_cell.setdefault(path, []).append(name)
+    for path, names in by_cell.items():
+        cell = cells[path]
+        slots = []
+        for attr in _WEIGHTS:
+            name = f"{path}.{attr}"
+            p = params[name]
+            full = p.asnumpy()
+            local = full[ep.first_expert:ep.first_expert + ep.local_experts]
+            if ep.edp_group.size > 1:
+                n = ep.local_experts // ep.edp_group.size
+                local = local[ep.edp_group.index * n:(ep.edp_group.index + 1) * n]
+            p.set_data(Tensor(np.ascontiguousarray(local)))
+            p.requires_grad = False
+            slot = _ExpertSlot(name, p, ep.local_experts)
+            ep.slots[name] = slot
+            slots.append(slot)
+        object.__setattr__(cell, "construct", _dispatch_forward(ep, _LocalExperts(ep, slots)))
+    return ep
+
+
+def _dispatch_forward(ep: ExpertParallel, local: _LocalExperts):
+    group = ep.ep_group
+    n_experts, per_rank = ep.n_experts, ep.local_experts
+
+    def construct(x, topk_idx, topk_weight):
+        t, h = x.shape
+        k = topk_idx.shape[1]
+        flat_e = topk_idx.reshape(-1).asnumpy().astype(np.int64)
+        order = np.argsort(flat_e, kind="stable").astype(np.int32)
+        dest = flat_e[order] // per_rank
+        send = np.bincount(dest, minlength=group.size).astype(np.int64)
+        table = C.all_gather(Tensor(send.reshape(1, -1)), group).asnumpy()
+        recv = table[:, group.index]
+        rows = ops.gather(x, Tensor(order // k), 0)
+        ids = Tensor((flat_e[order] - dest * per_rank).astype(np.int32))
+        got_rows = F.all_to_all(rows, group, send.tolist(), recv.tolist())
+        got_ids = C.all_to_all(ids, group, send.tolist(), recv.tolist())
+        out = local(got_rows, got_ids)
+        back = F.all_to_all(out, group, recv.tolist(), send.tolist())
+        inv = np.empty_like(order)
+        inv[order] = np.arange(order.size, dtype=np.int32)
+        pairs = ops.gather(back, Tensor(inv), 0).reshape(t, k, h)
+        y = (pairs * ops.expand_dims(topk_weight, -1)).sum(1)
+        counts = Tensor(np.bincount(flat_e, minlength=n_experts).astype(np.int32))
+        return y, counts
+
+    return construct
+
+
+__all__ = ["ExpertParallel", "apply_expert_parallel", "global_expert_load"]

@@ -1,0 +1,416 @@
+"""Fully sharded data parallelism (ZeRO-1/2/3) for MindSpore PyNative.
+
+Every parameter is sharded on dim 0 over the shard group (padded to a multiple of the
+group size), FSDP2-style, so a shard keeps its parameter's name and number of dims.
+The optimizer runs on the shards (:attr:`FSDP.params`) with :attr:`FSDP.grads`.
+
+Strategies (``parallelism.data_parallel_sharding_strategy``):
+
+- ``"optim"`` (ZeRO-1): full parameters and full local gradients on every rank; local
+  gradients are summed over micro-batches and reduce-scattered once per step.
+- ``"optim_grads"`` (ZeRO-2): full parameters; each micro-batch's gradients are
+  reduce-scattered at once and only the shard is kept.
+- ``"optim_grads_params"`` (ZeRO-3): only shards stay resident. Each unit (a sub-Cell
+  named in ``units``) is wrapped in a Cell whose forward all-gathers its parameters,
+  runs, and frees them; its custom backward all-gathers them again, recomputes the unit's
+  forward under ``ms.grad`` (the PyNative tape cannot keep a freed weight), reduce-scatters
+  the weight gradients into the shard accumulators and frees. Parameters outside every
+  unit (the "root": embeddings, final norm, head) are gathered for the whole micro-batch.
+
+Gradients are averaged over the group (``reduce_op="avg"``) and summed over
+micro-batches, so a loss scaled by ``1 / accumulation_steps`` gives the mean over the
+global batch. After the optimizer has updated the shards, call :meth:`FSDP.finish_step`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import Parameter, Tensor, mint, nn, ops
+
+from mindtrain.parallel import collectives as C
+from mindtrain.parallel.mesh import DeviceMesh, Group
+
+STRATEGIES = ("optim", "optim_grads", "optim_grads_params")
+_FLOATS = (ms.float16, ms.bfloat16, ms.float32, ms.float64)
+
+
+@dataclass
+class _Slot:
+    """One parameter: its module Parameter, its dim-0 shard and its gradient accumulator."""
+
+    name: str
+    param: Parameter
+    shape: tuple[int, ...]
+    dtype: Any
+    rows: int
+    local_rows: int
+    shard: Parameter
+    grad: Optional[Tensor] = None
+
+    @property
+    def rest(self) -> tuple[int, ...]:
+        return self.shape[1:] if self.shape else ()
+
+    @property
+    def shard_numel(self) -> int:
+        return self.local_rows * math.prod(self.rest)
+
+
+@dataclass
+class _Bucket:
+    """Parameters communicated together: one unit, or the root."""
+
+    name: str
+    slots: list[_Slot]
+    shared: list[_Slot] = field(default_factory=list)  # root parameters this unit also uses
+    gathered: bool = False
+
+
+class _Unit(nn.Cell):
+    """Runs one ZeRO-3 unit: gather, forward, free; backward by regather and recompute."""
+
+    def __init__(self, fsdp: "FSDP", bucket: _Bucket, module: nn.Cell):
+        super().__init__()
+        self._ctx = [fsdp, bucket, module]  # a list keeps the module's parameters out of ours
+
+    def construct(self, *args):
+        fsdp, bucket, module = self._ctx
+        fsdp._materialize(bucket)
+        out = module(*args)
+        fsdp._release(bucket)
+        return out
+
+    def bprop(self, *args_out_dout):
+        fsdp, bucket, module = self._ctx
+        return fsdp._unit_backward(bucket, module, args_out_dout[:-2], args_out_dout[-1])
+
+
+class FSDP:
+    """A model sharded over ``group``; build it with :func:`fully_shard`."""
+
+    def __init__(self, model: nn.Cell, group: Group, units: Sequence[str] = (),
+                 strategy: str = "optim_grads_params", shared: Optional[Mapping[str, Sequence[str]]] = None,
+                 reduce_op: str = "avg"):
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+        if reduce_op not in ("avg", "sum"):
+            raise ValueError(f"reduce_op must be 'avg' or 'sum', got {reduce_op!r}")
+        self.model = model
+        self.group = group
+        self.strategy = strategy
+        self.reduce_op = reduce_op
+        self.n = group.size
+        self.peak_gathered_bytes = 0
+        self._gathered_bytes = 0
+        self._pending_root: dict[str, Tensor] = {}
+        self._reduced = True
+
+        named = {p.name: p for p in model.get_parameters() if p.requires_grad}
+        cells = dict(model.cells_and_names())
+        unit_params: dict[str, list[str]] = {}
+        for u in units:
+            if u not in cells or not u:
+                raise ValueError(f"fully_shard: unit {u!r} is not a sub-Cell of the model")
+            unit_params[u] = [p.name for p in cells[u].get_parameters() if p.requires_grad]
+        owner: dict[str, str] = {}
+        for u, names in unit_params.items():
+            for name in names:
+                if name in owner:
+                    raise ValueError(f"fully_shard: parameter {name} is in units {owner[name]} and {u}; "
+                                     f"units must not nest or share parameters (use shared=)")
+                owner[name] = u
+        self.slots: dict[str, _Slot] = {name: self._make_slot(name, p) for name, p in named.items()}
+        self.units = [_Bucket(u, [self.slots[n] for n in unit_params[u]]) for u in units]
+        root = [s for name, s in self.slots.items() if name not in owner]
+        self.root = _Bucket("<root>", root, gathered=True)
+        for pname, users in (shared or {}).items():
+            if pname not in self.slots or pname in owner:
+                raise ValueError(f"fully_shard: shared parameter {pname} must be a root parameter "
+                                 f"(outside every unit)")
+            for u in users:
+                bucket = next((b for b in self.units if b.name == u), None)
+                if bucket is None:
+                    raise ValueError(f"fully_shard: shared parameter {pname} names unknown unit {u!r}")
+                bucket.shared.append(self.slots[pname])
+        self._buckets = [self.root] + self.units
+        if strategy == "optim_grads_params":
+            for bucket in self.units:
+                self._wrap(cells, bucket)
+            for bucket in self._buckets:
+                self._release(bucket)
+        else:
+            for bucket in self._buckets:
+                bucket.gathered = True
+            self._gathered_bytes = sum(_nbytes(s.param) for s in self.slots.values())
+            self.peak_gathered_bytes = self._gathered_bytes
+
+    # ---- construction --------------------------------------------------------------------
+    def _make_slot(self, name: str, p: Parameter) -> _Slot:
+        shape = tuple(p.shape)
+        rows = shape[0] if shape else 1
+        local_rows = -(-rows // self.n)
+        full = p.asnumpy().reshape((rows,) + shape[1:])
+        pad = np.zeros((local_rows * self.n,) + shape[1:], full.dtype)
+        pad[:rows] = full
+        mine = pad[self.group.index * local_rows:(self.group.index + 1) * local_rows]
+        shard = Parameter(Tensor(np.ascontiguousarray(mine)), name=name, requires_grad=False)
+        return _Slot(name, p, shape, p.dtype, rows, local_rows, shard)
+
+    def _wrap(self, cells: dict, bucket: _Bucket) -> None:
+        path = bucket.name
+        parent_path, _, key = path.rpartition(".")
+        parent = cells[parent_path] if parent_path else self.model
+        wrapper = _Unit(self, bucket, cells[path])
+        if isinstance(parent, (nn.CellList, nn.SequentialCell)) and key.isdigit():
+            parent[int(key)] = wrapper
+        else:
+            setattr(parent, key, wrapper)
+
+    # ---- public API ------------------------------------------------------------------------
+    @property
+    def params(self) -> list[Parameter]:
+        """Local shards, for the optimizer (names and ndim as in the model)."""
+        return [s.shard for s in self.slots.values()]
+
+    def named_parameters(self) -> list[tuple[str, Parameter]]:
+        return [(name, s.shard) for name, s in self.slots.items()]
+
+    @property
+    def full_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: s.shape for name, s in self.slots.items()}
+
+    @property
+    def grads(self) -> list[Tensor]:
+        """Reduced gradient shards aligned with :attr:`params` (zeros before any backward)."""
+        self.reduce_gradients()
+        return [s.grad if s.grad is not None else ops.zeros(s.shard.shape, s.shard.dtype)
+                for s in self.slots.values()]
+
+    def value_and_grad(self, fn: Callable, has_aux: bool = False) -> Callable:
+        """Wrap ``fn(*args) -> loss`` (or ``(loss, aux)``); each call runs forward and backward
+        for one micro-batch, accumulates the gradient shards and returns what ``fn`` returns."""
+        if self.strategy == "optim_grads_params":
+            weights = [s.param for s in self.root.slots]
+        else:
+            weights = [s.param for s in self.slots.values()]
+        grad_fn = ms.value_and_grad(fn, grad_position=None if weights else 0, weights=weights or None,
+                                    has_aux=has_aux)
+
+        def step(*args):
+            zero3 = self.strategy == "optim_grads_params"
+            if zero3:
+                self._materialize(self.root)
+            value, grads = grad_fn(*args)
+            if not weights:
+                grads = ()
+            if zero3:
+                self._release(self.root)
+            self._accumulate(self.root.slots if zero3 else list(self.slots.values()), list(grads))
+            return value
+
+        return step
+
+    def reduce_gradients(self) -> None:
+        """ZeRO-1: reduce the step's summed local gradients (no-op for the other strategies)."""
+        if self._reduced:
+            return
+        for bucket in self._buckets:
+            full = [s.grad for s in bucket.slots]
+            if any(g is None for g in full):
+                full = [g if g is not None else ops.zeros(s.shape, s.dtype) for s, g in zip(bucket.slots, full)]
+            for s, g in zip(bucket.slots, self._reduce_scatter(bucket.slots, full)):
+                s.grad = g
+        self._reduced = True
+
+    def grad_norm(self) -> float:
+        """L2 norm of the whole (unsharded) gradient, over all shards."""
+        local = sum(float((g.astype(ms.float32) ** 2).sum().asnumpy()) for g in self.grads)
+        total = C.all_reduce(Tensor([local], ms.float64), self.group)
+        return float(math.sqrt(float(total.asnumpy()[0])))
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Scale gradients so that the global norm is at most ``max_norm``; returns the norm
+        before clipping (the coefficient is torch's: max_norm / (norm + 1e-6))."""
+        norm = self.grad_norm()
+        coef = max_norm / (norm + 1e-6)
+        if coef < 1.0:
+            for s in self.slots.values():
+                if s.grad is not None:
+                    s.grad = s.grad * coef
+        return norm
+
+    def zero_grad(self) -> None:
+        for s in self.slots.values():
+            s.grad = None
+        self._pending_root.clear()
+        self._reduced = True
+
+    def finish_step(self) -> None:
+        """After the optimizer updated :attr:`params`: refresh full parameters (ZeRO-1/2) and
+        drop the gradients."""
+        if self.strategy != "optim_grads_params":
+            for bucket in self._buckets:
+                self._materialize(bucket, force=True)
+        self.zero_grad()
+
+    # ---- full (unsharded) state ---------------------------------------------------------------
+    def full_state_dict(self) -> dict[str, np.ndarray]:
+        """Every parameter at full shape, on every rank."""
+        names = list(self.slots)
+        return dict(zip(names, self.gather_full([self.slots[n].shard for n in names], names)))
+
+    def load_full_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Load full parameters (from any data-parallel degree) into the shards."""
+        missing = [n for n in self.slots if n not in state]
+        if missing:
+            raise KeyError(f"load_full_state_dict: missing {', '.join(missing[:5])}")
+        for name, shard in zip(self.slots, self.shard_full([state[n] for n in self.slots], list(self.slots))):
+            self.slots[name].shard.set_data(shard)
+        for bucket in self._buckets:
+            if self.strategy != "optim_grads_params":
+                self._materialize(bucket, force=True)
+        self.zero_grad()
+
+    def gather_full(self, tensors: Sequence[Tensor], names: Optional[Sequence[str]] = None) -> list[np.ndarray]:
+        """Full arrays from shard-shaped tensors (e.g. optimizer moments) aligned with ``names``
+        (default: :attr:`params` order)."""
+        names = list(self.slots) if names is None else list(names)
+        slots = [self.slots[n] for n in names]
+        out = self._all_gather(slots, list(tensors))
+        return [o.asnumpy() for o in out]
+
+    def shard_full(self, arrays: Sequence[Any], names: Optional[Sequence[str]] = None) -> list[Tensor]:
+        """This rank's shards of full arrays aligned with ``names`` (default: :attr:`params`)."""
+        names = list(self.slots) if names is None else list(names)
+        result = []
+        for name, a in zip(names, arrays):
+            s = self.slots[name]
+            a = a.asnumpy() if isinstance(a, Tensor) else np.asarray(a)
+            if tuple(a.shape) != s.shape:
+                raise ValueError(f"{name}: full shape {tuple(a.shape)} != model shape {s.shape}")
+            a = a.reshape((s.rows,) + s.rest)
+            pad = np.zeros((s.local_rows * self.n,) + s.rest, a.dtype)
+            pad[:s.rows] = a
+            i = self.group.index
+            result.append(Tensor(np.ascontiguousarray(pad[i * s.local_rows:(i + 1) * s.local_rows])))
+        return result
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes this rank holds now: shards + materialized full parameters, and gradients."""
+        params = sum(_nbytes(s.shard) + _nbytes(s.param) for s in self.slots.values())
+        grads = sum(_nbytes(s.grad) for s in self.slots.values() if s.grad is not None)
+        return {"params": params, "grads": grads}
+
+    # ---- internals ------------------------------------------------------------------------
+    def _materialize(self, bucket: _Bucket, force: bool = False) -> None:
+        if bucket.gathered and not force:
+            return
+        fulls = self._all_gather(bucket.slots, [s.shard for s in bucket.slots])
+        for s, full in zip(bucket.slots, fulls):
+            s.param.set_data(full)
+        if not bucket.gathered:
+            self._gathered_bytes += sum(_nbytes(s.param) for s in bucket.slots)
+            self.peak_gathered_bytes = max(self.peak_gathered_bytes, self._gathered_bytes)
+        bucket.gathered = True
+
+    def _release(self, bucket: _Bucket) -> None:
+        if not bucket.gathered:
+            return
+        self._gathered_bytes -= sum(_nbytes(s.param) for s in bucket.slots)
+        for s in bucket.slots:
+            s.param.set_data(ops.zeros((0,), s.dtype))
+        bucket.gathered = False
+
+    def _all_gather(self, slots: list[_Slot], shards: list[Tensor]) -> list[Tensor]:
+        """Full tensors of ``slots`` from their shard-shaped ``shards``: one all_gather."""
+        if not slots:
+            return []
+        flat = mint.cat([t.reshape(-1) for t in shards]) if len(shards) > 1 else shards[0].reshape(-1)
+        table = C.all_gather(flat, self.group).reshape(self.n, -1)
+        out, off = [], 0
+        for s in slots:
+            part = table[:, off:off + s.shard_numel].reshape((s.local_rows * self.n,) + s.rest)
+            off += s.shard_numel
+            out.append(ops.deepcopy(part[:s.rows].reshape(s.shape)))
+        return out
+
+    def _reduce_scatter(self, slots: list[_Slot], fulls: list[Tensor]) -> list[Tensor]:
+        """Shards of the group-reduced ``fulls``: one reduce_scatter for the whole bucket."""
+        if not slots:
+            return []
+        cols = []
+        for s, g in zip(slots, fulls):
+            g = g.reshape((s.rows,) + s.rest)
+            extra = s.local_rows * self.n - s.rows
+            if extra:
+                g = mint.cat([g, mint.zeros((extra,) + s.rest, dtype=g.dtype)])
+            cols.append(g.reshape(self.n, -1))
+        table = mint.cat(cols, dim=1) if len(cols) > 1 else cols[0]
+        mine = C.reduce_scatter(table.reshape(-1), self.group, op=self.reduce_op)
+        out, off = [], 0
+        for s in slots:
+            out.append(mine[off:off + s.shard_numel].reshape((s.local_rows,) + s.rest))
+            off += s.shard_numel
+        return out
+
+    def _accumulate(self, slots: list[_Slot], grads: list[Tensor]) -> None:
+        for s in slots:
+            extra = self._pending_root.pop(s.name, None)
+            if extra is not None:
+                i = slots.index(s)
+                grads[i] = grads[i] + extra
+        if self.strategy == "optim":
+            for s, g in zip(slots, grads):
+                s.grad = g if s.grad is None else s.grad + g
+            self._reduced = False
+            return
+        for s, g in zip(slots, self._reduce_scatter(slots, grads)):
+            s.grad = g if s.grad is None else s.grad + g
+
+    def _unit_backward(self, bucket: _Bucket, module: nn.Cell, args: tuple, dout) -> tuple:
+        self._materialize(bucket)
+        douts = dout if isinstance(dout, tuple) else (dout,)
+        weights = [s.param for s in bucket.slots] + [s.param for s in bucket.shared]
+
+        def replay(*xs):
+            outs = module(*xs)
+            outs = outs if isinstance(outs, tuple) else (outs,)
+            total = None
+            for o, d in zip(outs, douts):
+                if isinstance(o, Tensor) and o.dtype in _FLOATS:
+                    term = (o * d).sum()
+                    total = term if total is None else total + term
+            return total
+
+        gx, gw = ms.grad(replay, grad_position=tuple(range(len(args))), weights=weights)(*args)
+        self._release(bucket)
+        k = len(bucket.slots)
+        self._accumulate(bucket.slots, list(gw[:k]))
+        for s, g in zip(bucket.shared, gw[k:]):
+            prev = self._pending_root.get(s.name)
+            self._pending_root[s.name] = g if prev is None else prev + g
+        return gx if isinstance(gx, tuple) else (gx,)
+
+
+def _nbytes(t: Optional[Tensor]) -> int:
+    return 0 if t is None else int(t.size) * t.itemsize
+
+
+def fully_shard(model: nn.Cell, mesh_or_group, units: Sequence[str] = (),
+                strategy: str = "optim_grads_params", shared: Optional[Mapping[str, Sequence[str]]] = None,
+                reduce_op: str = "avg", dim: str = "dp") -> FSDP:
+    """Shard ``model``'s trainable parameters over the mesh's ``dim`` group (or a Group).
+
+    ``units``: sub-Cell paths (as in ``model.cells_and_names()``, e.g. ``"model.layers.0"``)
+    gathered one at a time under ZeRO-3; each unit's inputs must be Tensors and its forward
+    deterministic (it is recomputed in backward). ``shared``: root parameter name -> units
+    that also use it (e.g. a tied embedding used by an MTP unit).
+    """
+    group = mesh_or_group.group(dim) if isinstance(mesh_or_group, DeviceMesh) else mesh_or_group
+    return FSDP(model, group, units, strategy, shared, reduce_op)

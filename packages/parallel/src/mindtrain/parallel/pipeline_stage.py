@@ -1,0 +1,180 @@
+"""One pipeline stage: a contiguous range of the model's units and its forward/backward.
+
+The model is duck-typed on the DeepSeek-V3 layout of the models package (``model.model``
+with ``embed_tokens``, ``layers`` (decoder layers, then MTP modules), ``norm``,
+``rotary_emb``; ``lm_head``; ``head_loss(h, norm_w, eps, head_w, labels, mask)``;
+``config``; ``moe_layer_ids``) and the units of its parallel plan (plain data). The forward
+repeats ``DeepseekV3ForCausalLM.construct`` unit by unit, with two differences that make
+splitting exact: the inputs come from :func:`mindtrain.parallel.context_parallel.split_batch`
+(MTP targets shifted on the whole sequence, masks for local queries against all keys), and
+each loss is this rank's *share* (the shares over CP ranks and stages add up to the
+single-process loss).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import Tensor, ops
+
+from mindtrain.config import ConfigError
+
+METRICS = ("lm_loss", "load_balancing_loss", "mtp_loss", "loss")
+"""Order of the per-micro-batch figures a stage returns (each this rank's share)."""
+
+
+def partition_units(units: Sequence[dict], stages: int,
+                    layers_per_stage: Optional[Sequence[int]] = None) -> list[list[str]]:
+    """Unit names per stage: the embedding with the first stage, the head and MTP modules with
+    the last, decoder layers balanced by count (earlier stages take the remainder, since the
+    last one also holds the head and MTP) or as ``layers_per_stage`` says."""
+    decoders = [u["name"] for u in units if u["kind"] == "decoder"]
+    n = len(decoders)
+    if layers_per_stage is None:
+        if stages > n + 1:
+            raise ConfigError("parallelism.pipeline_parallel",
+                              f"{stages} stages for {n} decoder layers; use at most {n + 1}")
+        base, extra = divmod(n, stages)
+        counts = [base + (1 if i < extra else 0) for i in range(stages)]
+    else:
+        counts = [int(c) for c in layers_per_stage]
+        if len(counts) != stages or sum(counts) != n or min(counts) < 0:
+            raise ConfigError("parallelism.pipeline_layers_per_stage",
+                              f"{list(layers_per_stage)} must have {stages} non-negative entries "
+                              f"summing to num_hidden_layers = {n}")
+    out, start = [], 0
+    for i, c in enumerate(counts):
+        names = decoders[start:start + c]
+        start += c
+        if i == 0:
+            names = [u["name"] for u in units if u["kind"] == "embedding"] + names
+        if i == stages - 1:
+            names = names + [u["name"] for u in units if u["kind"] in ("head", "mtp")]
+        out.append(names)
+    return out
+
+
+class ModelStage:
+    """Units ``unit_names`` of ``model`` as one differentiable stage function."""
+
+    def __init__(self, model, plan: dict, unit_names: Sequence[str]):
+        self.model = model
+        self.cfg = model.config
+        by_name = {u["name"]: u for u in plan["units"]}
+        self.unit_names = list(unit_names)
+        kinds = [by_name[n]["kind"] for n in self.unit_names]
+        self.is_first = "embedding" in kinds
+        self.is_last = "head" in kinds
+        self.decoder_ids = [by_name[n]["layer"] for n in self.unit_names if by_name[n]["kind"] == "decoder"]
+        self.mtp_ids = [by_name[n]["layer"] for n in self.unit_names if by_name[n]["kind"] == "mtp"]
+        owned = [p for n in self.unit_names for p in by_name[n]["params"]]
+        # weights of other units this stage also uses (MTP uses the embedding and lm_head)
+        self.shared = [p for p, users in plan.get("shared", {}).items()
+                       if p not in owned and any(u in self.unit_names for u in users)]
+        named = dict((p.name, p) for p in model.get_parameters())
+        self.param_names = [n for n in owned + self.shared if named[n].requires_grad]
+        self.params = [named[n] for n in self.param_names]
+        self.moe_rows = {layer: row for row, layer in enumerate(model.moe_layer_ids)}
+        self.num_heads = self.cfg.num_attention_heads
+        self.hidden_size = self.cfg.hidden_size
+        self.alpha = float(self.cfg.aux_loss_alpha or 0.0)
+
+    # ---------------------------------------------------------------- forward
+    def forward(self, h, mb: dict) -> tuple:
+        """``(out, figures [4], counts [n_moe_layers_here, E])``; ``out`` is the hidden state
+        for the next stage, or the loss share on the last stage. ``h`` is ignored on the first."""
+        m = self.model.model
+        cos, sin = m.rotary_emb(mb["position_ids"])
+        cos, sin = ops.expand_dims(cos, 1), ops.expand_dims(sin, 1)
+        mask = mb["mask_add"]
+        if self.is_first:
+            h = m.embed_tokens(mb["input_ids"])
+        counts, balances = [], []
+        for i in self.decoder_ids:
+            layer = m.layers[i]
+            h, c, bal = layer(h, cos, sin, mask)
+            if layer.is_moe:
+                counts.append(c)
+                balances.append(bal)
+        zero = ops.zeros((), ms.float32)
+        lm = mtp = zero
+        out = h
+        if self.is_last:
+            head_w = self.model.lm_head.weight
+            lm = self.model.head_loss(h, m.norm.weight, m.norm.eps, head_w, mb["labels"], mb["loss_mask"])
+            lm = lm * mb["lm_scale"]
+            out = lm
+            if self.mtp_ids:
+                mtp_losses = []
+                for k, i in enumerate(self.mtp_ids):
+                    layer, t = m.layers[i], mb["mtp"][k]
+                    h, c, bal = layer(h, m.embed_tokens(t["input_ids"]), cos, sin, mask)
+                    if layer.is_moe:
+                        counts.append(c)
+                        balances.append(bal)
+                    loss_k = self.model.head_loss(h, layer.shared_head.norm.weight, layer.shared_head.norm.eps,
+                                                  head_w, t["labels"], t["loss_mask"])
+                    mtp_losses.append(loss_k * t["scale"])
+                mtp = sum(mtp_losses[1:], mtp_losses[0]) / len(mtp_losses)
+                out = out + self.cfg.mtp_loss_scaling_factor * mtp
+        balance = sum(balances[1:], balances[0]) if balances else zero
+        aux = balance * self.alpha if (balances and self.alpha) else zero
+        total = (out + aux) if self.is_last else aux
+        figures = ops.stack([lm, balance, mtp, total])
+        count = ops.stack([c.astype(ms.float32) for c in counts]) if counts else ops.zeros((0,), ms.float32)
+        return out, aux, figures, count
+
+    # ---------------------------------------------------------------- autodiff
+    def _objective(self, h, sens, mb):
+        out, aux, figures, count = self.forward(h, mb)
+        if self.is_last:
+            obj = out + aux
+        else:
+            # d/dθ sum(out * sens) is the vector-Jacobian product with the next stage's gradient
+            obj = (out * sens).sum() + aux
+        return obj, (ops.stop_gradient(out), figures, count)
+
+    def forward_only(self, h, mb: dict):
+        """The stage output without recording a graph (sent ahead; the backward recomputes it)."""
+        with ms._no_grad():
+            out, _, _, _ = self.forward(h, mb)
+        return out
+
+    def backward(self, h, sens, mb: dict):
+        """Recompute the forward and return ``(grad of h or None, param grads, figures, counts)``."""
+        wants_h = not self.is_first
+        if h is None:
+            h = ops.zeros((1,), ms.float32)
+        if sens is None:
+            sens = ops.zeros((1,), ms.float32)
+        fn = _grad_fn(self, wants_h)
+        if wants_h:
+            (_, (_, figures, count)), (gh, grads) = fn(h, sens, mb)
+        else:
+            (_, (_, figures, count)), grads = fn(h, sens, mb)
+            gh = None
+        return gh, list(grads), figures, count
+
+    def load_rows(self, count) -> Tensor:
+        """This stage's counts placed in the model's [n_moe_layers, E] expert-load matrix."""
+        n_rows = len(self.moe_rows)
+        e = int(self.cfg.n_routed_experts)
+        out = np.zeros((n_rows, e), np.float32)
+        layers = [i for i in self.decoder_ids + self.mtp_ids if self.model.model.layers[i].is_moe]
+        if layers:
+            c = count.asnumpy().reshape(len(layers), e)
+            for row, layer in zip(c, layers):
+                out[self.moe_rows[layer]] = row
+        return Tensor(out)
+
+
+def _grad_fn(stage: ModelStage, wants_h: bool):
+    key = "_grad_h" if wants_h else "_grad"
+    fn = getattr(stage, key, None)
+    if fn is None:
+        fn = ms.value_and_grad(stage._objective, 0 if wants_h else None, stage.params, has_aux=True)
+        setattr(stage, key, fn)
+    return fn

@@ -1,0 +1,333 @@
+"""Tensor parallelism with sequence parallelism, applied to a model by module surgery.
+
+Driven by the model's plan (plain data, see ``mindtrain.models.parallel_plan``): every
+"column" weight keeps this rank's rows of its split dim, every "row" weight its columns,
+the "vocab" embedding its vocabulary rows. Between the TP regions (attention, dense MLP,
+MoE) the hidden states are split along the sequence (dim 1): norms, residuals, the router
+and the MTP projections run on ``S / tp`` positions. Each region all-gathers its input
+along the sequence and reduce-scatters its partial output back (and the reverse in the
+backward). The embedding is vocab-parallel (masked lookup, reduce-scatter) and the head
+computes vocab-parallel cross-entropy, so the full logits never exist on one rank.
+
+Every TP rank computes the same loss. Sharded parameters then get their exact gradient;
+replicated ones get a partial gradient (their share of the sequence, or of the heads),
+which :meth:`TensorParallel.sync_grads` sums over the TP group.
+
+Order: ``apply_tensor_parallel`` -> ``apply_expert_parallel`` -> ``fully_shard`` (over the
+mesh's ``dp`` group) -> optimizer on the resulting parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+
+from mindtrain.config import ConfigError
+from mindtrain.parallel import collectives as C
+from mindtrain.parallel import functional as F
+from mindtrain.parallel.mesh import DeviceMesh, Group
+
+SEQ_DIM = 1
+
+
+def _divisible(value: int, tp: int, field: str) -> None:
+    if value % tp:
+        raise ConfigError(field, f"{value} is not divisible by parallelism.tensor_parallel={tp}; "
+                                 f"choose a tensor_parallel degree that divides it")
+
+
+def _cells(model: nn.Cell) -> dict[str, nn.Cell]:
+    return dict(model.cells_and_names())
+
+
+def _owner(cells: dict[str, nn.Cell], pname: str) -> tuple[nn.Cell, str]:
+    path, _, attr = pname.rpartition(".")
+    return cells[path], attr
+
+
+def _override(cell: nn.Cell, fn) -> None:
+    """Replace this instance's forward (parameter names and the class stay untouched)."""
+    object.__setattr__(cell, "construct", fn)
+
+
+def _shard(p: Parameter, dim: int, tp: int, index: int) -> None:
+    full = p.asnumpy()
+    n = full.shape[dim] // tp
+    local = np.take(full, np.arange(index * n, (index + 1) * n), axis=dim)
+    p.set_data(Tensor(np.ascontiguousarray(local)))
+
+
+class _VocabParallelCE(nn.Cell):
+    """Per-token cross-entropy of vocab-sharded logits ``[T, V/tp]`` against global labels.
+
+    Forward: max and sum-exp over the vocabulary through the TP group. Backward: the local
+    slice of ``softmax - one_hot`` (no communication beyond recomputing the two reductions).
+    """
+
+    def __init__(self, group: Group, start: int):
+        super().__init__()
+        self.comm_group, self.start = group, start
+
+    def _stats(self, logits, labels):
+        g = self.comm_group
+        vl = logits.shape[-1]
+        local_max = ops.stop_gradient(logits.max(-1))
+        gmax = C.all_gather(ops.expand_dims(local_max, 0), g, 0).max(0)
+        shifted = logits - ops.expand_dims(gmax, -1)
+        exp = ops.exp(shifted)
+        sumexp = C.all_reduce(exp.sum(-1), g)
+        local = labels - self.start
+        inside = ops.logical_and(local >= 0, local < vl)
+        safe = ops.select(inside, local, ops.zeros_like(local))
+        return gmax, shifted, exp, sumexp, inside, safe
+
+    def construct(self, logits, labels):
+        gmax, shifted, _, sumexp, inside, safe = self._stats(logits, labels)
+        picked = ops.gather_elements(shifted, 1, ops.expand_dims(safe, -1)).squeeze(-1)
+        target = C.all_reduce(picked * inside.astype(logits.dtype), self.comm_group)
+        return ops.log(sumexp) - target
+
+    def bprop(self, logits, labels, out, dout):
+        _, _, exp, sumexp, inside, safe = self._stats(logits, labels)
+        vl = logits.shape[-1]
+        onehot = ops.one_hot(safe, vl, Tensor(1.0, logits.dtype), Tensor(0.0, logits.dtype))
+        onehot = onehot * ops.expand_dims(inside.astype(logits.dtype), -1)
+        grad = (exp / ops.expand_dims(sumexp, -1) - onehot) * ops.expand_dims(dout, -1)
+        return grad, ops.zeros_like(labels)
+
+
+class TensorParallel:
+    """What :func:`apply_tensor_parallel` did to a model, and the gradient rule it needs."""
+
+    def __init__(self, model: nn.Cell, plan: dict, mesh: DeviceMesh):
+        self.model = model
+        self.plan = plan
+        self.mesh = mesh
+        self.group = mesh.group("tp")
+        self.size = self.group.size
+        self.index = self.group.index
+        self.replicated = {n for n, p in plan["params"].items() if p["tp"] == "replicated"}
+        self.sharded = {n: (p["tp"], p["tp_dim"]) for n, p in plan["params"].items() if p["tp"] != "replicated"}
+
+    def sync_grads(self, names: Sequence[str], grads: Sequence[Tensor]) -> list[Tensor]:
+        """Sum the partial gradients of replicated parameters over the TP group.
+
+        ``names`` and ``grads`` are aligned (full gradients or FSDP shards: the sum is
+        elementwise, so it commutes with the data-parallel reduction).
+        """
+        if self.size == 1:
+            return list(grads)
+        return [C.all_reduce(g, self.group) if n in self.replicated else g for n, g in zip(names, grads)]
+
+    def grad_sq_norm(self, names: Sequence[str], grads: Sequence[Tensor]) -> float:
+        """Squared L2 norm of the full gradient from synced per-rank gradients (sharded ones
+        summed over TP, replicated ones counted once)."""
+        shard = sum(float((g.astype(ms.float32) ** 2).sum().asnumpy()) for n, g in zip(names, grads)
+                    if n not in self.replicated)
+        rep = sum(float((g.astype(ms.float32) ** 2).sum().asnumpy()) for n, g in zip(names, grads)
+                  if n in self.replicated)
+        total = C.all_reduce(Tensor([shard], ms.float64), self.group).asnumpy()[0] if self.size > 1 else shard
+        return float(total) + rep
+
+    def full_param(self, name: str, local: np.ndarray) -> np.ndarray:
+        """The unsharded value of parameter ``name`` from this rank's ``local`` array
+        (a collective over the TP group: every member must call it for the same name)."""
+        if name not in self.sharded or self.size == 1:
+            return local
+        dim = self.sharded[name][1]
+        return C.all_gather(Tensor(np.ascontiguousarray(local)), self.group, dim).asnumpy()
+
+
+def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> TensorParallel:
+    """Shard ``model`` in place over ``mesh``'s TP group, with sequence parallelism.
+
+    The model must be a DeepSeek-V3-like Cell (duck-typed): attention cells have
+    ``num_heads``; MoE cells ``gate`` (router returning ``(topk_idx, weights, scores)``),
+    ``experts`` (``(x, idx, w) -> (y, counts)``) and optional ``shared_experts``; the model
+    has ``head_loss(h, norm_weight, eps, head_weight, labels, loss_mask)``. Raises
+    ConfigError when heads, intermediate sizes or the vocabulary do not divide by TP, or
+    (at the first forward) the sequence length. Needs eager mode (no ``set_jit``).
+    Returns a :class:`TensorParallel`; a TP degree of 1 changes nothing.
+    """
+    tp = TensorParallel(model, plan, mesh)
+    if tp.size == 1:
+        return tp
+    if getattr(model, "jit_enabled", False):
+        raise ConfigError("model", "tensor parallelism needs eager layers; call model.set_jit(False) first")
+    size, index, group = tp.size, tp.index, tp.group
+    cells = _cells(model)
+    params = {p.name: p for p in model.get_parameters()}
+
+    # 1. check every split before touching anything
+    for name, info in plan["params"].items():
+        if info["tp"] == "replicated":
+            continue
+        dim = info["tp_dim"]
+        field = {"vocab": "model.vocab_size"}.get(info["tp"], f"model ({name} dim {dim})")
+        if name == "lm_head.weight":
+            field = "model.vocab_size"
+        elif info.get("expert"):
+            field = "model.moe_intermediate_size"
+        elif ".mlp.shared_experts." in name:
+            field = "model.moe_intermediate_size x n_shared_experts"
+        elif ".mlp." in name:
+            field = "model.intermediate_size"
+        elif ".self_attn." in name:
+            field = "model.num_attention_heads"
+        _divisible(info["shape"][dim], size, field)
+    heads = plan.get("num_attention_heads")
+    if heads is not None:
+        _divisible(heads, size, "model.num_attention_heads")
+
+    # 2. shard the weights; Linear cells learn their local output size
+    vocab_start = {}
+    for name, info in plan["params"].items():
+        if info["tp"] == "replicated":
+            continue
+        p = params[name]
+        _shard(p, info["tp_dim"], size, index)
+        cell, attr = _owner(cells, name)
+        if info["tp"] == "column" and attr == "weight" and hasattr(cell, "out_features"):
+            cell.out_features = p.shape[0]
+        if info["tp"] in ("vocab", "column") and name in ("model.embed_tokens.weight", "lm_head.weight"):
+            vocab_start[name] = index * p.shape[0]
+
+    def sp_gather(x):
+        return F.all_gather(x, group, SEQ_DIM)
+
+    def sp_scatter(y):
+        return F.reduce_scatter(y, group, SEQ_DIM)
+
+    # 3. regions: attention, dense MLPs, MoE blocks
+    moe_paths = [path for path, c in cells.items() if hasattr(c, "gate") and hasattr(c, "experts")]
+    for path, cell in cells.items():
+        if not path:
+            continue
+        if any(path.startswith(m + ".") for m in moe_paths):
+            continue  # the MoE's own forward gathers for its shared experts
+        if path in moe_paths:
+            _override(cell, _moe_forward(cell, group))
+        elif hasattr(cell, "num_heads") and hasattr(cell, "o_proj"):
+            cell.num_heads = cell.num_heads // size
+            _override(cell, _attention_forward(cell, sp_gather, sp_scatter))
+        elif hasattr(cell, "down_proj") and hasattr(cell, "gate_proj") and not hasattr(cell, "n_experts"):
+            _override(cell, _region_forward(cell, sp_gather, sp_scatter))
+
+    # 4. vocab-parallel embedding (reduce-scatter to sequence shards) and head + loss
+    emb_path = next((n for n, i in plan["params"].items() if i["tp"] == "vocab"), None)
+    if emb_path is not None:
+        emb, attr = _owner(cells, emb_path)
+        _override(emb, _embedding_forward(emb, getattr(emb, attr), vocab_start[emb_path], group))
+    head_loss = getattr(model, "head_loss", None)
+    if head_loss is not None and "lm_head.weight" in vocab_start:
+        _override(head_loss, _head_loss_forward(_VocabParallelCE(group, vocab_start["lm_head.weight"]), group))
+    return tp
+
+
+def _check_seq(s: int, size: int) -> None:
+    _divisible(s, size, "model.seq_length")
+
+
+def _embedding_forward(cell, weight: Parameter, start: int, group: Group):
+    size = group.size
+
+    def construct(ids):
+        _check_seq(ids.shape[-1], size)
+        vl = weight.shape[0]
+        local = ids.astype(ms.int32) - start
+        inside = ops.logical_and(local >= 0, local < vl)
+        safe = ops.select(inside, local, ops.zeros_like(local))
+        e = ops.gather(weight, safe, 0) * ops.expand_dims(inside.astype(weight.dtype), -1)
+        return F.reduce_scatter(e, group, SEQ_DIM)
+
+    return construct
+
+
+def _attention_forward(cell, sp_gather, sp_scatter):
+    cls_forward = type(cell).construct
+
+    def construct(x, cos, sin, mask_add):
+        n = cell.num_heads
+        if mask_add.shape[1] > n:
+            # the model builds one mask per head of the full model; every head has the same
+            mask_add = mask_add[:, :n]
+        return sp_scatter(cls_forward(cell, sp_gather(x), cos, sin, mask_add))
+
+    return construct
+
+
+def _region_forward(cell, sp_gather, sp_scatter):
+    cls_forward = type(cell).construct
+
+    def construct(x):
+        return sp_scatter(cls_forward(cell, sp_gather(x)))
+
+    return construct
+
+
+def _moe_forward(cell, group: Group):
+    """The MoE block on sequence shards: route local tokens, gather tokens and choices
+    along the sequence, run the TP-sharded experts, reduce-scatter the partial output.
+    The sequence-wise balance loss sums its per-sequence statistics over the TP group."""
+    n_experts = cell.n_experts
+
+    def construct(x):
+        b, s_local, h = x.shape
+        flat = x.reshape(b * s_local, h)
+        topk_idx, topk_weight, scores = cell.gate(flat)
+        k = topk_idx.shape[1]
+        full_x = F.all_gather(x, group, SEQ_DIM)
+        s = full_x.shape[1]
+        idx_full = C.all_gather(topk_idx.reshape(b, s_local, k), group, SEQ_DIM).reshape(b * s, k)
+        w_full = F.all_gather(topk_weight.reshape(b, s_local, k), group, SEQ_DIM).reshape(b * s, k)
+        y, counts = cell.experts(full_x.reshape(b * s, h), idx_full, w_full)
+        y = y.reshape(b, s, h)
+        if getattr(cell, "n_shared", 0):
+            y = y + cell.shared_experts(full_x)
+        y = F.reduce_scatter(y, group, SEQ_DIM)
+        balance = _sp_balance_loss(scores, topk_idx, b, s, n_experts, group)
+        return y, counts, balance
+
+    return construct
+
+
+def _sp_balance_loss(scores, topk_idx, batch: int, seq: int, n_experts: int, group: Group):
+    """DeepSeek-V3's sequence-wise balance loss from sequence shards: the per-sequence
+    choice counts and score sums are summed over the TP group."""
+    t, k = topk_idx.shape
+    s_local = t // batch
+    chosen = ops.one_hot(topk_idx, n_experts, Tensor(1.0, scores.dtype), Tensor(0.0, scores.dtype))
+    f_local = chosen.reshape(batch, s_local * k, n_experts).sum(1)
+    f = ops.stop_gradient(C.all_reduce(f_local, group)) * (n_experts / (k * seq))
+    p_local = (scores / scores.sum(-1, keepdims=True)).reshape(batch, s_local, n_experts).sum(1)
+    p = F.reduce_from_group(p_local, group) / seq
+    return (f * p).sum(-1).mean()
+
+
+def _head_loss_forward(ce: _VocabParallelCE, group: Group):
+    def construct(h, norm_weight, eps, head_weight, labels, loss_mask):
+        x = norm_weight * (h * ops.rsqrt(ops.mean(ops.square(h), -1, keep_dims=True) + eps))
+        x = F.all_gather(x, group, SEQ_DIM)
+        x = x.reshape(-1, x.shape[-1])
+        logits = ops.matmul(x, head_weight.T)
+        labels = labels.reshape(-1).astype(ms.int32)
+        mask = loss_mask.reshape(-1).astype(logits.dtype)
+        valid = labels >= 0
+        mask = mask * valid.astype(logits.dtype)
+        labels = ops.select(valid, labels, ops.zeros_like(labels))
+        per_token = ce(logits, labels)
+        return (per_token * mask).sum() / ops.maximum(mask.sum(), Tensor(1.0, logits.dtype))
+
+    return construct
+
+
+def param_bytes(model: nn.Cell) -> int:
+    """Bytes of every parameter this rank holds in ``model``."""
+    return int(sum(p.size * p.itemsize for p in model.get_parameters()))
+
+
+__all__ = ["TensorParallel", "apply_tensor_parallel", "param_bytes"]
