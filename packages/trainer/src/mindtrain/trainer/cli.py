@@ -89,9 +89,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         traceback.print_exc()
         return _fail(f"{PROG}: rank {rank} failed: {type(err).__name__}: {err}", 1, distributed)
     sys.stdout.flush()
-    if distributed:
-        os._exit(0)  # skip communication finalizers that can outlive a finished peer
-    return 0
+    return 0  # a normal exit: msrun's scheduler expects each worker to finalize with it
 
 
 if __name__ == "__main__":

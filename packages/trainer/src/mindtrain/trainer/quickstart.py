@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -40,12 +41,17 @@ def write_corpus(path: str) -> int:
 
 def prepare_data(prefix: str = PREFIX) -> str:
     """Corpus + .bin/.idx under ``prefix``; returns the dataset prefix (with _text_document)."""
-    from mindtrain.data import preprocess
-
     jsonl = prefix + ".jsonl"
     count = write_corpus(jsonl)
-    out = prefix + "_text_document"
-    preprocess(input=jsonl, output_prefix=prefix, tokenizer="byte", append_eod=True, workers=1)
+    try:
+        from mindtrain.data import preprocess
+    except ImportError:
+        from mindtrain.trainer._interim import byte_preprocess
+
+        out = byte_preprocess(jsonl, prefix)
+    else:
+        out = prefix + "_text_document"
+        preprocess(input=jsonl, output_prefix=prefix, tokenizer="byte", append_eod=True, workers=1)
     print(f"quickstart: {count} documents from pydoc_data.topics -> {out}.bin/.idx (byte tokenizer)")
     return out
 
@@ -55,6 +61,24 @@ def msrun_command(extra: Sequence[str], worker_num: int = 2, master_port: int = 
     return ["msrun", f"--worker_num={worker_num}", f"--local_worker_num={worker_num}",
             f"--master_port={master_port}", "--join=True", f"--log_dir={log_dir}",
             "run_mindformer.py", "--config", config, "--mode", "1", *extra]
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(preferred: int) -> int:
+    """``preferred`` when nothing listens there, else a port the OS hands out."""
+    if port_is_free(preferred):
+        return preferred
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _env() -> dict:
@@ -100,7 +124,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     prepare_data()
     console_log = os.path.join(LOG_DIR, "msrun_console.log")
     start = time.time()
-    status = run_and_show(msrun_command(extra), LOG_DIR, console_log)
+    port = free_port(8118)
+    if port != 8118:
+        print(f"quickstart: port 8118 is in use on this machine; using --master_port={port}")
+    status = run_and_show(msrun_command(extra, master_port=port), LOG_DIR, console_log)
     took = time.time() - start
     if status != 0:
         print(f"quickstart: msrun failed with status {status} after {took:.0f} s; see {LOG_DIR}/worker_*.log "

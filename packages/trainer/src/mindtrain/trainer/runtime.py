@@ -9,14 +9,15 @@ from typing import Optional
 
 import numpy as np
 
-from mindtrain.config import ConfigError
+from mindtrain.config import ConfigError, UserError
 
 _ASCEND_HINTS = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME", "ASCEND_OPP_PATH")
 
 
 def launched_by_msrun() -> bool:
-    """msrun exports MS_ROLE=MS_WORKER and MS_WORKER_NUM to each worker it spawns."""
-    return os.environ.get("MS_ROLE") == "MS_WORKER" and "MS_WORKER_NUM" in os.environ
+    """msrun exports MS_ROLE (MS_WORKER, or MS_SCHED for its scheduler process, which runs
+    the same command line) and MS_WORKER_NUM."""
+    return "MS_ROLE" in os.environ or "MS_WORKER_NUM" in os.environ
 
 
 def ascend_present() -> bool:
@@ -89,6 +90,15 @@ def start(device_target: Optional[str]) -> tuple[Runtime, str]:
         return Runtime(device=device), f"device: {device} ({why}); single process"
     from mindspore.communication import get_group_size, get_rank, init
 
+    if os.environ.get("MS_ROLE") == "MS_SCHED":
+        try:
+            init()  # msrun's scheduler process serves the job here
+        except RuntimeError as err:
+            first = str(err).splitlines()[0][:300]
+            hint = (f"; is --master_port {os.environ.get('MS_SCHED_PORT')} already in use?"
+                    if "not successfully spawned" in first else "")
+            raise UserError(f"msrun scheduler: {first}{hint}") from None
+        raise SystemExit(0)
     init()
     rt = Runtime(device=device, rank=get_rank(), world_size=get_group_size(), distributed=True)
     return rt, f"device: {device} ({why}); msrun worker {rt.rank} of {rt.world_size}"

@@ -55,8 +55,15 @@ class Trainer:
     """
 
     def __init__(self, cfg: MindTrainConfig, runtime: Runtime, out: Callable[[str], None] = print):
-        from mindtrain.data import PretrainingLoader, build_dataset
-        from mindtrain.models import build_model
+        from mindtrain.data import build_dataset
+        try:
+            from mindtrain.data import PretrainingLoader
+        except ImportError:
+            from mindtrain.trainer._interim import MegatronOrderLoader as PretrainingLoader
+        try:
+            from mindtrain.models import build_model
+        except ImportError:
+            from mindtrain.trainer._interim import build_model
 
         self.cfg = cfg
         self.rt = runtime
@@ -120,7 +127,10 @@ class Trainer:
         random.seed(seed)
 
     def _flops_per_token(self) -> float:
-        from mindtrain.models import flops_per_token
+        try:
+            from mindtrain.models import flops_per_token
+        except ImportError:
+            from mindtrain.trainer._interim import flops_per_token
 
         return float(flops_per_token(self.cfg.model, self.cfg.model.seq_length))
 
