@@ -88,6 +88,21 @@ def make_corpora(work: str, np, torch, mc_indexed) -> dict:
     return prefixes
 
 
+def _no_mask_cache(datasets, BlendedDataset) -> None:
+    """Turn off Megatron's cached masks before reading samples.
+
+    With no reset/eod flags GPTDataset caches the loss mask of the first sample it reads, but
+    then zeroes that sample's pad positions in the cached array itself, so every later sample
+    inherits them (megatron-core 0.16.1). Reading uncached gives each sample its own mask,
+    which is what the code intends and what mindtrain-data returns.
+    """
+    for ds in datasets:
+        if ds is None:
+            continue
+        for member in (ds.datasets if isinstance(ds, BlendedDataset) else [ds]):
+            member.masks_and_position_ids_are_cacheable = False
+
+
 class _Tokenizer:
     """What Megatron's GPTDataset reads from a tokenizer: vocab size, eod, pad."""
 
@@ -154,6 +169,7 @@ def inside() -> None:
             eod_mask_loss=cfg["eod_mask_loss"], create_attention_mask=cfg["create_attention_mask"],
             add_extra_token_to_sequence=cfg["add_extra_token_to_sequence"])
         built = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, mconf).build()
+        _no_mask_cache(built, BlendedDataset)
         section = {"dataloader": {"type": "BlendedMegatronDatasetDataLoader", "datasets_type": "GPTDataset",
                                   "sizes": sizes, "shuffle": False,
                                   "column_names": ["input_ids", "labels", "loss_mask", "position_ids"]
@@ -190,10 +206,95 @@ def inside() -> None:
                                       "kind": type(ds).__name__}
         manifest["cases"][name] = entry
         print(f"{name}: " + ", ".join(f"{s}={v['length']}" for s, v in entry["splits"].items()))
+    manifest["random_cases"] = random_cases(out, work, np, torch, mc_indexed, BlendedMegatronDatasetBuilder,
+                                            GPTDataset, GPTDatasetConfig, BlendedDataset)
     with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
     shutil.rmtree(work)
     print(f"fixtures written to {out} (megatron-core {version})")
+
+
+def _splits_have_tokens(out, prefixes, c, np, mc_indexed) -> bool:
+    from megatron.core.datasets.blended_megatron_dataset_config import (
+        convert_split_vector_to_split_matrix, parse_and_normalize_split)
+    matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(c["split"]))
+    for p in prefixes:
+        ds = mc_indexed.IndexedDataset(os.path.join(out, p))
+        lengths = np.array(ds.sequence_lengths)  # a copy: Megatron unmaps the index when ds dies
+        del ds
+        for bookends in matrix:
+            if bookends is None:
+                continue
+            beg, end = (int(round(b * float(len(lengths)))) for b in bookends)
+            if int(lengths[beg:end].sum()) <= c["seq_length"] + 1:
+                return False
+    return True
+
+
+def random_cases(out, work, np, torch, mc_indexed, Builder, GPTDataset, GPTDatasetConfig, BlendedDataset,
+                 count: int = 24, per_split: int = 12) -> list:
+    """Random settings over corpora with empty documents: 1-3 prefixes, weights, splits, epochs.
+
+    Samples at random positions of every split go to random_cases.npz; returns the settings.
+    """
+    rng = np.random.RandomState(424242)
+    for name in ("r0", "r1", "r2"):
+        b = mc_indexed.IndexedDatasetBuilder(os.path.join(out, name + ".bin"), dtype=np.uint16)
+        for _ in range(rng.randint(20, 200)):
+            n = int(rng.randint(0, 90))
+            doc = rng.randint(2, 500, n)
+            if n:
+                doc[-1] = 1
+            b.add_document(doc.tolist(), [n] if n else [])
+        b.finalize(os.path.join(out, name + ".idx"))
+    cases, arrays = [], {}
+    while len(cases) < count:
+        pre = [str(p) for p in rng.choice(["r0", "r1", "r2"], int(rng.choice([1, 1, 2, 3])), replace=False)]
+        weights = ([float(np.round(rng.rand() * 3 + 0.01, 3)) for _ in pre]
+                   if len(pre) > 1 or rng.rand() < 0.5 else None)
+        c = dict(seed=int(rng.randint(0, 10000)), seq_length=int(rng.choice([8, 16, 33, 64])),
+                 split=str(rng.choice(["1,0,0", "98,1,1", "6,2,2", "0.7, 0.2, 0.1", "3,3,3"])), eod=1,
+                 pad=int(rng.choice([-1, 2])), add_extra_token_to_sequence=bool(rng.rand() < 0.7))
+        c["eod_mask_loss"] = c["reset_position_ids"] = bool(rng.rand() < 0.5)
+        sizes = [int(rng.randint(1, 2000)), int(rng.randint(0, 50)), int(rng.randint(0, 50))]
+        if not _splits_have_tokens(out, pre, c, np, mc_indexed):
+            continue  # Megatron loops forever on a split without tokens; ours raises a UserError
+        k = len(cases)
+        case_dir = os.path.join(work, f"random{k}")
+        os.makedirs(case_dir)
+        for p in pre:
+            for ext in (".bin", ".idx"):
+                shutil.copy(os.path.join(out, p + ext), os.path.join(case_dir, p + ext))
+        mconf = GPTDatasetConfig(
+            random_seed=c["seed"], sequence_length=c["seq_length"],
+            blend=([os.path.join(case_dir, p) for p in pre], weights), split=c["split"], path_to_cache=None,
+            tokenizer=_Tokenizer(500, 1, c["pad"]), reset_position_ids=c["reset_position_ids"],
+            reset_attention_mask=False, eod_mask_loss=c["eod_mask_loss"], create_attention_mask=False,
+            add_extra_token_to_sequence=c["add_extra_token_to_sequence"])
+        built = Builder(GPTDataset, sizes, lambda: True, mconf).build()
+        _no_mask_cache(built, BlendedDataset)
+        data_path = pre if weights is None else [x for w, p in zip(weights, pre) for x in (str(w), p)]
+        lengths = {}
+        for s, ds in enumerate(built):
+            if ds is None:
+                continue
+            split = ["train", "valid", "test"][s]
+            lengths[split] = len(ds)
+            if isinstance(ds, BlendedDataset):
+                arrays[f"c{k}_{split}_dataset_index"] = np.asarray(ds.dataset_index)
+                arrays[f"c{k}_{split}_dataset_sample_index"] = np.asarray(ds.dataset_sample_index)
+            idx = rng.randint(0, len(ds), min(len(ds), per_split)) if len(ds) else np.zeros(0, int)
+            rows = [ds[int(i)] for i in idx]
+            arrays[f"c{k}_{split}_idx"] = idx
+            for ours, theirs, dt in (("input_ids", "tokens", np.int32), ("labels", "labels", np.int32),
+                                     ("loss_mask", "loss_mask", np.float32),
+                                     ("position_ids", "position_ids", np.int32)):
+                arrays[f"c{k}_{split}_{ours}"] = (np.stack([r[theirs].numpy() for r in rows]).astype(dt)
+                                                  if rows else np.zeros((0, c["seq_length"]), dt))
+        cases.append({"config": dict(c, data_path=data_path), "sizes": sizes, "lengths": lengths})
+    np.savez_compressed(os.path.join(out, "random_cases.npz"), **arrays)
+    print(f"random cases: {count}")
+    return cases
 
 
 def main() -> None:
