@@ -263,6 +263,10 @@ class GPTDataset:
                 c.create_attention_mask)
             position_ids = position_ids.astype(np.int32)
             if self._cacheable:
+                # Shared by every later sample, so frozen against writes by callers.
+                position_ids.flags.writeable = False
+                if attention_mask is not None:
+                    attention_mask.flags.writeable = False
                 self._cached = (attention_mask, loss_mask.copy(), position_ids)
         compressed = (compressed_eod_mask(tokens, self.eod, c.eod_pad_length)
                       if c.create_compressed_eod_mask else None)
