@@ -134,3 +134,12 @@ def test_sequence_pointer_past_end_is_refused(fixtures_dir, tmp_path):
 def test_missing_prefix_names_the_prefix(tmp_path):
     with pytest.raises(DataFileError, match="_text_document"):
         IndexedDataset(str(tmp_path / "nothing"))
+
+
+def test_pickling_reopens_the_files(fixtures_dir):
+    import pickle
+    ds = IndexedDataset(os.path.join(fixtures_dir, "corpus_a"))
+    blob = pickle.dumps(ds)
+    assert len(blob) < 1000  # the path, not the tokens
+    again = pickle.loads(blob)
+    assert np.array_equal(again[3], ds[3]) and len(again) == len(ds)

@@ -138,6 +138,12 @@ class IndexedDataset:
         # Element (not byte) offsets make every read one slice of the token array.
         self._starts = pointers // self._itemsize if len(pointers) else pointers
 
+    def __getstate__(self):  # re-open the files in the receiving process instead of copying them
+        return {"path_prefix": self.path_prefix, "mmap": isinstance(self._tokens, np.memmap)}
+
+    def __setstate__(self, state):
+        self.__init__(state["path_prefix"], mmap=state["mmap"])
+
     def __len__(self) -> int:
         return self.index.sequence_count
 
