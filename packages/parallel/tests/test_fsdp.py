@@ -28,3 +28,6 @@ def test_fsdp_matches_single_process(msrun, tmp_path, workers, port):
         assert res["import_into_dp1_rel"] < 1e-5
         assert res["import_shards_rel"] == 0.0
         assert res["import_into_dpN_loss_rel"] < 1e-5
+        if n == 2:
+            for key in ("loss_rel", "norm_rel", "param_rel", "adam_m_rel"):
+                assert res["param_groups"][key] < 1e-5, (rank, key)

@@ -60,9 +60,9 @@ results = {"world": world, "ref_bytes": ref_bytes, "ref_losses": ref_losses}
 micro = GLOBAL // (world * ACCUM)
 
 
-def train(strategy):
+def train(strategy, param_groups=None):
     model = TinyLM()
-    fsdp = fully_shard(model, mesh, units=UNITS, strategy=strategy, shared=SHARED)
+    fsdp = fully_shard(model, mesh, units=UNITS, strategy=strategy, shared=SHARED, param_groups=param_groups)
     opt = AdamW(fsdp.named_parameters())
 
     def loss_fn(ids, labels):
@@ -103,6 +103,11 @@ def train(strategy):
 for strategy in ("optim", "optim_grads", "optim_grads_params"):
     results[strategy], last_state = train(strategy)
     print(f"rank {rank} {strategy}: {results[strategy]}", flush=True)
+if world == 2:
+    # MLP weights sharded over a second group object (same members): two collectives per
+    # unit, the path expert weights take when sharded over "edp".
+    mlp = {f"blocks.{i}.{w}": "dp_cp" for i in range(2) for w in ("w1", "w2", "b1")}
+    results["param_groups"], _ = train("optim_grads_params", mlp)
 
 # Full-state import into another data-parallel degree: the N-way ZeRO-3 export into a
 # 1-rank FSDP, and the single-process weights into an N-way ZeRO-3 model.

@@ -19,7 +19,9 @@ Gradient-carrying versions are in :mod:`mindtrain.parallel.functional`.
 
 from __future__ import annotations
 
+import functools
 import os
+import time
 from typing import Optional, Sequence
 
 import numpy as np
@@ -137,8 +139,43 @@ def _back(x: Tensor, dim: int) -> Tensor:
     return x if dim == 0 else ops.movedim(x, 0, dim)
 
 
+# ---- timing (for benchmarks) -------------------------------------------------------------
+
+_timing = {"on": False, "seconds": 0.0, "depth": 0}
+
+
+def reset_timing(enabled: bool) -> float:
+    """Return the seconds spent in collectives since the last call and restart the count.
+
+    While enabled, each collective waits for its result before returning (so the time is
+    real, and includes waiting for slower ranks); keep it off outside benchmarks.
+    """
+    spent = _timing["seconds"]
+    _timing.update(on=enabled, seconds=0.0)
+    return spent
+
+
+def _timed(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if not _timing["on"] or _timing["depth"]:
+            return fn(*args, **kwargs)
+        _timing["depth"] += 1
+        t0 = time.perf_counter()
+        try:
+            out = fn(*args, **kwargs)
+            if isinstance(out, Tensor):
+                out.asnumpy()
+            return out
+        finally:
+            _timing["depth"] -= 1
+            _timing["seconds"] += time.perf_counter() - t0
+    return wrapper
+
+
 # ---- collectives -----------------------------------------------------------------------
 
+@_timed
 def all_reduce(x: Tensor, group: Optional[Group] = None, op: str = "sum") -> Tensor:
     """Sum (``op="sum"``) or mean (``op="avg"``, sum / group size) over the group."""
     if op not in ("sum", "avg"):
@@ -166,6 +203,7 @@ def _all_reduce_float64(x: Tensor, g: Group) -> Tensor:
     return Tensor(table.sum(axis=(0, 1)))
 
 
+@_timed
 def all_gather(x: Tensor, group: Optional[Group] = None, dim: int = 0) -> Tensor:
     """Concatenate every member's ``x`` (same shape everywhere) along ``dim`` in group order."""
     g = _g(group)
@@ -178,6 +216,7 @@ def all_gather(x: Tensor, group: Optional[Group] = None, dim: int = 0) -> Tensor
     return mint.cat(parts, dim=dim)
 
 
+@_timed
 def reduce_scatter(x: Tensor, group: Optional[Group] = None, dim: int = 0, op: str = "sum") -> Tensor:
     """Reduce over the group, then keep chunk ``group.index`` of ``dim`` (size divisible by N)."""
     g = _g(group)
@@ -199,6 +238,7 @@ def reduce_scatter(x: Tensor, group: Optional[Group] = None, dim: int = 0, op: s
     return fresh(mint.narrow(total, dim, g.index * chunk, chunk))
 
 
+@_timed
 def all_to_all(x: Tensor, group: Optional[Group] = None,
                send_splits: Optional[Sequence[int]] = None,
                recv_splits: Optional[Sequence[int]] = None) -> Tensor:
@@ -267,6 +307,7 @@ def all_to_all(x: Tensor, group: Optional[Group] = None,
     return mint.cat([p for p in pieces if p.shape[0]] or [pieces[me]], dim=0)
 
 
+@_timed
 def broadcast(x: Tensor, src: int = 0, group: Optional[Group] = None) -> Tensor:
     """Member ``src``'s ``x`` on every member (``x`` gives shape and dtype elsewhere)."""
     g = _g(group)
@@ -279,6 +320,7 @@ def broadcast(x: Tensor, src: int = 0, group: Optional[Group] = None) -> Tensor:
     return buf
 
 
+@_timed
 def send(x: Tensor, dst: int, group: Optional[Group] = None) -> None:
     """Blocking send of ``x`` to member ``dst``; pair with :func:`recv` on that member."""
     g = _g(group)
@@ -289,6 +331,7 @@ def send(x: Tensor, dst: int, group: Optional[Group] = None) -> None:
     dist.send(fresh(x), dst=g.global_rank(dst), group=_name(g))
 
 
+@_timed
 def recv(shape: Sequence[int], dtype, src: int, group: Optional[Group] = None) -> Tensor:
     """Blocking receive of a ``shape``/``dtype`` tensor from member ``src``."""
     g = _g(group)
@@ -301,6 +344,7 @@ def recv(shape: Sequence[int], dtype, src: int, group: Optional[Group] = None) -
     return buf
 
 
+@_timed
 def barrier(group: Optional[Group] = None) -> None:
     """Wait until every member arrives."""
     g = _g(group)

@@ -46,6 +46,7 @@ class _Slot:
 
     name: str
     param: Parameter
+    group: Group
     shape: tuple[int, ...]
     dtype: Any
     rows: int
@@ -79,6 +80,16 @@ class _Unit(nn.Cell):
         super().__init__()
         self._ctx = [fsdp, bucket, module]  # a list keeps the module's parameters out of ours
 
+    def __getattr__(self, name):
+        # Model code reads attributes of its layers (``layer.is_moe``); serve the wrapped one's.
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            ctx = self.__dict__.get("_ctx")
+            if ctx is None:
+                raise
+            return getattr(ctx[2], name)
+
     def construct(self, *args):
         fsdp, bucket, module = self._ctx
         fsdp._materialize(bucket)
@@ -96,7 +107,7 @@ class FSDP:
 
     def __init__(self, model: nn.Cell, group: Group, units: Sequence[str] = (),
                  strategy: str = "optim_grads_params", shared: Optional[Mapping[str, Sequence[str]]] = None,
-                 reduce_op: str = "avg"):
+                 reduce_op: str = "avg", param_groups: Optional[Mapping[str, Group]] = None):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
         if reduce_op not in ("avg", "sum"):
@@ -105,7 +116,6 @@ class FSDP:
         self.group = group
         self.strategy = strategy
         self.reduce_op = reduce_op
-        self.n = group.size
         self.peak_gathered_bytes = 0
         self._gathered_bytes = 0
         self._pending_root: dict[str, Tensor] = {}
@@ -117,7 +127,8 @@ class FSDP:
         for u in units:
             if u not in cells or not u:
                 raise ValueError(f"fully_shard: unit {u!r} is not a sub-Cell of the model")
-            unit_params[u] = [p.name for p in cells[u].get_parameters() if p.requires_grad]
+            unit_params[u] = [p.name for p in cells[u].get_parameters()
+                              if p.requires_grad and p.name not in (shared or {})]
         owner: dict[str, str] = {}
         for u, names in unit_params.items():
             for name in names:
@@ -125,14 +136,18 @@ class FSDP:
                     raise ValueError(f"fully_shard: parameter {name} is in units {owner[name]} and {u}; "
                                      f"units must not nest or share parameters (use shared=)")
                 owner[name] = u
-        self.slots: dict[str, _Slot] = {name: self._make_slot(name, p) for name, p in named.items()}
+        param_groups = dict(param_groups or {})
+        unknown = [n for n in param_groups if n not in named]
+        if unknown:
+            raise ValueError(f"fully_shard: param_groups names unknown parameters {unknown[:3]}")
+        self.slots: dict[str, _Slot] = {name: self._make_slot(name, p, param_groups.get(name, group))
+                                        for name, p in named.items()}
         self.units = [_Bucket(u, [self.slots[n] for n in unit_params[u]]) for u in units]
         root = [s for name, s in self.slots.items() if name not in owner]
         self.root = _Bucket("<root>", root, gathered=True)
         for pname, users in (shared or {}).items():
-            if pname not in self.slots or pname in owner:
-                raise ValueError(f"fully_shard: shared parameter {pname} must be a root parameter "
-                                 f"(outside every unit)")
+            if pname not in self.slots:
+                raise ValueError(f"fully_shard: shared parameter {pname} is not a trainable parameter")
             for u in users:
                 bucket = next((b for b in self.units if b.name == u), None)
                 if bucket is None:
@@ -151,16 +166,17 @@ class FSDP:
             self.peak_gathered_bytes = self._gathered_bytes
 
     # ---- construction --------------------------------------------------------------------
-    def _make_slot(self, name: str, p: Parameter) -> _Slot:
+    @staticmethod
+    def _make_slot(name: str, p: Parameter, group: Group) -> _Slot:
         shape = tuple(p.shape)
         rows = shape[0] if shape else 1
-        local_rows = -(-rows // self.n)
+        local_rows = -(-rows // group.size)
         full = p.asnumpy().reshape((rows,) + shape[1:])
-        pad = np.zeros((local_rows * self.n,) + shape[1:], full.dtype)
+        pad = np.zeros((local_rows * group.size,) + shape[1:], full.dtype)
         pad[:rows] = full
-        mine = pad[self.group.index * local_rows:(self.group.index + 1) * local_rows]
+        mine = pad[group.index * local_rows:(group.index + 1) * local_rows]
         shard = Parameter(Tensor(np.ascontiguousarray(mine)), name=name, requires_grad=False)
-        return _Slot(name, p, shape, p.dtype, rows, local_rows, shard)
+        return _Slot(name, p, group, shape, p.dtype, rows, local_rows, shard)
 
     def _wrap(self, cells: dict, bucket: _Bucket) -> None:
         path = bucket.name
@@ -228,16 +244,28 @@ class FSDP:
                 s.grad = g
         self._reduced = True
 
+    def grad_sq_sums(self) -> dict[Group, float]:
+        """Sum of squared gradients per shard group, each summed over its group.
+
+        With only FSDP the total is the squared global norm. Pieces that other ranks hold
+        outside FSDP (experts on other EP ranks, TP shards) must still be summed over those
+        groups by the caller before taking the root, then passed to ``clip_grad_norm(norm=)``.
+        """
+        local: dict[Group, float] = {}
+        for s, g in zip(self.slots.values(), self.grads):
+            sq = (g.asnumpy().astype(np.float64) ** 2).sum()
+            local[s.group] = local.get(s.group, 0.0) + float(sq)
+        return {grp: float(C.all_reduce(Tensor([v], ms.float64), grp).asnumpy()[0]) for grp, v in local.items()}
+
     def grad_norm(self) -> float:
         """L2 norm of the whole (unsharded) gradient, over all shards."""
-        local = sum(float((g.astype(ms.float32) ** 2).sum().asnumpy()) for g in self.grads)
-        total = C.all_reduce(Tensor([local], ms.float64), self.group)
-        return float(math.sqrt(float(total.asnumpy()[0])))
+        return float(math.sqrt(sum(self.grad_sq_sums().values())))
 
-    def clip_grad_norm(self, max_norm: float) -> float:
-        """Scale gradients so that the global norm is at most ``max_norm``; returns the norm
-        before clipping (the coefficient is torch's: max_norm / (norm + 1e-6))."""
-        norm = self.grad_norm()
+    def clip_grad_norm(self, max_norm: float, norm: Optional[float] = None) -> float:
+        """Scale gradients so that the global norm (``norm``, by default :meth:`grad_norm`)
+        is at most ``max_norm``; returns the norm before clipping (the coefficient is
+        torch's: max_norm / (norm + 1e-6))."""
+        norm = self.grad_norm() if norm is None else float(norm)
         coef = max_norm / (norm + 1e-6)
         if coef < 1.0:
             for s in self.slots.values():
@@ -295,9 +323,9 @@ class FSDP:
             if tuple(a.shape) != s.shape:
                 raise ValueError(f"{name}: full shape {tuple(a.shape)} != model shape {s.shape}")
             a = a.reshape((s.rows,) + s.rest)
-            pad = np.zeros((s.local_rows * self.n,) + s.rest, a.dtype)
+            pad = np.zeros((s.local_rows * s.group.size,) + s.rest, a.dtype)
             pad[:s.rows] = a
-            i = self.group.index
+            i = s.group.index
             result.append(Tensor(np.ascontiguousarray(pad[i * s.local_rows:(i + 1) * s.local_rows])))
         return result
 
@@ -328,35 +356,42 @@ class FSDP:
         bucket.gathered = False
 
     def _all_gather(self, slots: list[_Slot], shards: list[Tensor]) -> list[Tensor]:
-        """Full tensors of ``slots`` from their shard-shaped ``shards``: one all_gather."""
-        if not slots:
-            return []
-        flat = mint.cat([t.reshape(-1) for t in shards]) if len(shards) > 1 else shards[0].reshape(-1)
-        table = C.all_gather(flat, self.group).reshape(self.n, -1)
-        out, off = [], 0
-        for s in slots:
-            part = table[:, off:off + s.shard_numel].reshape((s.local_rows * self.n,) + s.rest)
-            off += s.shard_numel
-            out.append(ops.deepcopy(part[:s.rows].reshape(s.shape)))
+        """Full tensors of ``slots`` from their shard-shaped ``shards``: one all_gather per
+        shard group."""
+        out: list[Optional[Tensor]] = [None] * len(slots)
+        for grp, idx in _by_group(slots).items():
+            n = grp.size
+            parts = [shards[i].reshape(-1) for i in idx]
+            flat = mint.cat(parts) if len(parts) > 1 else parts[0]
+            table = C.all_gather(flat, grp).reshape(n, -1)
+            off = 0
+            for i in idx:
+                s = slots[i]
+                part = table[:, off:off + s.shard_numel].reshape((s.local_rows * n,) + s.rest)
+                off += s.shard_numel
+                out[i] = ops.deepcopy(part[:s.rows].reshape(s.shape))
         return out
 
     def _reduce_scatter(self, slots: list[_Slot], fulls: list[Tensor]) -> list[Tensor]:
-        """Shards of the group-reduced ``fulls``: one reduce_scatter for the whole bucket."""
-        if not slots:
-            return []
-        cols = []
-        for s, g in zip(slots, fulls):
-            g = g.reshape((s.rows,) + s.rest)
-            extra = s.local_rows * self.n - s.rows
-            if extra:
-                g = mint.cat([g, mint.zeros((extra,) + s.rest, dtype=g.dtype)])
-            cols.append(g.reshape(self.n, -1))
-        table = mint.cat(cols, dim=1) if len(cols) > 1 else cols[0]
-        mine = C.reduce_scatter(table.reshape(-1), self.group, op=self.reduce_op)
-        out, off = [], 0
-        for s in slots:
-            out.append(mine[off:off + s.shard_numel].reshape((s.local_rows,) + s.rest))
-            off += s.shard_numel
+        """Shards of the group-reduced ``fulls``: one reduce_scatter per shard group."""
+        out: list[Optional[Tensor]] = [None] * len(slots)
+        for grp, idx in _by_group(slots).items():
+            n = grp.size
+            cols = []
+            for i in idx:
+                s = slots[i]
+                g = fulls[i].reshape((s.rows,) + s.rest)
+                extra = s.local_rows * n - s.rows
+                if extra:
+                    g = mint.cat([g, mint.zeros((extra,) + s.rest, dtype=g.dtype)])
+                cols.append(g.reshape(n, -1))
+            table = mint.cat(cols, dim=1) if len(cols) > 1 else cols[0]
+            mine = C.reduce_scatter(table.reshape(-1), grp, op=self.reduce_op)
+            off = 0
+            for i in idx:
+                s = slots[i]
+                out[i] = mine[off:off + s.shard_numel].reshape((s.local_rows,) + s.rest)
+                off += s.shard_numel
         return out
 
     def _accumulate(self, slots: list[_Slot], grads: list[Tensor]) -> None:
@@ -398,19 +433,40 @@ class FSDP:
         return gx if isinstance(gx, tuple) else (gx,)
 
 
+def _by_group(slots: Sequence[_Slot]) -> dict[Group, list[int]]:
+    groups: dict[Group, list[int]] = {}
+    for i, s in enumerate(slots):
+        groups.setdefault(s.group, []).append(i)
+    return groups
+
+
 def _nbytes(t: Optional[Tensor]) -> int:
     return 0 if t is None else int(t.size) * t.itemsize
 
 
 def fully_shard(model: nn.Cell, mesh_or_group, units: Sequence[str] = (),
                 strategy: str = "optim_grads_params", shared: Optional[Mapping[str, Sequence[str]]] = None,
-                reduce_op: str = "avg", dim: str = "dp") -> FSDP:
+                reduce_op: str = "avg", dim: str = "dp",
+                param_groups: Optional[Mapping[str, Any]] = None) -> FSDP:
     """Shard ``model``'s trainable parameters over the mesh's ``dim`` group (or a Group).
 
     ``units``: sub-Cell paths (as in ``model.cells_and_names()``, e.g. ``"model.layers.0"``)
     gathered one at a time under ZeRO-3; each unit's inputs must be Tensors and its forward
-    deterministic (it is recomputed in backward). ``shared``: root parameter name -> units
-    that also use it (e.g. a tied embedding used by an MTP unit).
+    deterministic (it is recomputed in backward). ``shared``: parameter name -> units whose
+    forward uses it; such a parameter stays in the root (gathered for the whole
+    micro-batch) even if it lives inside a unit, for weights used both inside and outside
+    a unit (a tied embedding used by an MTP unit, an MTP norm applied by the shared head).
+    Set ``set_jit`` on the model before wrapping: the unit wrapper itself must stay eager.
+    ``param_groups``: parameter name -> Group (or mesh dimension name) to shard that
+    parameter over instead, e.g. routed experts over ``"edp"`` when EP splits them.
     """
-    group = mesh_or_group.group(dim) if isinstance(mesh_or_group, DeviceMesh) else mesh_or_group
-    return FSDP(model, group, units, strategy, shared, reduce_op)
+    mesh = mesh_or_group if isinstance(mesh_or_group, DeviceMesh) else None
+    group = mesh.group(dim) if mesh is not None else mesh_or_group
+    overrides = {}
+    for name, g in (param_groups or {}).items():
+        if isinstance(g, str):
+            if mesh is None:
+                raise ValueError("fully_shard: param_groups by dimension name need a DeviceMesh")
+            g = mesh.group(g)
+        overrides[name] = g
+    return FSDP(model, group, units, strategy, shared, reduce_op, overrides)

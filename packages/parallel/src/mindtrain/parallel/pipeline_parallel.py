@@ -60,6 +60,9 @@ class PipelineSchedule:
         self.parts = partition_units(plan["units"], self.pp.size, layers_per_stage)
         self.stage_index = self.pp.index
         self.num_stages = self.pp.size
+        # stages run eager: the separate no-grad forward and the CP hooks do not compile
+        if getattr(model, "jit_enabled", False):
+            model.set_jit(False)
         apply_context_parallel(model, self.cp, seq_length)
         self.stage = ModelStage(model, plan, self.parts[self.stage_index])
         self.param_names = self.stage.param_names

@@ -75,8 +75,8 @@ class _VocabParallelCE(nn.Cell):
     def _stats(self, logits, labels):
         g = self.comm_group
         vl = logits.shape[-1]
-        local_max = ops.stop_gradient(logits.max(-1))
-        gmax = C.all_gather(ops.expand_dims(local_max, 0), g, 0).max(0)
+        local_max = ops.stop_gradient(ops.amax(logits, -1))
+        gmax = ops.amax(C.all_gather(ops.expand_dims(local_max, 0), g, 0), 0)
         shifted = logits - ops.expand_dims(gmax, -1)
         exp = ops.exp(shifted)
         sumexp = C.all_reduce(exp.sum(-1), g)
