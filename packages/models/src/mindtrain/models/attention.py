@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from mindspore import nn, ops
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, nn, ops
 
 from mindtrain.models.linear import Linear
 from mindtrain.models.norm import RMSNorm
-from mindtrain.models.rope import apply_rotary, deinterleave, softmax_scale
+from mindtrain.models.rope import softmax_scale
 from mindtrain.models.softmax import Softmax
 
 
@@ -49,36 +51,72 @@ class MLAttention(nn.Cell):
         self.bmm_t = ops.BatchMatMul(transpose_b=True)
         self.bmm = ops.BatchMatMul()
         self.kv_exchange = None
+        self.matmul_t = ops.MatMul(transpose_b=True)
+        half = self.rope // 2
+        # de-interleave: new dim j holds old dim 2j (first half) / 2(j - half) + 1 (second half)
+        self._deinterleave_idx = Tensor(np.concatenate([np.arange(0, self.rope, 2), np.arange(1, self.rope, 2)]),
+                                        ms.int32)
+        # rotate_half(y) = (-y[half:], y[:half])
+        self._half_idx = Tensor(np.concatenate([np.arange(half, self.rope), np.arange(half)]), ms.int32)
+        self._half_sign = Tensor(np.concatenate([-np.ones(half), np.ones(half)]).reshape(1, self.rope, 1),
+                                 ms.float32)
+
+    def _rope_rows(self, w, n: int):
+        """Rows of a projection's rope part [n, rope, in] -> (rows giving the de-interleaved
+        rope dims, rows giving rotate_half of them), both [n * rope, in]. Applying the
+        permutation and the signed half-rotation to the (small) weight instead of the
+        activations avoids strided slices of [B, N, S, d] tensors, which are slow on CPU."""
+        if self.rope_interleave:
+            w = ops.gather(w, self._deinterleave_idx, 1)
+        w_half = ops.gather(w, self._half_idx, 1) * self._half_sign
+        return w.reshape(n * self.rope, -1), w_half.reshape(n * self.rope, -1)
 
     def construct(self, x, cos, sin, mask_add):
         b, s, _ = x.shape
         n = self.num_heads
-        if self.q_lora_rank is None:
-            q = self.q_proj(x)
-        else:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
-        # the softmax scale is folded into q (cheaper than scaling the [S, S] scores)
-        q = ops.transpose(q.reshape(b, s, n, self.qk_head_dim), (0, 2, 1, 3)) * self.scaling
-        q_nope = q[..., :self.nope]
-        q_rot = q[..., self.nope:]
+        t = b * s
+        x2 = x.reshape(t, -1)
+        cos = cos.reshape(b, s, 1, self.rope)
+        sin = sin.reshape(b, s, 1, self.rope)
 
-        ckv = self.kv_a_proj_with_mqa(x)
-        kv_lat = self.kv_a_layernorm(ckv[..., :self.kv_lora_rank])
-        k_rot = ckv[..., self.kv_lora_rank:].reshape(b, 1, s, self.rope)
-        if self.rope_interleave:
-            q_rot = deinterleave(q_rot)
-            k_rot = deinterleave(k_rot)
-        q_rot = apply_rotary(q_rot, cos, sin)
-        k_rot = apply_rotary(k_rot, cos, sin)
+        if self.q_lora_rank is None:
+            q_in, wq = x2, self.q_proj.weight
+        else:
+            q_in, wq = self.q_a_layernorm(self.q_a_proj(x2)), self.q_b_proj.weight
+        # the softmax scale is folded into the query weights (cheaper than scaling [S, S])
+        wq = wq.reshape(n, self.qk_head_dim, -1) * self.scaling
+        wq_nope = wq[:, :self.nope].reshape(n * self.nope, -1)
+        wq_rot, wq_half = self._rope_rows(wq[:, self.nope:], n)
+        q_nope = self.matmul_t(q_in, wq_nope).reshape(b, s, n, self.nope)
+        q_rot = (self.matmul_t(q_in, wq_rot).reshape(b, s, n, self.rope) * cos
+                 + self.matmul_t(q_in, wq_half).reshape(b, s, n, self.rope) * sin)
+        q = ops.transpose(ops.concat((q_nope, q_rot), -1), (0, 2, 1, 3))
+
+        wkv = self.kv_a_proj_with_mqa.weight
+        kv_lat = self.matmul_t(x2, wkv[:self.kv_lora_rank])
+        wk_rot, wk_half = self._rope_rows(wkv[self.kv_lora_rank:].reshape(1, self.rope, -1), 1)
+        k_rot = self.matmul_t(x2, wk_rot)
+        k_half = self.matmul_t(x2, wk_half)
+        if self.kv_a_proj_with_mqa.bias is not None:
+            bkv = self.kv_a_proj_with_mqa.bias
+            kv_lat = kv_lat + bkv[:self.kv_lora_rank]
+            brot, bhalf = self._rope_rows(bkv[self.kv_lora_rank:].reshape(1, self.rope, 1), 1)
+            k_rot = k_rot + brot.reshape(-1)
+            k_half = k_half + bhalf.reshape(-1)
+        kv_lat = self.kv_a_layernorm(kv_lat).reshape(b, s, self.kv_lora_rank)
+        k_rot = (k_rot.reshape(b, s, self.rope) * cos.reshape(b, s, self.rope)
+                 + k_half.reshape(b, s, self.rope) * sin.reshape(b, s, self.rope)).reshape(b, 1, s, self.rope)
         if self.kv_exchange is not None:
             kv_lat, k_rot = self.kv_exchange(kv_lat, k_rot)
         sk = kv_lat.shape[1]
 
-        kv = ops.transpose(self.kv_b_proj(kv_lat).reshape(b, sk, n, self.nope + self.v_dim), (0, 2, 1, 3))
-        k_nope = kv[..., :self.nope]
-        v = kv[..., self.nope:]
+        wkvb = self.kv_b_proj.weight.reshape(n, self.nope + self.v_dim, -1)
+        lat2 = kv_lat.reshape(b * sk, self.kv_lora_rank)
+        k_nope = self.matmul_t(lat2, wkvb[:, :self.nope].reshape(n * self.nope, -1))
+        v = self.matmul_t(lat2, wkvb[:, self.nope:].reshape(n * self.v_dim, -1))
+        k_nope = ops.transpose(k_nope.reshape(b, sk, n, self.nope), (0, 2, 1, 3))
+        v = ops.transpose(v.reshape(b, sk, n, self.v_dim), (0, 2, 1, 3))
         k = ops.concat((k_nope, ops.broadcast_to(k_rot, (b, n, sk, self.rope))), -1)
-        q = ops.concat((q_nope, q_rot), -1)
 
         scores = self.bmm_t(q, k) + mask_add
         probs = self.softmax(scores)

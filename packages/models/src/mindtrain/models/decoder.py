@@ -31,6 +31,9 @@ class DecoderLayer(nn.Cell):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def construct(self, h, cos, sin, mask_add):
+        # no gradient flows to the rope tables or the mask; saying so keeps the compiled
+        # backward from materialising their (large) zero gradients
+        cos, sin, mask_add = ops.stop_gradient(cos), ops.stop_gradient(sin), ops.stop_gradient(mask_add)
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, mask_add)
         if self.is_moe:
             y, counts, balance = self.mlp(self.post_attention_layernorm(h))

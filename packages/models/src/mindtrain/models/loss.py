@@ -6,16 +6,37 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 
-class MaskedCrossEntropy(nn.Cell):
-    """``sum(ce * mask) / max(sum(mask), 1)``; labels < 0 count as masked.
+class TokenCrossEntropy(nn.Cell):
+    """Per-token ``logsumexp(logits) - logits[label]`` ([N, V], [N] int32 -> [N]).
 
-    Uses ``ops.SoftmaxCrossEntropyWithLogits`` (per-token loss, fused backward): 6-20x faster on
-    CPU than ``ops.cross_entropy``.
+    The backward is written out (``(softmax - onehot) * dout``): the built-in CE ops were
+    14x (SoftmaxCrossEntropyWithLogits) to 20x (cross_entropy) slower on CPU at [1024, 4096].
     """
 
     def __init__(self):
         super().__init__()
-        self.ce = ops.SoftmaxCrossEntropyWithLogits()
+        self.softmax = ops.Softmax(-1)
+
+    def construct(self, logits, labels):
+        m = ops.stop_gradient(logits.max(-1, keepdims=True))
+        z = logits - m
+        ones = ops.ones((z.shape[-1], 1), z.dtype)
+        lse = ops.log(ops.matmul(ops.exp(z), ones)).reshape(-1)
+        picked = ops.gather_elements(z, 1, labels.reshape(-1, 1)).reshape(-1)
+        return lse - picked
+
+    def bprop(self, logits, labels, out, dout):
+        g = self.softmax(logits) * ops.expand_dims(dout, -1)
+        g = ops.tensor_scatter_elements(g, labels.reshape(-1, 1), -ops.expand_dims(dout, -1), 1, "add")
+        return g, ops.zeros_like(labels)
+
+
+class MaskedCrossEntropy(nn.Cell):
+    """``sum(ce * mask) / max(sum(mask), 1)``; labels < 0 count as masked."""
+
+    def __init__(self):
+        super().__init__()
+        self.ce = TokenCrossEntropy()
 
     def construct(self, logits, labels, loss_mask):
         v = logits.shape[-1]
@@ -25,6 +46,5 @@ class MaskedCrossEntropy(nn.Cell):
         valid = labels >= 0
         mask = mask * valid.astype(logits.dtype)
         labels = ops.select(valid, labels, ops.zeros_like(labels))
-        target = ops.one_hot(labels, v, Tensor(1.0, logits.dtype), Tensor(0.0, logits.dtype))
-        ce, _ = self.ce(logits, target)
+        ce = self.ce(logits, labels)
         return (ce * mask).sum() / ops.maximum(mask.sum(), Tensor(1.0, logits.dtype))

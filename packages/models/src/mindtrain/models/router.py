@@ -2,9 +2,34 @@
 
 from __future__ import annotations
 
+import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, initializer
+
+
+# Up to this many candidates, top-k is computed by pairwise ranking ([T, n, n] compares):
+# ops.TopK costs several ms per call on CPU even for [1024, 8].
+_RANK_LIMIT = 64
+
+
+def _rank(x):
+    """Descending rank of each entry along the last axis (ties: lower index first)."""
+    n = x.shape[-1]
+    xi = ops.expand_dims(x, -1)
+    xj = ops.expand_dims(x, -2)
+    before = Tensor(np.tril(np.ones((n, n), np.bool_), -1))  # [i, j]: j < i
+    beats = ops.logical_or(xj > xi, ops.logical_and(xj == xi, before))
+    return beats.astype(ms.int32).sum(-1)
+
+
+def _topk_indices_by_rank(x, k: int):
+    """Indices [T, k] of the k largest entries of x [T, n], largest first."""
+    n = x.shape[-1]
+    rank = ops.expand_dims(_rank(x), -1)                                       # [T, n, 1]
+    slot = Tensor(np.arange(k, dtype=np.int32).reshape(1, 1, k))
+    index = Tensor(np.arange(n, dtype=np.int32).reshape(1, n, 1))
+    return ((rank == slot).astype(ms.int32) * index).sum(1)
 
 
 class TopkRouter(nn.Cell):
@@ -37,15 +62,27 @@ class TopkRouter(nn.Cell):
         choice = ops.stop_gradient(scores) + self.e_score_correction_bias
         if self.n_group > 1:
             per_group = self.n_experts // self.n_group
-            top2, _ = ops.topk(choice.reshape(t, self.n_group, per_group), 2)
-            group_scores = top2.sum(-1)
-            _, group_idx = ops.topk(group_scores, self.topk_group)
-            group_mask = ops.one_hot(group_idx, self.n_group, Tensor(1.0, choice.dtype),
-                                     Tensor(0.0, choice.dtype)).sum(1)
+            grouped = choice.reshape(t, self.n_group, per_group)
+            if per_group == 2:
+                group_scores = grouped.sum(-1)
+            elif per_group <= _RANK_LIMIT:
+                top2 = (_rank(grouped) < 2).astype(choice.dtype)
+                group_scores = (grouped * top2).sum(-1)
+            else:
+                group_scores = ops.topk(grouped, 2)[0].sum(-1)
+            if self.n_group <= _RANK_LIMIT:
+                group_mask = (_rank(group_scores) < self.topk_group).astype(choice.dtype)
+            else:
+                _, group_idx = ops.topk(group_scores, self.topk_group)
+                group_mask = ops.one_hot(group_idx, self.n_group, Tensor(1.0, choice.dtype),
+                                         Tensor(0.0, choice.dtype)).sum(1)
             expert_mask = ops.broadcast_to(ops.expand_dims(group_mask, -1),
                                            (t, self.n_group, per_group)).reshape(t, self.n_experts)
             choice = ops.select(expert_mask > 0.5, choice, ops.fill(choice.dtype, choice.shape, -1e30))
-        _, topk_idx = ops.topk(choice, self.top_k)
+        if self.n_experts <= _RANK_LIMIT:
+            topk_idx = _topk_indices_by_rank(choice, self.top_k)
+        else:
+            _, topk_idx = ops.topk(choice, self.top_k)
         topk_idx = ops.stop_gradient(topk_idx)
         if self.recorded is not None:
             self.recorded.append(topk_idx)

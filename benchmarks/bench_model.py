@@ -1,0 +1,232 @@
+"""DeepSeek-V3 training-step throughput: mindtrain-models (MindSpore) vs HF transformers (PyTorch).
+
+Both run forward + backward + AdamW on CPU in fp32 with the sizes of issue 8, interleaved in
+one run (each side in its own process; they take turns, so they never compete for cores):
+
+    hatch run python benchmarks/bench_model.py [--rounds 4 --steps 3 --torch-python /tmp/hfvenv/bin/python]
+
+The PyTorch side needs a venv with torch==2.13.0 and transformers (see tools/make_hf_fixtures.py).
+Prints per-round tokens/s, the ratio, MindSpore's compile time (first step), achieved GFLOP/s
+against a measured MindSpore matmul peak, and each process's peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+SIZES = dict(vocab_size=4096, hidden_size=256, num_hidden_layers=4, first_k_dense_replace=1,
+             n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2, n_shared_experts=1,
+             moe_intermediate_size=128, intermediate_size=512, num_attention_heads=8, num_key_value_heads=8,
+             q_lora_rank=128, kv_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32,
+             routed_scaling_factor=2.5, norm_topk_prob=True, max_position_embeddings=4096, rope_theta=10000.0)
+SEQ, BATCH = 512, 2
+LR = 1e-4
+
+
+def _batch(vocab, step):
+    import numpy as np
+
+    rng = np.random.default_rng(step)
+    ids = rng.integers(0, vocab, (BATCH, SEQ + 1))
+    return ids[:, :-1].astype(np.int32), ids[:, 1:].astype(np.int32), np.ones((BATCH, SEQ), np.float32)
+
+
+# ----------------------------------------------------------------------------- MindSpore side
+def ms_worker(jit: bool) -> None:
+    import mindspore as ms
+    import numpy as np
+    from mindspore import Tensor, ops
+
+    ms.set_device("CPU")
+    ms.set_seed(0)
+    import mindtrain.models as mm
+    from mindtrain.config import ModelConfig
+
+    cfg = ModelConfig(**SIZES, seq_length=SEQ, num_nextn_predict_layers=0, compute_dtype="float32")
+    model = mm.build_model(cfg, jit=jit)
+    params = model.trainable_params()
+    try:
+        from mindtrain.trainer.optimizer import AdamW
+        opt = AdamW([(p.name, p) for p in params], lr=LR, betas=(0.9, 0.95), weight_decay=0.01)
+    except ImportError:  # the trainer package is optional here
+        opt = _FallbackAdamW(params)
+
+    def fn(ids, labels, mask):
+        return model(ids, labels=labels, loss_mask=mask)
+
+    grad_fn = ms.value_and_grad(fn, None, params, has_aux=True)
+
+    def step(i):
+        ids, labels, mask = (Tensor(a) for a in _batch(cfg.vocab_size, i))
+        (loss, _), grads = grad_fn(ids, labels, mask)
+        opt.step(grads)
+        model.update_expert_bias(model.take_expert_load())
+        return float(loss.asnumpy())
+
+    t0 = time.perf_counter()
+    step(0)
+    compile_s = time.perf_counter() - t0
+    peak = _matmul_peak(ms, np, ops, Tensor)
+    print(json.dumps({"ready": True, "compile_s": compile_s, "matmul_gflops": peak,
+                      "flops_per_token": mm.flops_per_token(cfg, SEQ)}), flush=True)
+    _serve(step)
+
+
+class _FallbackAdamW:
+    def __init__(self, params):
+        import mindspore as ms
+        import numpy as np
+        from mindspore import Parameter, Tensor, ops
+
+        self.params = params
+        self.m = [Parameter(Tensor(np.zeros(p.shape, np.float32)), name="m." + p.name) for p in params]
+        self.v = [Parameter(Tensor(np.zeros(p.shape, np.float32)), name="v." + p.name) for p in params]
+        self.kernel = ops.AdamWeightDecay()
+        self.t = 0
+
+    def step(self, grads):
+        import math
+
+        self.t += 1
+        bc1, bc2 = 1 - 0.9 ** self.t, 1 - 0.95 ** self.t
+        for p, m, v, g in zip(self.params, self.m, self.v, grads):
+            self.kernel(p, m, v, LR * math.sqrt(bc2) / bc1, 0.9, 0.95, 1e-8 * math.sqrt(bc2),
+                        0.01 * bc1 / math.sqrt(bc2), g)
+
+
+def _matmul_peak(ms, np, ops, Tensor):
+    a = Tensor(np.random.rand(1024, 1024).astype(np.float32))
+    mm = ops.MatMul()
+    mm(a, a).asnumpy()
+    best = 0.0
+    for _ in range(5):
+        t = time.perf_counter()
+        mm(a, a).asnumpy()
+        best = max(best, 2 * 1024 ** 3 / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+# ----------------------------------------------------------------------------- PyTorch side
+def torch_worker() -> None:
+    import torch
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    torch.manual_seed(0)
+    sizes = dict(SIZES)
+    theta = sizes.pop("rope_theta")
+    cfg = DeepseekV3Config(**sizes, rope_parameters={"rope_type": "default", "rope_theta": theta})
+    model = DeepseekV3ForCausalLM(cfg).float().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.01)
+
+    def step(i):
+        ids, labels, mask = (torch.from_numpy(a) for a in _batch(cfg.vocab_size, i))
+        logits = model(ids.long()).logits
+        ce = torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab_size), labels.long().reshape(-1),
+                                               reduction="none")
+        loss = (ce * mask.reshape(-1)).sum() / mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    step(0)
+    print(json.dumps({"ready": True, "threads": torch.get_num_threads(),
+                      "attn": model.config._attn_implementation}), flush=True)
+    _serve(step)
+
+
+def _serve(step) -> None:
+    """Answer 'run N' lines with per-step seconds; 'quit' ends."""
+    i = 1
+    for line in sys.stdin:
+        cmd = line.split()
+        if not cmd or cmd[0] == "quit":
+            break
+        times, losses = [], []
+        for _ in range(int(cmd[1])):
+            t = time.perf_counter()
+            losses.append(step(i))
+            times.append(time.perf_counter() - t)
+            i += 1
+        rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(json.dumps({"times": times, "loss": losses[-1], "peak_rss_mb": rss_mb}), flush=True)
+
+
+# ----------------------------------------------------------------------------- driver
+def _start(cmd):
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker {cmd} exited early")
+        if line.startswith("{"):
+            return proc, json.loads(line)
+
+
+def _run(proc, n):
+    proc.stdin.write(f"run {n}\n")
+    proc.stdin.flush()
+    while True:
+        line = proc.stdout.readline()
+        if line.startswith("{"):
+            return json.loads(line)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=3, help="steps per side per round")
+    ap.add_argument("--torch-python", default="/tmp/hfvenv/bin/python")
+    ap.add_argument("--eager", action="store_true", help="MindSpore without ms.jit (for comparison)")
+    ap.add_argument("--worker", choices=["ms", "torch"], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker == "ms":
+        ms_worker(jit=not args.eager)
+        return 0
+    if args.worker == "torch":
+        torch_worker()
+        return 0
+
+    me = os.path.abspath(__file__)
+    t0 = time.perf_counter()
+    ms_proc, ms_info = _start([sys.executable, me, "--worker", "ms"] + (["--eager"] if args.eager else []))
+    print(f"mindspore ready (first step incl. compile {ms_info['compile_s']:.1f} s, "
+          f"matmul 1024^2 peak {ms_info['matmul_gflops']:.0f} GFLOP/s) after {time.perf_counter() - t0:.0f} s")
+    th_proc, th_info = _start([args.torch_python, me, "--worker", "torch"])
+    print(f"torch ready ({th_info['threads']} threads, attention {th_info['attn']})")
+    tokens = BATCH * SEQ
+    ms_all, th_all = [], []
+    for r in range(args.rounds):
+        a = _run(ms_proc, args.steps)
+        b = _run(th_proc, args.steps)
+        ms_all += a["times"]
+        th_all += b["times"]
+        ms_tps = tokens / statistics.median(a["times"])
+        th_tps = tokens / statistics.median(b["times"])
+        print(f"round {r + 1}: mindspore {ms_tps:7.0f} tok/s ({statistics.median(a['times']) * 1e3:6.0f} ms/step, "
+              f"loss {a['loss']:.4f}) | torch {th_tps:7.0f} tok/s "
+              f"({statistics.median(b['times']) * 1e3:6.0f} ms/step, loss {b['loss']:.4f}) | ratio {ms_tps / th_tps:.2f}")
+    for p in (ms_proc, th_proc):
+        p.stdin.write("quit\n")
+        p.stdin.flush()
+        p.wait(timeout=60)
+    ms_tps = tokens / statistics.median(ms_all)
+    th_tps = tokens / statistics.median(th_all)
+    gflops = ms_info["flops_per_token"] * ms_tps / 1e9
+    print(f"median: mindspore {ms_tps:.0f} tok/s, torch {th_tps:.0f} tok/s, ratio {ms_tps / th_tps:.2f}")
+    print(f"mindspore achieved {gflops:.1f} GFLOP/s = {gflops / ms_info['matmul_gflops']:.0%} of its matmul peak "
+          f"(model FLOPs {ms_info['flops_per_token'] / 1e6:.1f} MFLOP/token); "
+          f"torch {ms_info['flops_per_token'] * th_tps / 1e9:.1f} GFLOP/s")
+    print(f"peak RSS: mindspore {a['peak_rss_mb']:.0f} MB, torch {b['peak_rss_mb']:.0f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
