@@ -67,9 +67,17 @@ class RoutedExperts(nn.Cell):
         block_expert = ops.minimum(block_expert, e - 1)
         block_expert = ops.stop_gradient(block_expert)
 
+        # each slot's routing weight (0 for empty slots), applied before down_proj: the
+        # weighted sum of the K outputs then is a plain sum of gathered rows
+        slot_weight = ops.zeros((n_slots,), x.dtype)
+        slot_weight = ops.tensor_scatter_update(slot_weight, dest.reshape(-1, 1), topk_weight.reshape(-1))
+        scale = ops.matmul(slot_weight.reshape(-1, 1), ops.ones((1, self.intermediate_size), x.dtype))
         gate = self.bmm_t(xb, ops.gather(self.gate_proj, block_expert, 0))
         up = self.bmm_t(xb, ops.gather(self.up_proj, block_expert, 0))
-        out = self.bmm_t(ops.silu(gate) * up, ops.gather(self.down_proj, block_expert, 0))   # [nb, b, H]
-        out = ops.gather(out.reshape(n_slots, h), ops.stop_gradient(dest), 0).reshape(t, k, h)
-        y = (out * ops.expand_dims(topk_weight, -1)).sum(1)
+        act = (ops.silu(gate) * up) * scale.reshape(n_blocks, b, self.intermediate_size)
+        out = self.bmm_t(act, ops.gather(self.down_proj, block_expert, 0)).reshape(n_slots, h)   # [slots, H]
+        dest_tk = ops.stop_gradient(dest).reshape(t, k)
+        y = ops.gather(out, dest_tk[:, 0], 0)
+        for j in range(1, k):
+            y = y + ops.gather(out, dest_tk[:, j], 0)
         return y, ops.stop_gradient(counts)

@@ -16,18 +16,22 @@ class TokenCrossEntropy(nn.Cell):
     def __init__(self):
         super().__init__()
         self.softmax = ops.Softmax(-1)
+        self.argmax = ops.ArgMaxWithValue(-1)
 
     def construct(self, logits, labels):
-        m = ops.stop_gradient(logits.max(-1, keepdims=True))
-        z = logits - m
-        ones = ops.ones((z.shape[-1], 1), z.dtype)
-        lse = ops.log(ops.matmul(ops.exp(z), ones)).reshape(-1)
-        picked = ops.gather_elements(z, 1, labels.reshape(-1, 1)).reshape(-1)
-        return lse - picked
+        # logsumexp = max - log(softmax at the max): no broadcast subtract, no exp pass of our
+        # own (both slow on CPU), and softmax at the max is >= 1/V so the log is safe
+        top, m = self.argmax(logits)
+        p = self.softmax(logits)
+        p_top = ops.gather_elements(p, 1, top.reshape(-1, 1).astype(ms.int32)).reshape(-1)
+        picked = ops.gather_elements(logits, 1, labels.reshape(-1, 1)).reshape(-1)
+        return (m - ops.log(p_top)) - picked
 
     def bprop(self, logits, labels, out, dout):
-        g = self.softmax(logits) * ops.expand_dims(dout, -1)
-        g = ops.tensor_scatter_elements(g, labels.reshape(-1, 1), -ops.expand_dims(dout, -1), 1, "add")
+        v = logits.shape[-1]
+        scale = ops.matmul(dout.reshape(-1, 1), ops.ones((1, v), logits.dtype))  # outer product
+        g = self.softmax(logits) * scale
+        g = ops.tensor_scatter_elements(g, labels.reshape(-1, 1), -dout.reshape(-1, 1), 1, "add")
         return g, ops.zeros_like(labels)
 
 

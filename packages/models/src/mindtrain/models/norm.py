@@ -6,8 +6,25 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 
+def rms_norm(x, weight, eps: float):
+    """``weight * x / sqrt(mean(x^2) + eps)`` over the last axis.
+
+    The row mean and both broadcasts are done as matmuls: on the CPU backend last-axis
+    reductions and broadcasting multiplies run several times slower than a matmul with a
+    ones vector / an outer product; the weight's gradient then is a matmul too.
+    """
+    shape = x.shape
+    h = shape[-1]
+    x2 = x.reshape(-1, h)
+    t = x2.shape[0]
+    mean_sq = ops.matmul(x2 * x2, ops.fill(x2.dtype, (h, 1), 1.0 / h))          # [T, 1]
+    inv = ops.matmul(ops.rsqrt(mean_sq + eps), ops.ones((1, h), x2.dtype))       # [T, H]
+    w = ops.matmul(ops.ones((t, 1), x2.dtype), weight.reshape(1, h))             # [T, H]
+    return (w * (x2 * inv)).reshape(shape)
+
+
 class RMSNorm(nn.Cell):
-    """``weight * x / sqrt(mean(x^2) + eps)``, computed in float32 like HF's DeepseekV3RMSNorm."""
+    """HF DeepseekV3RMSNorm (float32 math), parameter ``weight``."""
 
     def __init__(self, hidden_size: int, eps: float = 1e-6):
         super().__init__()
@@ -15,5 +32,4 @@ class RMSNorm(nn.Cell):
         self.eps = float(eps)
 
     def construct(self, x):
-        variance = ops.mean(ops.square(x), -1, keep_dims=True)
-        return self.weight * (x * ops.rsqrt(variance + self.eps))
+        return rms_norm(x, self.weight, self.eps)
