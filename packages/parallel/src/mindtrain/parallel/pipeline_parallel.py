@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
+import time
+
 import numpy as np
 
 import mindspore as ms
@@ -65,6 +67,8 @@ class PipelineSchedule:
             model.set_jit(False)
         apply_context_parallel(model, self.cp, seq_length)
         self.stage = ModelStage(model, plan, self.parts[self.stage_index])
+        self.last_timing: dict[str, float] = {}
+        """``step_s`` (wall time of the last :meth:`step`) and ``busy_s`` (its stage compute)."""
         self.param_names = self.stage.param_names
         self.params = self.stage.params
         # Weights used on two stages (the embedding by the MTP modules): their gradients are
@@ -115,6 +119,8 @@ class PipelineSchedule:
         ``load`` the [n_moe_layers, E] tokens per expert of all stages, summed over
         micro-batches and the CP group. Data-parallel reduction is left to the caller.
         """
+        start = time.perf_counter()
+        busy = 0.0
         mbs = [self.split(b) for b in micro_batches]
         m = len(mbs)
         st = self.stage
@@ -132,10 +138,17 @@ class PipelineSchedule:
                 h = None if first else C.recv(act_shape, ms.float32, me - 1, self.pp)
                 inputs[i] = h
                 if not last:
-                    pending.append(_isend(st.forward_only(h, mbs[i]), me + 1, self.pp))
+                    t = time.perf_counter()
+                    out = st.forward_only(h, mbs[i])
+                    out.asnumpy()  # the CPU runs ops asynchronously; wait so the time is the compute
+                    busy += time.perf_counter() - t
+                    pending.append(_isend(out, me + 1, self.pp))
                 continue
             sens = None if last else C.recv(act_shape, ms.float32, me + 1, self.pp)
+            t = time.perf_counter()
             gh, grads, fig, count = st.backward(inputs.pop(i), sens, mbs[i])
+            fig.asnumpy()
+            busy += time.perf_counter() - t
             if not first:
                 pending.append(_isend(gh, me - 1, self.pp))
             acc = grads if acc is None else [a + g for a, g in zip(acc, grads)]
@@ -144,7 +157,9 @@ class PipelineSchedule:
             load = rows if load is None else load + rows
         for work, _ in pending:
             work.wait()
-        return self._finish(acc, figures, load, m)
+        result = self._finish(acc, figures, load, m)
+        self.last_timing = {"step_s": time.perf_counter() - start, "busy_s": busy}
+        return result
 
     def _finish(self, acc, figures, load, m):
         sizes = [int(np.prod(g.shape)) for g in acc]
