@@ -13,9 +13,11 @@ def dataset(manifest, make_section, tmp_path_factory):
     return build_dataset(section)
 
 
-def _sample_ids(dataset, batch):
+def _sample_ids(dataset, batch, _tables={}):
     """Which dataset samples a micro-batch holds (by matching input_ids rows)."""
-    table = {dataset[i]["input_ids"].tobytes(): i for i in range(len(dataset))}
+    if id(dataset) not in _tables:
+        _tables[id(dataset)] = {dataset[i]["input_ids"].tobytes(): i for i in range(len(dataset))}
+    table = _tables[id(dataset)]
     return [table[row.tobytes()] for row in batch["input_ids"]]
 
 
