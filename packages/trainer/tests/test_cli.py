@@ -31,3 +31,12 @@ def test_one_line_and_status_2(args, needle):
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
     assert needle in r.stderr
     assert r.stdout == ""
+
+
+def test_scheduler_message_names_the_lost_rank():
+    from mindtrain.trainer.runtime import scheduler_message
+
+    text = ("The total number of timed out node is 1. Timed out node list is: [const vector]{1}, worker 1 is "
+            "the first one timed out, please check its log.\nmore")
+    assert scheduler_message(text) == ("msrun scheduler: worker rank 1 stopped responding (it died or hung), so "
+                                       "the job is ending; see its log worker_1.log")

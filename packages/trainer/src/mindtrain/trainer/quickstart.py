@@ -43,15 +43,10 @@ def prepare_data(prefix: str = PREFIX) -> str:
     """Corpus + .bin/.idx under ``prefix``; returns the dataset prefix (with _text_document)."""
     jsonl = prefix + ".jsonl"
     count = write_corpus(jsonl)
-    try:
-        from mindtrain.data import preprocess
-    except ImportError:
-        from mindtrain.trainer._interim import byte_preprocess
+    from mindtrain.data import preprocess
 
-        out = byte_preprocess(jsonl, prefix)
-    else:
-        out = prefix + "_text_document"
-        preprocess(input=jsonl, output_prefix=prefix, tokenizer="byte", append_eod=True, workers=1)
+    out = prefix + "_text_document"
+    preprocess(input=jsonl, output_prefix=prefix, tokenizer="byte", append_eod=True, workers=1)
     print(f"quickstart: {count} documents from pydoc_data.topics -> {out}.bin/.idx (byte tokenizer)")
     return out
 

@@ -4,6 +4,7 @@ the trainer itself needs (barrier, sum over all ranks)."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -43,6 +44,20 @@ def choose_device(device_target: Optional[str]) -> tuple[str, str]:
     return "CPU", "default: no Ascend device found"
 
 
+def scheduler_message(text: str) -> str:
+    """One line for a failure reported by msrun's scheduler, naming the rank when it can."""
+    first = text.splitlines()[0] if text else "failed"
+    lost = re.search(r"worker (\d+) is the first one timed out", first)
+    if lost:
+        rank = lost.group(1)
+        return (f"msrun scheduler: worker rank {rank} stopped responding (it died or hung), so the job is "
+                f"ending; see its log worker_{rank}.log")
+    if "not successfully spawned" in first:
+        return (f"msrun scheduler: {first[:200]}; is --master_port {os.environ.get('MS_SCHED_PORT')} "
+                "already in use?")
+    return f"msrun scheduler: {first[:300]}"
+
+
 @dataclass
 class Runtime:
     """The process's place in the job."""
@@ -53,30 +68,20 @@ class Runtime:
     distributed: bool = False
 
     def barrier(self) -> None:
+        """Return only when every rank has arrived."""
+        # An all-reduce read back on the host: the framework's barrier is queued like any
+        # other kernel and may return before the peers arrive (seen with checkpoint writes).
         if self.distributed:
-            from mindspore.mint import distributed as dist
-
-            dist.barrier()
+            self.all_sum(np.ones(1, np.float32))
 
     def all_sum(self, values: np.ndarray) -> np.ndarray:
         """Element-wise sum of a float32 vector over all ranks (one collective)."""
         if not self.distributed:
             return values
         import mindspore as ms
-        from mindspore.mint import distributed as dist
+        from mindtrain.parallel import collectives
 
-        buf = ms.Tensor(np.ascontiguousarray(values, np.float32))
-        dist.all_reduce(buf)
-        return buf.asnumpy()
-
-    def all_gather_floats(self, values: np.ndarray) -> np.ndarray:
-        """[world_size, n] float32: every rank's vector."""
-        if not self.distributed:
-            return np.asarray(values, np.float32)[None]
-        n = len(values)
-        buf = np.zeros((self.world_size, n), np.float32)
-        buf[self.rank] = values
-        return self.all_sum(buf.reshape(-1)).reshape(self.world_size, n)
+        return collectives.all_reduce(ms.Tensor(np.ascontiguousarray(values, np.float32))).asnumpy()
 
 
 def start(device_target: Optional[str]) -> tuple[Runtime, str]:
@@ -88,17 +93,18 @@ def start(device_target: Optional[str]) -> tuple[Runtime, str]:
     ms.set_context(mode=ms.PYNATIVE_MODE)
     if not launched_by_msrun():
         return Runtime(device=device), f"device: {device} ({why}); single process"
-    from mindspore.communication import get_group_size, get_rank, init
-
     if os.environ.get("MS_ROLE") == "MS_SCHED":
+        from mindspore.communication import init
+
         try:
             init()  # msrun's scheduler process serves the job here
         except RuntimeError as err:
-            first = str(err).splitlines()[0][:300]
-            hint = (f"; is --master_port {os.environ.get('MS_SCHED_PORT')} already in use?"
-                    if "not successfully spawned" in first else "")
-            raise UserError(f"msrun scheduler: {first}{hint}") from None
+            raise UserError(scheduler_message(str(err))) from None
         raise SystemExit(0)
-    init()
-    rt = Runtime(device=device, rank=get_rank(), world_size=get_group_size(), distributed=True)
+    from mindtrain.parallel import init_distributed
+
+    # joins the job, picks the collective backend, and makes an uncaught exception in any
+    # thread end this rank at once (so msrun stops the others)
+    world, rank = init_distributed()
+    rt = Runtime(device=device, rank=rank, world_size=world, distributed=True)
     return rt, f"device: {device} ({why}); msrun worker {rt.rank} of {rt.world_size}"

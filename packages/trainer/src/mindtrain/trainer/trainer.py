@@ -48,22 +48,15 @@ def _max_rss_mb() -> float:
 class Trainer:
     """One training job on this rank.
 
-    Data parallel over ``dims.dp`` ranks: every rank holds the full model; per optimizer
-    step each rank runs ``num_accumulation_steps`` micro-batches, gradients (and the MoE
-    expert load) are summed over micro-batches and ranks in one all-reduce and divided by
-    micro-batches x ranks, i.e. the gradient of the mean of the micro-batch mean losses.
+    Data parallel over ``dims.dp`` ranks, sharded with mindtrain.parallel's FSDP
+    (``data_parallel_sharding_strategy``) when there is more than one. Per optimizer step
+    each rank runs ``num_accumulation_steps`` micro-batches; the gradient is that of the
+    mean of the micro-batch mean losses over all ranks (Megatron's default).
     """
 
     def __init__(self, cfg: MindTrainConfig, runtime: Runtime, out: Callable[[str], None] = print):
-        from mindtrain.data import build_dataset
-        try:
-            from mindtrain.data import PretrainingLoader
-        except ImportError:
-            from mindtrain.trainer._interim import MegatronOrderLoader as PretrainingLoader
-        try:
-            from mindtrain.models import build_model
-        except ImportError:
-            from mindtrain.trainer._interim import build_model
+        from mindtrain.data import PretrainingLoader, build_dataset
+        from mindtrain.models import build_model
 
         self.cfg = cfg
         self.rt = runtime
@@ -73,16 +66,7 @@ class Trainer:
         self._check_supported()
         t = cfg.training
         self.total_steps = t.steps
-        self._seed(t.seed)
-        self.model = build_model(cfg.model)
-        self.params = [(p.name, p) for p in self.model.trainable_params()]
-        self.all_params = list(self.model.parameters_and_names())
-        self.schedule = LRSchedule.from_config(cfg)
-        self.optimizer = AdamW.from_config(self.params, cfg.optimizer, lr=self.schedule(1))
-        self._sizes = [int(np.prod(p.shape)) for _, p in self.params]
-        self._shapes = [tuple(p.shape) for _, p in self.params]
-        self._grad_fn = ms.value_and_grad(self._forward, None, [p for _, p in self.params], has_aux=True)
-
+        # data first: a wrong data_path fails before the (slower) model build
         dl = cfg.train_dataset.dataloader
         self.columns = list(dl.column_names)
         dataset = build_dataset(cfg.train_dataset)
@@ -91,19 +75,34 @@ class Trainer:
             dp_rank=self.rt.rank % self.dims.dp, dp_size=self.dims.dp,
             drop_remainder=cfg.train_dataset.drop_remainder,
             num_workers=cfg.train_dataset.num_parallel_workers, shuffle=dl.shuffle, seed=t.seed)
+        self._seed(t.seed)
+        self.model = build_model(cfg.model)
         self._batches = None
         self.step = 0
         self.consumed_samples = 0
         self.skipped_total = 0
         self.skipped_in_row = 0
+        # weights load into the whole model before it is sharded; the rest of the state after
+        resume = self._load_weights(cfg.checkpoint.load_path) if cfg.checkpoint.load_path else None
+        self.fsdp = self._shard() if self.rt.distributed and self.dims.dp > 1 else None
+        if self.fsdp is not None:
+            self.params = self.fsdp.named_parameters()
+            self._step_fn = self.fsdp.value_and_grad(self._forward, has_aux=True)
+        else:
+            self.params = [(p.name, p) for p in self.model.trainable_params()]
+            self._grad_fn = ms.value_and_grad(self._forward, None, [p for _, p in self.params], has_aux=True)
+        self.schedule = LRSchedule.from_config(cfg)
+        self.optimizer = AdamW.from_config(self.params, cfg.optimizer, lr=self.schedule(1))
+        self._sizes = [int(np.prod(p.shape)) for _, p in self.params]
+        self._shapes = [tuple(p.shape) for _, p in self.params]
         self.flops_per_token = self._flops_per_token()
         self.writer = None
         if cfg.checkpoint.enable_save:
             self.writer = ckpt.CheckpointWriter(cfg.checkpoint.save_path, cfg.checkpoint.keep_last,
                                                 rank=self.rt.rank, world_size=self.rt.world_size,
                                                 barrier=self.rt.barrier)
-        if cfg.checkpoint.load_path:
-            self.load(cfg.checkpoint.load_path)
+        if resume is not None:
+            self._load_state(resume)
         self.metrics: Optional[MetricsWriter] = None
         if self.rt.rank == 0:
             run_dir = new_run_dir(cfg.monitor.metrics_dir)
@@ -126,11 +125,23 @@ class Trainer:
         np.random.seed(seed)
         random.seed(seed)
 
+    def _shard(self):
+        """FSDP over the data-parallel ranks: one unit per decoder layer and MTP module; the
+        embedding, final norm and head stay in the root (gathered for a whole micro-batch)."""
+        from mindtrain.models import parallel_plan
+        from mindtrain.parallel import DeviceMesh, fully_shard
+
+        mesh = DeviceMesh.from_config(self.cfg.parallelism, self.rt.world_size, self.rt.rank).init_process_groups()
+        plan = parallel_plan(self.model)
+        units = {u["name"]: f"model.layers.{u['layer']}" for u in plan["units"] if u["kind"] in ("decoder", "mtp")}
+        # an MTP module's shared-head norm is applied outside the module, by the head
+        shared = {name: [units[info["unit"]]] for name, info in plan["params"].items()
+                  if info["trainable"] and info["unit"].startswith("mtp.") and ".shared_head." in name}
+        return fully_shard(self.model, mesh, units=list(units.values()),
+                           strategy=self.cfg.parallelism.data_parallel_sharding_strategy, shared=shared)
+
     def _flops_per_token(self) -> float:
-        try:
-            from mindtrain.models import flops_per_token
-        except ImportError:
-            from mindtrain.trainer._interim import flops_per_token
+        from mindtrain.models import flops_per_token
 
         return float(flops_per_token(self.cfg.model, self.cfg.model.seq_length))
 
@@ -141,13 +152,21 @@ class Trainer:
                                    position_ids=kwargs.get("position_ids"),
                                    attention_mask=kwargs.get("attention_mask"))
         zero = ops.zeros((), ms.float32)
+        if self.fsdp is not None:
+            # FSDP sums micro-batch gradients and averages over ranks: scale to the mean
+            loss = loss / float(self.accum)
         return loss, metrics["lm_loss"], metrics.get("load_balancing_loss", zero), metrics.get("mtp_loss", zero)
 
-    def _micro_batch(self, batch: dict) -> tuple[list[Tensor], np.ndarray]:
+    def _micro_batch(self, batch: dict) -> tuple[Optional[list[Tensor]], np.ndarray]:
         inputs = [Tensor(np.ascontiguousarray(batch[name])) for name in self.columns]
-        (loss, lm, lbl, mtp), grads = self._grad_fn(*inputs)
-        return list(grads), np.array([float(lm.asnumpy()), float(lbl.asnumpy()), float(mtp.asnumpy()),
-                                      float(loss.asnumpy())], np.float64)
+        if self.fsdp is not None:
+            (loss, lm, lbl, mtp), grads = self._step_fn(*inputs), None
+            loss = loss * float(self.accum)
+        else:
+            (loss, lm, lbl, mtp), grads = self._grad_fn(*inputs)
+            grads = list(grads)
+        return grads, np.array([float(lm.asnumpy()), float(lbl.asnumpy()), float(mtp.asnumpy()),
+                                float(loss.asnumpy())], np.float64)
 
     def train_step(self) -> dict:
         """One optimizer step (all micro-batches); returns the step's metrics."""
@@ -158,44 +177,53 @@ class Trainer:
             self._batches = iter(self.loader)
         for _ in range(self.accum):
             grads, losses = self._micro_batch(next(self._batches))
-            acc = grads if acc is None else [a + g for a, g in zip(acc, grads)]
+            if grads is not None:
+                acc = grads if acc is None else [a + g for a, g in zip(acc, grads)]
             micro_losses.append(losses)
         local = np.mean(micro_losses, axis=0)
         load = self.model.take_expert_load()
         n_load = int(np.prod(load.shape))
         world = self.rt.world_size
-        # One all-reduce carries the gradients, the expert load and every rank's losses
-        # (each rank fills its own slot, so the sum is a gather).
+        # One all-reduce carries the expert load and every rank's losses (each rank fills
+        # its own slot, so the sum is a gather) and, without FSDP, the gradients too.
         slots = np.zeros((world, 4), np.float32)
         slots[self.rt.rank] = local
-        flat = ops.cat([g.reshape(-1) for g in acc] + [load.reshape(-1).astype(ms.float32),
-                                                        Tensor(slots.reshape(-1))])
+        pieces = [] if self.fsdp is not None else [g.reshape(-1) for g in acc]
+        flat = ops.cat(pieces + [load.reshape(-1).astype(ms.float32), Tensor(slots.reshape(-1))])
         if self.rt.distributed:
-            from mindspore.mint import distributed as dist
+            from mindtrain.parallel import collectives
 
-            flat = flat.contiguous()
-            dist.all_reduce(flat)
-        n_grad = sum(self._sizes)
-        grads_flat = flat[:n_grad] / float(self.accum * self.dims.dp)
+            flat = collectives.all_reduce(flat)
+        n_grad = 0 if self.fsdp is not None else sum(self._sizes)
         total_load = flat[n_grad:n_grad + n_load].reshape(load.shape)
         device_losses = flat[n_grad + n_load:].asnumpy().reshape(world, 4).astype(np.float64)
         dp_losses = device_losses.mean(axis=0)
-        grad_norm = float(ops.sqrt((grads_flat * grads_flat).sum()).asnumpy())
+        if self.fsdp is not None:
+            grad_norm = self.fsdp.grad_norm()
+        else:
+            grads_flat = flat[:n_grad] / float(self.accum * self.dims.dp)
+            grad_norm = float(ops.sqrt((grads_flat * grads_flat).sum()).asnumpy())
         lr = self.schedule(self.step + 1)
         finite = math.isfinite(grad_norm) and bool(np.all(np.isfinite(dp_losses)))
+        max_norm = self.cfg.training.max_norm
         if finite:
             self.skipped_in_row = 0
-            max_norm = self.cfg.training.max_norm
-            if max_norm > 0:
+            if self.fsdp is not None:
+                if max_norm > 0:
+                    self.fsdp.clip_grad_norm(max_norm, grad_norm)
+                grads = self.fsdp.grads
+            else:
                 coef = max_norm / (grad_norm + 1e-6)
-                if coef < 1.0:
+                if max_norm > 0 and coef < 1.0:
                     grads_flat = grads_flat * coef
-            grads = [g.reshape(s) for g, s in zip(ops.split(grads_flat, self._sizes), self._shapes)]
+                grads = [g.reshape(s) for g, s in zip(ops.split(grads_flat, self._sizes), self._shapes)]
             self.optimizer.step(grads, lr=lr)
             self.model.update_expert_bias(total_load)
         else:
             self.skipped_total += 1
             self.skipped_in_row += 1
+        if self.fsdp is not None:
+            self.fsdp.finish_step()
         self.step += 1
         self.consumed_samples += self.cfg.training.global_batch_size
         elapsed = time.perf_counter() - start
@@ -226,7 +254,7 @@ class Trainer:
                     rec["throughput_flops"], load_balancing_loss=rec["load_balancing_loss"] if has_moe else None,
                     mtp_loss=rec["mtp_loss"] if m.num_nextn_predict_layers > 0 else None))
                 if cfg.monitor.train_state:
-                    norms = parameter_norms([(n, p.asnumpy()) for n, p in self.params])
+                    norms = parameter_norms(list(self._full_params().items()))
                     for line in format_train_state(self.step, self.total_steps, rec["local_losses"],
                                                    rec["device_losses"], norms):
                         self.out(line)
@@ -245,15 +273,37 @@ class Trainer:
         return history
 
     # ------------------------------------------------------------------ checkpoints
+    def _full_params(self) -> dict[str, np.ndarray]:
+        """Trainable parameters at full shape (a collective under FSDP: call on every rank)."""
+        if self.fsdp is not None:
+            return self.fsdp.full_state_dict()
+        return {n: p.asnumpy().copy() for n, p in self.params}
+
+    def _full_optimizer_state(self) -> dict[str, np.ndarray]:
+        """AdamW state with full-shape moments, so any data-parallel degree can load it."""
+        if self.fsdp is None:
+            return self.optimizer.state_dict()
+        names = [n for n, _ in self.params]
+        out = {"step": np.array(self.optimizer.step_count, np.int64)}
+        for kind, moments in (("exp_avg", self.optimizer.exp_avg), ("exp_avg_sq", self.optimizer.exp_avg_sq)):
+            for name, arr in zip(names, self.fsdp.gather_full(moments, names)):
+                out[f"{kind}.{name}"] = arr
+        return out
+
     def save(self) -> str:
         rank = self.rt.rank
+        full = self._full_params()
+        optimizer_state = self._full_optimizer_state()
         tensors: dict[str, dict[str, np.ndarray]] = {}
         files: dict[str, object] = {_rank_file(rank): {
             "loader": self.loader.state_dict(),
             "rng": {"numpy": _numpy_rng_state(), "python": _python_rng_state()}}}
         if rank == 0:
-            tensors[MODEL_FILE] = {name: p.asnumpy().copy() for name, p in self.all_params}
-            tensors[OPTIMIZER_FILE] = self.optimizer.state_dict()
+            from mindtrain.models import config_to_hf, hf_state_dict
+
+            tensors[MODEL_FILE] = hf_state_dict(_FullView(self.model, full))
+            tensors[OPTIMIZER_FILE] = optimizer_state
+            files["config.json"] = config_to_hf(self.cfg.model)
             files[ckpt.STATE_FILE] = {
                 "step": self.step, "consumed_samples": self.consumed_samples, "skipped_total": self.skipped_total,
                 "skipped_in_row": self.skipped_in_row, "world_size": self.rt.world_size, "dp": self.dims.dp,
@@ -262,18 +312,35 @@ class Trainer:
                 "seed": self.cfg.training.seed}
         return self.writer.save(self.step, tensors, files)
 
-    def load(self, load_path: str) -> None:
+    def _load_weights(self, load_path: str) -> Optional[str]:
+        """Model weights from a checkpoint or HF directory; returns the checkpoint folder
+        when the rest of the training state should be restored too."""
+        from mindtrain.models import load_hf_state_dict
+
         kind, folder = ckpt.resolve_checkpoint(load_path)
         if kind == "hf":
-            self._load_weights(_read_hf_weights(folder), folder, strict=False)
+            load_hf_state_dict(self.model, _read_hf_weights(folder), source=folder)
             self.out(f"mindtrain: started from the weights of HF model directory {folder}")
-            return
-        self._load_weights(ckpt.load_tensors(folder, MODEL_FILE), folder, strict=True)
+            return None
+        load_hf_state_dict(self.model, ckpt.load_tensors(folder, MODEL_FILE), source=folder)
         if not self.cfg.checkpoint.load_optimizer:
             self.out(f"mindtrain: loaded model weights from {folder} (load_optimizer is false)")
-            return
+            return None
+        return folder
+
+    def _load_state(self, folder: str) -> None:
         state = ckpt.load_json(folder)
-        self.optimizer.load_state_dict(ckpt.load_tensors(folder, OPTIMIZER_FILE))
+        opt = ckpt.load_tensors(folder, OPTIMIZER_FILE)
+        if self.fsdp is not None:
+            names = [n for n, _ in self.params]
+            for kind in ("exp_avg", "exp_avg_sq"):
+                keys = [f"{kind}.{n}" for n in names]
+                missing = [k for k in keys if k not in opt]
+                if missing:
+                    raise ckpt.CheckpointError(f"checkpoint.load_path: '{folder}' optimizer state lacks {missing[0]}")
+                for k, shard in zip(keys, self.fsdp.shard_full([opt[k] for k in keys], names)):
+                    opt[k] = shard.asnumpy()
+        self.optimizer.load_state_dict(opt)
         self.step = int(state["step"])
         self.consumed_samples = int(state["consumed_samples"])
         self.skipped_total = int(state["skipped_total"])
@@ -290,19 +357,28 @@ class Trainer:
             self.loader.load_state_dict({"consumed_samples": self.consumed_samples})
         self.out(f"mindtrain: resumed from {folder} at step {self.step}")
 
-    def _load_weights(self, arrays: dict[str, np.ndarray], folder: str, strict: bool) -> None:
-        missing = [n for n, _ in self.all_params if n not in arrays]
-        if missing and (strict or len(missing) == len(self.all_params)):
-            raise ckpt.CheckpointError(f"checkpoint.load_path: '{folder}' lacks {missing[0]} "
-                                       f"(and {len(missing) - 1} more parameters); it was saved for a different model")
-        for name, p in self.all_params:
-            if name not in arrays:
-                continue
-            a = arrays[name]
-            if tuple(a.shape) != tuple(p.shape):
-                raise ckpt.CheckpointError(f"checkpoint.load_path: '{folder}' has {name} with shape {tuple(a.shape)}, "
-                                           f"but model.* gives {tuple(p.shape)}; the checkpoint is for a different model")
-            p.set_data(Tensor(np.ascontiguousarray(a, dtype=np.float32)).astype(p.dtype))
+
+class _Array:
+    """A named array with the two Parameter attributes hf_state_dict reads."""
+
+    def __init__(self, name: str, array: np.ndarray):
+        self.name = name
+        self._array = array
+
+    def asnumpy(self) -> np.ndarray:
+        return self._array
+
+
+class _FullView:
+    """The model as hf_state_dict sees it, with trainable parameters replaced by full arrays
+    (FSDP frees or shards the module's own)."""
+
+    def __init__(self, model, full: dict[str, np.ndarray]):
+        self.config = model.config
+        self._params = [_Array(p.name, full[p.name]) if p.name in full else p for p in model.get_parameters()]
+
+    def get_parameters(self):
+        return iter(self._params)
 
 
 def _read_hf_weights(folder: str) -> dict[str, np.ndarray]:
