@@ -149,16 +149,16 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--port", type=int, default=8290)
-    ap.add_argument("--worker", nargs=3, metavar=("SIZE", "STRATEGY", "OUT"), help=argparse.SUPPRESS)
-    ap.add_argument("--single", nargs=2, metavar=("SIZE", "OUT"), help=argparse.SUPPRESS)
+    ap.add_argument("--bench-worker", nargs=3, metavar=("SIZE", "STRATEGY", "OUT"), help=argparse.SUPPRESS)
+    ap.add_argument("--bench-single", nargs=2, metavar=("SIZE", "OUT"), help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.worker:
-        res = run_worker(SIZES[a.worker[0]], a.steps, a.warmup, a.worker[1])
+    if a.bench_worker:
+        res = run_worker(SIZES[a.bench_worker[0]], a.steps, a.warmup, a.bench_worker[1])
         if res["rank"] == 0:
-            json.dump(res, open(a.worker[2], "w"))
+            json.dump(res, open(a.bench_worker[2], "w"))
         return
-    if a.single:
-        json.dump(run_single(SIZES[a.single[0]], a.steps, a.warmup), open(a.single[1], "w"))
+    if a.bench_single:
+        json.dump(run_single(SIZES[a.bench_single[0]], a.steps, a.warmup), open(a.bench_single[1], "w"))
         return
 
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
@@ -168,14 +168,14 @@ def main():
     rows = []
     for size in a.sizes.split(","):
         out = os.path.join(tmp, f"single_{size}.json")
-        subprocess.run([sys.executable, me, "--single", size, out, *common], env=env, check=True,
+        subprocess.run([sys.executable, me, "--bench-single", size, out, *common], env=env, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         single = json.load(open(out))
         for strategy in a.strategies.split(","):
             out = os.path.join(tmp, f"fsdp_{size}_{strategy}.json")
             subprocess.run(["msrun", "--worker_num=2", "--local_worker_num=2", f"--master_port={a.port}",
                             f"--log_dir={tmp}/log_{size}_{strategy}", "--join=True", me,
-                            "--worker", size, strategy, out, *common], env=env, check=True,
+                            "--bench-worker", size, strategy, out, *common], env=env, check=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             fsdp = json.load(open(out))
             rows.append((size, strategy, single, fsdp))

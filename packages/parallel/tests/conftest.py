@@ -11,7 +11,7 @@ import pytest
 WORKERS = Path(__file__).parent / "workers"
 
 
-def run_msrun(script: str, workers: int, port: int, tmp_path: Path, *args: str, timeout: float = 240):
+def run_msrun(script: str, workers: int, port: int, tmp_path: Path, *args: str, timeout: float = 900):
     """Run ``workers/<script>`` on ``workers`` msrun ranks; returns (CompletedProcess, log dir)."""
     env = dict(os.environ)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")

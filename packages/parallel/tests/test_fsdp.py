@@ -7,7 +7,7 @@ STRATEGIES = ("optim", "optim_grads", "optim_grads_params")
 
 @pytest.mark.parametrize("workers,port", [(2, 8211), (4, 8212)])
 def test_fsdp_matches_single_process(msrun, tmp_path, workers, port):
-    proc, logs = msrun.run("fsdp_worker.py", workers, port, tmp_path, str(tmp_path), timeout=600)
+    proc, logs = msrun.run("fsdp_worker.py", workers, port, tmp_path, str(tmp_path), timeout=1500)
     assert proc.returncode == 0, msrun.logs(logs)
     n = workers
     for rank, res in enumerate(msrun.results(tmp_path, "fsdp", workers)):
