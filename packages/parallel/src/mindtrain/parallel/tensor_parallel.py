@@ -193,6 +193,8 @@ def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> Tenso
         cell, attr = _owner(cells, name)
         if info["tp"] == "column" and attr == "weight" and hasattr(cell, "out_features"):
             cell.out_features = p.shape[0]
+        if info["tp"] == "column" and info.get("expert") and hasattr(cell, "intermediate_size"):
+            cell.intermediate_size = p.shape[info["tp_dim"]]  # stacked experts [E, I, H]
         if info["tp"] in ("vocab", "column") and name in ("model.embed_tokens.weight", "lm_head.weight"):
             vocab_start[name] = index * p.shape[0]
 
