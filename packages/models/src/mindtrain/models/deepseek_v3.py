@@ -80,12 +80,22 @@ class DeepseekV3ForCausalLM(nn.Cell):
 
     # ------------------------------------------------------------------ jit
     def set_jit(self, enabled: bool = True) -> "DeepseekV3ForCausalLM":
-        """Compile each decoder layer (and the head + loss) with ms.jit; False returns to eager."""
-        for cell in list(self.model.layers) + [self.head_loss]:
+        """Compile each decoder layer and the head + loss with ms.jit (True), or run them eagerly.
+
+        Only constructs this method installed are removed again, so forward overrides that
+        other code put on these cells (e.g. tensor parallelism, which needs eager) survive.
+        """
+        cells = list(self.model.layers) + [self.head_loss]
+        for cell in cells:
+            mine = cell.__dict__.get("_mindtrain_jit_construct")
             if enabled and "construct" not in cell.__dict__:
-                object.__setattr__(cell, "construct", ms.jit(type(cell).construct.__get__(cell)))
-            elif not enabled and "construct" in cell.__dict__:
-                object.__delattr__(cell, "construct")
+                fn = ms.jit(type(cell).construct.__get__(cell))
+                object.__setattr__(cell, "construct", fn)
+                object.__setattr__(cell, "_mindtrain_jit_construct", fn)
+            elif not enabled and mine is not None:
+                if cell.__dict__.get("construct") is mine:
+                    object.__delattr__(cell, "construct")
+                object.__delattr__(cell, "_mindtrain_jit_construct")
         self._jit = bool(enabled)
         return self
 

@@ -1,0 +1,31 @@
+"""set_jit switches layers between compiled and eager without touching foreign overrides."""
+
+import mindspore as ms
+
+import mindtrain.models as mm
+from mindtrain.config import ModelConfig
+from mindtrain.models import registry
+
+
+def test_set_jit_round_trip_keeps_foreign_overrides():
+    ms.set_seed(0)
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, n_routed_experts=4,
+                      n_group=2, topk_group=1, num_experts_per_tok=2, first_k_dense_replace=1, kv_lora_rank=8,
+                      q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8, seq_length=16,
+                      max_position_embeddings=64)
+    model = mm.build_model(cfg)
+    assert model.jit_enabled == registry.DEFAULT_JIT
+    model.set_jit(True)
+    assert all("construct" in layer.__dict__ for layer in model.model.layers)
+    model.set_jit(False)
+    assert not model.jit_enabled
+    assert all("construct" not in layer.__dict__ for layer in model.model.layers)
+
+    def foreign(*args):
+        return args
+
+    object.__setattr__(model.head_loss, "construct", foreign)
+    model.set_jit(True)   # leaves an overridden cell alone
+    model.set_jit(False)
+    assert model.head_loss.__dict__["construct"] is foreign
