@@ -75,6 +75,7 @@ class DeepseekV3ForCausalLM(nn.Cell):
         self.moe_layer_ids = [i for i, layer in enumerate(self.model.layers) if layer.is_moe]
         self._expert_load: Optional[Tensor] = None
         self._jit = False
+        self._rope_mask_cache: dict = {}
         if jit:
             self.set_jit(True)
 
@@ -107,11 +108,7 @@ class DeepseekV3ForCausalLM(nn.Cell):
     def construct(self, input_ids, labels=None, loss_mask=None, position_ids=None, attention_mask=None):
         cfg = self.config
         b, s = input_ids.shape
-        if position_ids is None:
-            position_ids = Tensor(np.broadcast_to(np.arange(s, dtype=np.int32), (b, s)).copy())
-        cos, sin = self.model.rotary_emb(position_ids)
-        cos, sin = ops.expand_dims(cos, 1), ops.expand_dims(sin, 1)
-        mask_add = additive_mask(attention_mask, b, s, cfg.num_attention_heads)
+        cos, sin, mask_add = self._rope_and_mask(b, s, position_ids, attention_mask)
 
         h = self.model.embed_tokens(input_ids)
         counts, balances = [], []
@@ -155,6 +152,22 @@ class DeepseekV3ForCausalLM(nn.Cell):
             load = ops.stack([c.astype(ms.float32) for c in counts])
             self._expert_load = load if self._expert_load is None else self._expert_load + load
         return loss, metrics
+
+    def _rope_and_mask(self, b: int, s: int, position_ids, attention_mask):
+        """cos/sin [B, 1, S, rope] and the additive mask; the default-position, causal-only
+        case is cached per (B, S) since it is the same every step."""
+        key = (b, s)
+        cacheable = position_ids is None and attention_mask is None
+        if cacheable and key in self._rope_mask_cache:
+            return self._rope_mask_cache[key]
+        if position_ids is None:
+            position_ids = Tensor(np.broadcast_to(np.arange(s, dtype=np.int32), (b, s)).copy())
+        cos, sin = self.model.rotary_emb(position_ids)
+        out = (ops.expand_dims(cos, 1), ops.expand_dims(sin, 1),
+               additive_mask(attention_mask, b, s, self.config.num_attention_heads))
+        if cacheable:
+            self._rope_mask_cache = {key: out}  # keep one shape only
+        return out
 
     # ------------------------------------------------------------------ balancing
     def take_expert_load(self) -> Tensor:
