@@ -154,20 +154,27 @@ class DeepseekV3ForCausalLM(nn.Cell):
         return loss, metrics
 
     def _rope_and_mask(self, b: int, s: int, position_ids, attention_mask):
-        """cos/sin [B, 1, S, rope] and the additive mask; the default-position, causal-only
-        case is cached per (B, S) since it is the same every step."""
-        key = (b, s)
-        cacheable = position_ids is None and attention_mask is None
-        if cacheable and key in self._rope_mask_cache:
-            return self._rope_mask_cache[key]
+        """cos/sin [B, 1, S, rope] and the additive mask. The default-position tables and the
+        causal-only mask are the same every step, so they are cached per (B, S)."""
+        cache = self._rope_mask_cache
         if position_ids is None:
-            position_ids = Tensor(np.broadcast_to(np.arange(s, dtype=np.int32), (b, s)).copy())
-        cos, sin = self.model.rotary_emb(position_ids)
-        out = (ops.expand_dims(cos, 1), ops.expand_dims(sin, 1),
-               additive_mask(attention_mask, b, s, self.config.num_attention_heads))
-        if cacheable:
-            self._rope_mask_cache = {key: out}  # keep one shape only
-        return out
+            if ("rope", b, s) not in cache:
+                pos = Tensor(np.broadcast_to(np.arange(s, dtype=np.int32), (b, s)).copy())
+                cos, sin = self.model.rotary_emb(pos)
+                cache[("rope", b, s)] = (ops.expand_dims(cos, 1), ops.expand_dims(sin, 1))
+            cos, sin = cache[("rope", b, s)]
+        else:
+            cos, sin = self.model.rotary_emb(position_ids)
+            cos, sin = ops.expand_dims(cos, 1), ops.expand_dims(sin, 1)
+        if attention_mask is None:
+            if ("mask", b, s) not in cache:
+                cache[("mask", b, s)] = additive_mask(None, b, s, self.config.num_attention_heads)
+            mask_add = cache[("mask", b, s)]
+        else:
+            mask_add = additive_mask(attention_mask, b, s, self.config.num_attention_heads)
+        if len(cache) > 8:  # many shapes (e.g. evaluation): keep memory bounded
+            self._rope_mask_cache = {}
+        return cos, sin, mask_add
 
     # ------------------------------------------------------------------ balancing
     def take_expert_load(self) -> Tensor:
