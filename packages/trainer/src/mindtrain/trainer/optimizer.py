@@ -81,7 +81,7 @@ class AdamW:
         missing = [k for n in self.names for k in (f"exp_avg.{n}", f"exp_avg_sq.{n}") if k not in state]
         if missing:
             raise KeyError(f"optimizer state lacks {missing[0]} (and {len(missing) - 1} more)")
-        self.step_count = int(state["step"])
+        self.step_count = int(np.asarray(state["step"]).reshape(-1)[0])
         for name, m, v in zip(self.names, self.exp_avg, self.exp_avg_sq):
             m.set_data(Tensor(np.ascontiguousarray(state[f"exp_avg.{name}"], np.float32)))
             v.set_data(Tensor(np.ascontiguousarray(state[f"exp_avg_sq.{name}"], np.float32)))

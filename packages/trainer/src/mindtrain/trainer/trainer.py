@@ -48,10 +48,10 @@ def _max_rss_mb() -> float:
 class Trainer:
     """One training job on this rank.
 
-    Data parallel over ``dims.dp`` ranks, sharded with mindtrain.parallel's FSDP
-    (``data_parallel_sharding_strategy``) when there is more than one. Per optimizer step
-    each rank runs ``num_accumulation_steps`` micro-batches; the gradient is that of the
-    mean of the micro-batch mean losses over all ranks (Megatron's default).
+    Data parallel over ``dims.dp`` ranks: every rank holds the full model; per optimizer
+    step each rank runs ``num_accumulation_steps`` micro-batches, gradients (and the MoE
+    expert load) are summed over micro-batches and ranks in one all-reduce and divided by
+    micro-batches x ranks, i.e. the gradient of the mean of the micro-batch mean losses.
     """
 
     def __init__(self, cfg: MindTrainConfig, runtime: Runtime, out: Callable[[str], None] = print):
@@ -76,7 +76,10 @@ class Trainer:
             drop_remainder=cfg.train_dataset.drop_remainder,
             num_workers=cfg.train_dataset.num_parallel_workers, shuffle=dl.shuffle, seed=t.seed)
         self._seed(t.seed)
-        self.model = build_model(cfg.model)
+        # Eager layers: under the models package's per-layer ms.jit, set_data on the router's
+        # e_score_correction_bias is not seen by the compiled graph, so the aux-loss-free bias
+        # update would silently do nothing (and a resumed run would diverge from the original).
+        self.model = build_model(cfg.model, jit=False)
         self._batches = None
         self.step = 0
         self.consumed_samples = 0
@@ -84,13 +87,8 @@ class Trainer:
         self.skipped_in_row = 0
         # weights load into the whole model before it is sharded; the rest of the state after
         resume = self._load_weights(cfg.checkpoint.load_path) if cfg.checkpoint.load_path else None
-        self.fsdp = self._shard() if self.rt.distributed and self.dims.dp > 1 else None
-        if self.fsdp is not None:
-            self.params = self.fsdp.named_parameters()
-            self._step_fn = self.fsdp.value_and_grad(self._forward, has_aux=True)
-        else:
-            self.params = [(p.name, p) for p in self.model.trainable_params()]
-            self._grad_fn = ms.value_and_grad(self._forward, None, [p for _, p in self.params], has_aux=True)
+        self.params = [(p.name, p) for p in self.model.trainable_params()]
+        self._grad_fn = ms.value_and_grad(self._forward, None, [p for _, p in self.params], has_aux=True)
         self.schedule = LRSchedule.from_config(cfg)
         self.optimizer = AdamW.from_config(self.params, cfg.optimizer, lr=self.schedule(1))
         self._sizes = [int(np.prod(p.shape)) for _, p in self.params]
@@ -125,21 +123,6 @@ class Trainer:
         np.random.seed(seed)
         random.seed(seed)
 
-    def _shard(self):
-        """FSDP over the data-parallel ranks: one unit per decoder layer and MTP module; the
-        embedding, final norm and head stay in the root (gathered for a whole micro-batch)."""
-        from mindtrain.models import parallel_plan
-        from mindtrain.parallel import DeviceMesh, fully_shard
-
-        mesh = DeviceMesh.from_config(self.cfg.parallelism, self.rt.world_size, self.rt.rank).init_process_groups()
-        plan = parallel_plan(self.model)
-        units = {u["name"]: f"model.layers.{u['layer']}" for u in plan["units"] if u["kind"] in ("decoder", "mtp")}
-        # an MTP module's shared-head norm is applied outside the module, by the head
-        shared = {name: [units[info["unit"]]] for name, info in plan["params"].items()
-                  if info["trainable"] and info["unit"].startswith("mtp.") and ".shared_head." in name}
-        return fully_shard(self.model, mesh, units=list(units.values()),
-                           strategy=self.cfg.parallelism.data_parallel_sharding_strategy, shared=shared)
-
     def _flops_per_token(self) -> float:
         from mindtrain.models import flops_per_token
 
@@ -152,20 +135,12 @@ class Trainer:
                                    position_ids=kwargs.get("position_ids"),
                                    attention_mask=kwargs.get("attention_mask"))
         zero = ops.zeros((), ms.float32)
-        if self.fsdp is not None:
-            # FSDP sums micro-batch gradients and averages over ranks: scale to the mean
-            loss = loss / float(self.accum)
         return loss, metrics["lm_loss"], metrics.get("load_balancing_loss", zero), metrics.get("mtp_loss", zero)
 
-    def _micro_batch(self, batch: dict) -> tuple[Optional[list[Tensor]], np.ndarray]:
+    def _micro_batch(self, batch: dict) -> tuple[list[Tensor], np.ndarray]:
         inputs = [Tensor(np.ascontiguousarray(batch[name])) for name in self.columns]
-        if self.fsdp is not None:
-            (loss, lm, lbl, mtp), grads = self._step_fn(*inputs), None
-            loss = loss * float(self.accum)
-        else:
-            (loss, lm, lbl, mtp), grads = self._grad_fn(*inputs)
-            grads = list(grads)
-        return grads, np.array([float(lm.asnumpy()), float(lbl.asnumpy()), float(mtp.asnumpy()),
+        (loss, lm, lbl, mtp), grads = self._grad_fn(*inputs)
+        return list(grads), np.array([float(lm.asnumpy()), float(lbl.asnumpy()), float(mtp.asnumpy()),
                                 float(loss.asnumpy())], np.float64)
 
     def train_step(self) -> dict:
@@ -177,53 +152,41 @@ class Trainer:
             self._batches = iter(self.loader)
         for _ in range(self.accum):
             grads, losses = self._micro_batch(next(self._batches))
-            if grads is not None:
-                acc = grads if acc is None else [a + g for a, g in zip(acc, grads)]
+            acc = grads if acc is None else [a + g for a, g in zip(acc, grads)]
             micro_losses.append(losses)
         local = np.mean(micro_losses, axis=0)
         load = self.model.take_expert_load()
         n_load = int(np.prod(load.shape))
         world = self.rt.world_size
-        # One all-reduce carries the expert load and every rank's losses (each rank fills
-        # its own slot, so the sum is a gather) and, without FSDP, the gradients too.
+        # One all-reduce carries the gradients, the expert load and every rank's losses
+        # (each rank fills its own slot, so the sum is a gather).
         slots = np.zeros((world, 4), np.float32)
         slots[self.rt.rank] = local
-        pieces = [] if self.fsdp is not None else [g.reshape(-1) for g in acc]
-        flat = ops.cat(pieces + [load.reshape(-1).astype(ms.float32), Tensor(slots.reshape(-1))])
+        flat = ops.cat([g.reshape(-1) for g in acc] + [load.reshape(-1).astype(ms.float32), Tensor(slots.reshape(-1))])
         if self.rt.distributed:
             from mindtrain.parallel import collectives
 
             flat = collectives.all_reduce(flat)
-        n_grad = 0 if self.fsdp is not None else sum(self._sizes)
+        n_grad = sum(self._sizes)
         total_load = flat[n_grad:n_grad + n_load].reshape(load.shape)
         device_losses = flat[n_grad + n_load:].asnumpy().reshape(world, 4).astype(np.float64)
         dp_losses = device_losses.mean(axis=0)
-        if self.fsdp is not None:
-            grad_norm = self.fsdp.grad_norm()
-        else:
-            grads_flat = flat[:n_grad] / float(self.accum * self.dims.dp)
-            grad_norm = float(ops.sqrt((grads_flat * grads_flat).sum()).asnumpy())
+        grads_flat = flat[:n_grad] / float(self.accum * self.dims.dp)
+        grad_norm = float(ops.sqrt((grads_flat * grads_flat).sum()).asnumpy())
         lr = self.schedule(self.step + 1)
         finite = math.isfinite(grad_norm) and bool(np.all(np.isfinite(dp_losses)))
         max_norm = self.cfg.training.max_norm
         if finite:
             self.skipped_in_row = 0
-            if self.fsdp is not None:
-                if max_norm > 0:
-                    self.fsdp.clip_grad_norm(max_norm, grad_norm)
-                grads = self.fsdp.grads
-            else:
-                coef = max_norm / (grad_norm + 1e-6)
-                if max_norm > 0 and coef < 1.0:
-                    grads_flat = grads_flat * coef
-                grads = [g.reshape(s) for g, s in zip(ops.split(grads_flat, self._sizes), self._shapes)]
+            coef = max_norm / (grad_norm + 1e-6)
+            if max_norm > 0 and coef < 1.0:
+                grads_flat = grads_flat * coef
+            grads = [g.reshape(s) for g, s in zip(ops.split(grads_flat, self._sizes), self._shapes)]
             self.optimizer.step(grads, lr=lr)
             self.model.update_expert_bias(total_load)
         else:
             self.skipped_total += 1
             self.skipped_in_row += 1
-        if self.fsdp is not None:
-            self.fsdp.finish_step()
         self.step += 1
         self.consumed_samples += self.cfg.training.global_batch_size
         elapsed = time.perf_counter() - start
@@ -274,26 +237,13 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def _full_params(self) -> dict[str, np.ndarray]:
-        """Trainable parameters at full shape (a collective under FSDP: call on every rank)."""
-        if self.fsdp is not None:
-            return self.fsdp.full_state_dict()
+        """Trainable parameters at full shape (copies)."""
         return {n: p.asnumpy().copy() for n, p in self.params}
-
-    def _full_optimizer_state(self) -> dict[str, np.ndarray]:
-        """AdamW state with full-shape moments, so any data-parallel degree can load it."""
-        if self.fsdp is None:
-            return self.optimizer.state_dict()
-        names = [n for n, _ in self.params]
-        out = {"step": np.array(self.optimizer.step_count, np.int64)}
-        for kind, moments in (("exp_avg", self.optimizer.exp_avg), ("exp_avg_sq", self.optimizer.exp_avg_sq)):
-            for name, arr in zip(names, self.fsdp.gather_full(moments, names)):
-                out[f"{kind}.{name}"] = arr
-        return out
 
     def save(self) -> str:
         rank = self.rt.rank
         full = self._full_params()
-        optimizer_state = self._full_optimizer_state()
+        optimizer_state = self.optimizer.state_dict()
         tensors: dict[str, dict[str, np.ndarray]] = {}
         files: dict[str, object] = {_rank_file(rank): {
             "loader": self.loader.state_dict(),
@@ -330,17 +280,7 @@ class Trainer:
 
     def _load_state(self, folder: str) -> None:
         state = ckpt.load_json(folder)
-        opt = ckpt.load_tensors(folder, OPTIMIZER_FILE)
-        if self.fsdp is not None:
-            names = [n for n, _ in self.params]
-            for kind in ("exp_avg", "exp_avg_sq"):
-                keys = [f"{kind}.{n}" for n in names]
-                missing = [k for k in keys if k not in opt]
-                if missing:
-                    raise ckpt.CheckpointError(f"checkpoint.load_path: '{folder}' optimizer state lacks {missing[0]}")
-                for k, shard in zip(keys, self.fsdp.shard_full([opt[k] for k in keys], names)):
-                    opt[k] = shard.asnumpy()
-        self.optimizer.load_state_dict(opt)
+        self.optimizer.load_state_dict(ckpt.load_tensors(folder, OPTIMIZER_FILE))
         self.step = int(state["step"])
         self.consumed_samples = int(state["consumed_samples"])
         self.skipped_total = int(state["skipped_total"])
@@ -370,8 +310,8 @@ class _Array:
 
 
 class _FullView:
-    """The model as hf_state_dict sees it, with trainable parameters replaced by full arrays
-    (FSDP frees or shards the module's own)."""
+    """The model as hf_state_dict sees it, with trainable parameters replaced by the given
+    full arrays (copies taken once, so nothing aliases memory the next step overwrites)."""
 
     def __init__(self, model, full: dict[str, np.ndarray]):
         self.config = model.config

@@ -1,0 +1,85 @@
+"""The Trainer in one process on the tiny config: exact resume, HF start, non-finite steps."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from mindtrain.config import load_config
+from mindtrain.trainer.runtime import Runtime
+from mindtrain.trainer.trainer import NonFiniteError, Trainer
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+TINY = os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml")
+
+
+@pytest.fixture(scope="module")
+def prefix(tmp_path_factory):
+    from mindtrain.trainer.quickstart import prepare_data
+
+    return prepare_data(str(tmp_path_factory.mktemp("data") / "pydoc"))
+
+
+def _cfg(prefix, tmp, *extra):
+    import mindspore as ms
+
+    ms.set_device("CPU")
+    return load_config(TINY, ["model.seq_length=64", "train_dataset.dataloader.config.seq_length=64",
+                              "model.num_hidden_layers=2", "training.global_batch_size=2", "training.steps=3",
+                              f"train_dataset.dataloader.config.data_path=['1', '{prefix}']",
+                              f"monitor.metrics_dir={tmp}/metrics", *extra])
+
+
+def test_resume_is_exact_and_checkpoint_is_an_hf_directory(prefix, tmp_path):
+    lines = []
+    cfg = _cfg(prefix, tmp_path, "checkpoint.enable_save=true", f"checkpoint.save_path={tmp_path}/ck",
+               "checkpoint.save_interval=2")
+    full = Trainer(cfg, Runtime(device="CPU"), out=lines.append).train()
+    assert [r["step"] for r in full] == [1, 2, 3] and full[-1]["loss"] < full[0]["loss"]
+    assert len([x for x in lines if x.startswith("{ step:")]) == 3
+
+    cfg2 = _cfg(prefix, tmp_path, f"checkpoint.load_path={tmp_path}/ck/iter_0000002")
+    resumed = Trainer(cfg2, Runtime(device="CPU"), out=lines.append).train()
+    assert [r["step"] for r in resumed] == [3]
+    for key in ("loss", "grad_norm", "load_balancing_loss", "mtp_loss", "lr"):
+        assert resumed[0][key] == full[2][key], key
+
+    # the checkpoint folder is an HF model directory (config.json + HF-named safetensors)
+    folder = tmp_path / "ck" / "iter_0000003"
+    hf = json.loads((folder / "config.json").read_text())
+    assert hf["model_type"] == "deepseek_v3" and hf["num_hidden_layers"] == 2
+    names = load_file(str(folder / "model.safetensors"))
+    assert "model.layers.1.mlp.experts.0.gate_proj.weight" in names
+    metrics = [json.loads(x) for d in os.listdir(tmp_path / "metrics")
+               for x in open(tmp_path / "metrics" / d / "metrics.jsonl")]
+    assert {"step", "loss", "lr", "grad_norm", "tokens_per_s", "per_step_time_ms", "max_rss_mb"} <= set(metrics[0])
+
+
+def test_hf_start_and_non_finite_steps_stop_the_run(prefix, tmp_path):
+    cfg = _cfg(prefix, tmp_path, "checkpoint.enable_save=true", f"checkpoint.save_path={tmp_path}/ck",
+               "training.steps=1")
+    Trainer(cfg, Runtime(device="CPU"), out=lambda _: None).train()
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    shutil.copy(tmp_path / "ck" / "iter_0000001" / "config.json", hf / "config.json")
+    weights = load_file(str(tmp_path / "ck" / "iter_0000001" / "model.safetensors"))
+    save_file(weights, str(hf / "model.safetensors"))
+    lines = []
+    start = Trainer(_cfg(prefix, tmp_path, f"checkpoint.load_path={hf}", "training.steps=1"),
+                    Runtime(device="CPU"), out=lines.append)
+    assert start.step == 0 and any("HF model directory" in x for x in lines)
+    got = {n: p.asnumpy() for n, p in start.model.parameters_and_names()}
+    np.testing.assert_array_equal(got["model.norm.weight"], weights["model.norm.weight"])
+
+    weights["model.norm.weight"] = np.full_like(weights["model.norm.weight"], np.nan)
+    save_file(weights, str(hf / "model.safetensors"))
+    bad = Trainer(_cfg(prefix, tmp_path, f"checkpoint.load_path={hf}", "training.max_skipped_steps=2"),
+                  Runtime(device="CPU"), out=lines.append)
+    before = bad.model.model.layers[0].self_attn.q_a_proj.weight.asnumpy().copy()
+    with pytest.raises(NonFiniteError, match="training.max_skipped_steps: 2 steps in a row"):
+        bad.train()
+    assert bad.skipped_total == 2 and bad.optimizer.step_count == 0
+    np.testing.assert_array_equal(bad.model.model.layers[0].self_attn.q_a_proj.weight.asnumpy(), before)
