@@ -185,21 +185,29 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=3, help="steps per side per round")
     ap.add_argument("--torch-python", default="/tmp/hfvenv/bin/python")
     ap.add_argument("--eager", action="store_true", help="MindSpore without ms.jit (for comparison)")
+    ap.add_argument("--one-core", action="store_true",
+                    help="pin both workers to core 0 (torch with 1 thread): a fairer ratio on a busy machine, "
+                         "where torch's spinning OpenMP threads suffer far more than MindSpore's")
     ap.add_argument("--worker", choices=["ms", "torch"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker == "ms":
         ms_worker(jit=not args.eager)
         return 0
     if args.worker == "torch":
+        if args.one_core:
+            import torch
+            torch.set_num_threads(1)
         torch_worker()
         return 0
 
     me = os.path.abspath(__file__)
+    pin = ["taskset", "-c", "0"] if args.one_core else []
     t0 = time.perf_counter()
-    ms_proc, ms_info = _start([sys.executable, me, "--worker", "ms"] + (["--eager"] if args.eager else []))
+    ms_proc, ms_info = _start(pin + [sys.executable, me, "--worker", "ms"] + (["--eager"] if args.eager else []))
     print(f"mindspore ready (first step incl. compile {ms_info['compile_s']:.1f} s, "
           f"matmul 1024^2 peak {ms_info['matmul_gflops']:.0f} GFLOP/s) after {time.perf_counter() - t0:.0f} s")
-    th_proc, th_info = _start([args.torch_python, me, "--worker", "torch"])
+    th_proc, th_info = _start(pin + [args.torch_python, me, "--worker", "torch"]
+                              + (["--one-core"] if args.one_core else []))
     print(f"torch ready ({th_info['threads']} threads, attention {th_info['attn']})")
     tokens = BATCH * SEQ
     ms_all, th_all = [], []
