@@ -1,0 +1,219 @@
+"""Train the tiny DeepSeek-V3 for a few steps single-process or under CP / PP, and save the
+per-step figures and final parameters.
+
+    python cp_pp_parity.py reference OUT.npz [--docs]          # the single-process run
+    msrun ... cp_pp_parity.py parallel OUT_DIR REF.npz NAME:pp:cp:schedule ...
+
+The reference is the model's own ``construct`` (not the stage code under test) in the
+trainer's loop: micro-batch mean losses averaged over accumulation, clipping, the
+trainer's AdamW and the aux-loss-free bias update. Each parallel configuration rebuilds
+the model from the same seed, runs the same steps through
+:class:`mindtrain.parallel.pipeline_parallel.PipelineSchedule` and compares on every rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+import mindspore as ms
+
+ms.set_device("CPU")
+
+from mindspore import Tensor, ops  # noqa: E402
+
+from mindtrain.config import load_config  # noqa: E402
+from mindtrain.models import build_model, parallel_plan  # noqa: E402
+from mindtrain.trainer.optimizer import AdamW  # noqa: E402
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SEQ = int(os.environ.get("CP_PP_SEQ", "16"))
+STEPS = int(os.environ.get("CP_PP_STEPS", "5"))
+MICRO = int(os.environ.get("CP_PP_MICRO", "3"))   # micro-batches per step (accumulation)
+MBS = 1
+LR, MAX_NORM = 1e-3, 1.0
+OPTIMIZER = os.environ.get("CP_PP_OPT", "adamw")
+
+
+class SGD:
+    """``p -= lr * g`` (ops.assign writes the Parameter in place on CPU)."""
+
+    def __init__(self, named_params, lr):
+        self.params = [p for _, p in named_params]
+        self.lr = lr
+
+    def step(self, grads):
+        for p, g in zip(self.params, grads):
+            ops.assign(p, p - self.lr * g)
+
+
+def make_optimizer(named_params):
+    if OPTIMIZER == "sgd":
+        return SGD(named_params, lr=0.05)
+    return AdamW(named_params, lr=LR, betas=(0.9, 0.95), weight_decay=0.01)
+
+
+def model_config():
+    cfg = load_config(os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml"),
+                      [f"model.seq_length={SEQ}", f"train_dataset.dataloader.config.seq_length={SEQ}"],
+                      validate=False)
+    return cfg.model
+
+
+def batches(docs: bool):
+    """STEPS x MICRO micro-batches of [MBS, SEQ] synthetic tokens; with ``docs`` packed
+    documents (EOD = 1, reset positions, compressed EOD mask, loss masked after EOD)."""
+    rng = np.random.default_rng(7)
+    out = []
+    for _ in range(STEPS * MICRO):
+        tok = rng.integers(2, 512, size=(MBS, SEQ + 1)).astype(np.int32)
+        b = {}
+        if docs:
+            ends = np.full((MBS, 8), SEQ, np.int32)
+            pos = np.zeros((MBS, SEQ), np.int32)
+            for r in range(MBS):
+                cuts = np.sort(rng.choice(np.arange(3, SEQ - 2), size=3, replace=False))
+                tok[r, cuts] = 1
+                ends[r, :3] = cuts + 1
+                start = 0
+                for e in list(cuts + 1) + [SEQ]:
+                    pos[r, start:e] = np.arange(e - start)
+                    start = e
+            b["position_ids"] = pos
+            b["attention_mask"] = ends
+        b["input_ids"] = tok[:, :-1].copy()
+        b["labels"] = tok[:, 1:].copy()
+        mask = np.ones((MBS, SEQ), np.float32)
+        if docs:
+            mask[b["input_ids"] == 1] = 0.0
+        b["loss_mask"] = mask
+        out.append(b)
+    return [out[i * MICRO:(i + 1) * MICRO] for i in range(STEPS)]
+
+
+def fresh_model():
+    ms.set_seed(42)
+    np.random.seed(42)
+    # eager layers: a context-parallel attention calls collectives, which a compiled graph cannot
+    return build_model(model_config(), jit=False)
+
+
+def clip(grads, norm):
+    coef = MAX_NORM / (norm + 1e-6)
+    return [g * coef for g in grads] if coef < 1.0 else grads
+
+
+def reference(out_path: str, docs: bool) -> None:
+    model = fresh_model()
+    params = [(p.name, p) for p in model.trainable_params()]
+    opt = make_optimizer(params)
+
+    def fwd(ids, labels, mask, pos, att):
+        loss, m = model(ids, labels=labels, loss_mask=mask, position_ids=pos, attention_mask=att)
+        return loss, (m["lm_loss"], m["load_balancing_loss"], m["mtp_loss"])
+
+    grad_fn = ms.value_and_grad(fwd, None, [p for _, p in params], has_aux=True)
+    rows = []
+    for step in batches(docs):
+        acc, figs = None, []
+        for b in step:
+            t = [Tensor(b["input_ids"]), Tensor(b["labels"]), Tensor(b["loss_mask"]),
+                 Tensor(b["position_ids"]) if "position_ids" in b else None,
+                 Tensor(b["attention_mask"]) if "attention_mask" in b else None]
+            (loss, (lm, bal, mtp)), grads = grad_fn(*t)
+            acc = list(grads) if acc is None else [a + g for a, g in zip(acc, grads)]
+            figs.append([float(lm.asnumpy()), float(bal.asnumpy()), float(mtp.asnumpy()), float(loss.asnumpy())])
+        grads = [g / float(len(step)) for g in acc]
+        norm = float(np.sqrt(sum(float((g * g).sum().asnumpy()) for g in grads)))
+        opt.step(clip(grads, norm))
+        model.update_expert_bias(model.take_expert_load())
+        rows.append(np.mean(figs, axis=0).tolist() + [norm])
+    final = {f"param/{p.name}": p.asnumpy() for p in model.get_parameters()}
+    tmp = out_path + ".tmp.npz"
+    np.savez(tmp, figures=np.array(rows), **final)
+    os.replace(tmp, out_path)  # parallel workers wait for this file
+
+
+def parallel(out_dir: str, ref_path: str, specs: list[str], docs: bool) -> None:
+    from mindtrain.config import ParallelDims
+    from mindtrain.parallel import DeviceMesh
+    from mindtrain.parallel.collectives import init_distributed
+    from mindtrain.parallel.pipeline_parallel import PipelineSchedule
+
+    world, rank = init_distributed()
+    results = {}
+    for spec in specs:
+        name, pp, cp, schedule = spec.split(":")
+        pp, cp = int(pp), int(cp)
+        dims = ParallelDims(world_size=world, pp=pp, dp_shard=world // (pp * cp), cp=cp, tp=1, ep=1)
+        mesh = DeviceMesh(dims, rank).init_process_groups()
+        model = fresh_model()
+        plan = parallel_plan(model)
+        sched = PipelineSchedule(model, plan, mesh, SEQ, schedule=schedule)
+        opt = make_optimizer(list(zip(sched.param_names, sched.params)))
+        if name.startswith("fail") and sched.stage_index == 1:
+            _inject_failure(sched.stage, at_call=MICRO + 1)
+        rows = []
+        t0 = time.perf_counter()
+        for step in batches(docs):
+            grads, figures, load = sched.step(step)
+            grads = [g / float(len(step)) for g in grads]
+            norm = sched.grad_norm(grads)
+            opt.step(clip(grads, norm))
+            model.update_expert_bias(load)
+            rows.append(list(figures) + [norm])
+        elapsed = time.perf_counter() - t0
+        rows = np.array(rows)
+        while not os.path.exists(ref_path):  # the reference runs beside this job
+            time.sleep(0.5)
+        ref = np.load(ref_path)
+        fig_err = float(np.max(np.abs(rows - ref["figures"]) / np.maximum(np.abs(ref["figures"]), 1e-30)))
+        param_err = 0.0
+        checked = 0
+        per_param = {}
+        names = sched.param_names + [p.name for p in model.get_parameters()
+                                     if not p.requires_grad and p.name.endswith("e_score_correction_bias")]
+        named = {p.name: p for p in model.get_parameters()}
+        for n in names:
+            want = ref[f"param/{n}"]
+            got = named[n].asnumpy()
+            # relative error of the tensor as a whole: ||got - want|| / ||want||
+            err = float(np.linalg.norm(got - want) / max(float(np.linalg.norm(want)), 1e-30))
+            per_param[n] = (err, float(np.max(np.abs(got - want))))
+            param_err = max(param_err, err)
+            checked += 1
+        results[name] = {"figures": rows.tolist(), "ref_figures": ref["figures"].tolist(), "figure_rel_err": fig_err,
+                         "param_rel_err": param_err, "params_checked": checked,
+                         "worst_params": sorted(per_param.items(), key=lambda kv: -kv[1][0])[:5], "seconds": elapsed,
+                         "stage_units": sched.parts[sched.stage_index]}
+        print(f"cp_pp_parity {name}: figures {fig_err:.3e} params {param_err:.3e} ({elapsed:.1f} s)", flush=True)
+        with open(os.path.join(out_dir, f"cp_pp_{rank}.json"), "w") as f:
+            json.dump(results, f)
+
+
+def _inject_failure(stage, at_call: int) -> None:
+    """Make this stage's backward raise on its ``at_call``-th call (a failing stage)."""
+    real = stage.backward
+    calls = [0]
+
+    def failing(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == at_call:
+            raise RuntimeError("injected stage failure")
+        return real(*args, **kwargs)
+
+    stage.backward = failing
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    docs = "--docs" in sys.argv
+    args = [a for a in sys.argv[2:] if a != "--docs"]
+    if mode == "reference":
+        reference(args[0], docs)
+    else:
+        parallel(args[0], args[1], args[2:], docs)
