@@ -172,7 +172,10 @@ class Trainer:
         device_losses = flat[n_grad + n_load:].asnumpy().reshape(world, 4).astype(np.float64)
         dp_losses = device_losses.mean(axis=0)
         grads_flat = flat[:n_grad] / float(self.accum * self.dims.dp)
-        grad_norm = float(ops.sqrt((grads_flat * grads_flat).sum()).asnumpy())
+        # On the host in float64: the kernel's multi-threaded sum may add in a different order
+        # from run to run, which made a resumed run's norm differ in the last digit.
+        g64 = grads_flat.asnumpy().astype(np.float64)
+        grad_norm = float(np.sqrt(np.sum(g64 * g64)))
         lr = self.schedule(self.step + 1)
         finite = math.isfinite(grad_norm) and bool(np.all(np.isfinite(dp_losses)))
         max_norm = self.cfg.training.max_norm
