@@ -124,8 +124,8 @@ class TensorParallel:
         return [C.all_reduce(g, self.group) if n in self.replicated else g for n, g in zip(names, grads)]
 
     def grad_sq_norm(self, names: Sequence[str], grads: Sequence[Tensor]) -> float:
-        """Squared L2 norm of the full gradient from synced per-rank gradients (sharded ones
-        summed over TP, replicated ones counted once)."""
+        """Squared L2 norm over the TP group of synced gradients (sharded ones summed over
+        TP, replicated ones counted once). With FSDP shards, sum the result over ``dp``."""
         shard = sum(float((g.astype(ms.float32) ** 2).sum().asnumpy()) for n, g in zip(names, grads)
                     if n not in self.replicated)
         rep = sum(float((g.astype(ms.float32) ** 2).sum().asnumpy()) for n, g in zip(names, grads)

@@ -1,0 +1,110 @@
+"""TP=2, EP=2, TP=2 x FSDP=2 and EP=2 x FSDP (4 ranks, experts sharded over edp=2) train
+the tiny DeepSeek-V3 exactly like one process: same per-step losses and final parameters.
+
+The single-process reference runs (as a plain process) while the 2-worker msrun job runs;
+each job trains several layouts in one launch. Every layout: the tiny config with 2 decoder
+layers (dense + MoE) and its MoE MTP module, 5 steps, 8 sequences of 16 tokens per step, 2
+accumulation micro-batches per rank, the trainer's AdamW, the aux-loss-free bias update
+with the global expert load.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+WORKER = Path(__file__).parent / "workers" / "tp_ep_parity.py"
+ROOT = Path(__file__).resolve().parent.parent
+LOSS_RTOL = 1e-5
+MODEL_RTOL = 1e-5      # ||all params - ref|| / ||ref||
+TENSOR_RTOL = 1e-4     # per tensor; AdamW turns float-noise in near-zero gradients into
+                       # update differences of a few elements (see the parallel README)
+
+
+def _env():
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env.setdefault("GLOG_v", "3")
+    return env
+
+
+@pytest.fixture(scope="module")
+def out_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tp_ep")
+    log = open(d / "ref.log", "w")
+    proc = subprocess.Popen([sys.executable, str(WORKER), str(d), "ref"], env=_env(), cwd=d,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    yield d, proc
+    if proc.poll() is None:
+        proc.kill()
+
+
+def _msrun(d: Path, workers: int, port: int, cases: str):
+    log_dir = d / f"log_{workers}"
+    cmd = ["msrun", f"--worker_num={workers}", f"--local_worker_num={workers}", f"--master_port={port}",
+           f"--log_dir={log_dir}", "--join=True", str(WORKER), str(d), cases]
+    # a generous hang guard, not a timing check; the whole process group goes on timeout
+    # (killing msrun alone leaves its workers running)
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=d,
+                            start_new_session=True)
+    try:
+        proc.communicate(timeout=2400)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(log_dir.glob("worker_*.log")))
+    assert proc.returncode == 0, logs
+
+
+def _reference(d: Path, proc) -> dict:
+    assert proc.wait(timeout=2400) == 0, (d / "ref.log").read_text()[-3000:]
+    return dict(np.load(d / "ref.npz"))
+
+
+def _compare(ref: dict, got: dict, case: str) -> None:
+    np.testing.assert_allclose(got["losses"], ref["losses"], rtol=LOSS_RTOL, err_msg=case)
+    names = sorted(k for k in ref if k.startswith("p:"))
+    assert sorted(k for k in got if k.startswith("p:")) == names, case
+    num = den = 0.0
+    for k in names:
+        a, b = got[k].astype(np.float64), ref[k].astype(np.float64)
+        assert a.shape == b.shape, (case, k)
+        diff, norm = float(np.linalg.norm(a - b)), float(np.linalg.norm(b))
+        num, den = num + diff ** 2, den + norm ** 2
+        assert diff <= TENSOR_RTOL * max(norm, 1e-12), f"{case} {k}: relative error {diff / norm:.2e}"
+    assert np.sqrt(num / den) <= MODEL_RTOL, f"{case}: model relative error {np.sqrt(num / den):.2e}"
+
+
+def test_tp2_and_ep2_match_single_process(out_dir):
+    d, ref_proc = out_dir
+    _msrun(d, 2, 8401, "tp2,ep2")
+    ref = _reference(d, ref_proc)
+    tp2, ep2 = dict(np.load(d / "tp2.npz")), dict(np.load(d / "ep2.npz"))
+    _compare(ref, tp2, "tp2")
+    _compare(ref, ep2, "ep2")
+    full = int(ref["param_bytes_local"])
+    # TP: every matrix but the small low-rank projections, router and eh_proj is halved
+    assert 0.5 * full < int(tp2["param_bytes_local"]) < 0.6 * full
+    # EP: the routed experts (most of the MoE weights) are halved
+    experts = sum(ref[k].nbytes for k in ref if k.startswith("p:") and ".mlp.experts." in k)
+    assert int(ep2["param_bytes_local"]) == full - experts // 2
+    # sequence parallelism: activations outside the TP regions are 1/TP, inside mostly too
+    assert int(tp2["activation_bytes"]) < 0.75 * int(ref["activation_bytes"])
+
+
+def test_tp2_fsdp2_and_ep2_fsdp_match_single_process(out_dir):
+    d, ref_proc = out_dir
+    _msrun(d, 4, 8402, "tp2_fsdp2,ep2_fsdp4")
+    ref = _reference(d, ref_proc)
+    tpf, epf = dict(np.load(d / "tp2_fsdp2.npz")), dict(np.load(d / "ep2_fsdp4.npz"))
+    _compare(ref, tpf, "tp2_fsdp2")
+    _compare(ref, epf, "ep2_fsdp4")
+    full = int(ref["param_bytes_local"])
+    # resident shards: TP halves, FSDP over 2 halves again; EP halves the experts and edp=2
+    # halves them again while FSDP over 4 shards the rest
+    assert int(tpf["fsdp_param_bytes"]) <= 0.3 * full
+    assert int(epf["fsdp_param_bytes"]) <= 0.3 * full

@@ -1,0 +1,192 @@
+"""Train the tiny DeepSeek-V3 for a few steps under TP / EP / FSDP layouts (or alone).
+
+``python tp_ep_parity.py OUT_DIR CASE[,CASE...]`` under msrun (or plain python for
+``ref``). Every case builds the model with the same name-seeded weights, applies its
+layout, trains STEPS steps of GLOBAL sequences as ACC micro-batches per rank (the trainer's
+AdamW, aux-loss-free bias update with the global expert load), and rank 0 writes
+``OUT_DIR/<case>.npz``: per-step losses, every final parameter at full shape, and the
+per-rank parameter / activation bytes measured on this rank.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import zlib
+from dataclasses import replace
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import Tensor
+
+from mindtrain.config import ParallelDims, load_config
+from mindtrain.models import build_model, parallel_plan
+from mindtrain.parallel import DeviceMesh, collectives as C, fully_shard, init_distributed
+from mindtrain.parallel.expert_parallel import apply_expert_parallel, global_expert_load
+from mindtrain.parallel.tensor_parallel import apply_tensor_parallel, param_bytes
+from mindtrain.trainer.optimizer import AdamW
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STEPS, GLOBAL, ACC, SEQ = int(os.environ.get("TP_EP_STEPS", 5)), 8, 2, 16
+# case -> (dp_shard, tp, ep, fsdp)
+CASES = {"ref": (1, 1, 1, False), "tp2": (1, 2, 1, False), "ep2": (2, 1, 2, False),
+         "tp2_fsdp2": (2, 2, 1, True), "ep2_fsdp2": (2, 1, 2, True), "ep2_fsdp4": (4, 1, 2, True)}
+
+
+def model_config():
+    cfg = load_config(os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml"), validate=False)
+    # one dense and one MoE decoder layer plus the MoE MTP module: every kind of block, less time
+    return replace(cfg.model, seq_length=SEQ, num_hidden_layers=2)
+
+
+def build():
+    model = build_model(model_config(), jit=False)
+    for p in model.get_parameters():
+        name = p.name
+        if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+            continue  # ones
+        if name.endswith("e_score_correction_bias"):
+            continue  # zeros
+        rs = np.random.RandomState(zlib.crc32(name.encode()))
+        p.set_data(Tensor(rs.normal(0.0, 0.02, p.shape).astype(np.float32)))
+    return model
+
+
+def data(step):
+    rs = np.random.RandomState(100 + step)
+    tokens = rs.randint(0, 512, (GLOBAL, SEQ + 1)).astype(np.int32)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+_named_groups: dict = {}
+
+
+def make_mesh(dims, world, rank):
+    """A mesh whose backend groups are created once per member set across all cases."""
+    mesh = DeviceMesh(dims, rank)
+    from mindtrain.parallel.mesh import DIMS
+
+    names = {}
+    for dim in DIMS:
+        ranks = mesh.group_ranks(dim)
+        if ranks not in _named_groups:
+            _named_groups[ranks] = C.new_group(ranks)
+        names[dim] = _named_groups[ranks]
+    mesh._names.update(names)
+    mesh._created = True
+    return mesh
+
+
+def activation_bytes(model, ids, labels):
+    """Bytes of every Cell output in one forward (a measure of live activations)."""
+    total = [0]
+
+    def hook(cell, inputs, outputs):
+        outs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+        for o in outs:
+            if isinstance(o, Tensor):
+                total[0] += int(o.size) * o.itemsize
+
+    handles = [c.register_forward_hook(hook) for _, c in model.cells_and_names()]
+    model(Tensor(ids), Tensor(labels))
+    for h in handles:
+        h.remove()
+    model.take_expert_load()
+    return total[0]
+
+
+def run(case, world, rank, out_dir):
+    dp, tp_size, ep_size, fsdp_on = CASES[case]
+    dims = ParallelDims(world_size=dp * tp_size, pp=1, dp_shard=dp, cp=1, tp=tp_size, ep=ep_size)
+    assert dims.world_size == world, (case, world)
+    mesh = make_mesh(dims, world, rank)
+    model = build()
+    plan = parallel_plan(model)
+    full_bytes = param_bytes(model)
+    tp = apply_tensor_parallel(model, plan, mesh)
+    ep = apply_expert_parallel(model, plan, mesh)
+    local_bytes = param_bytes(model)
+    dpg = mesh.group("dp_cp")
+    d = dpg.index
+    acc = ACC
+    micro = GLOBAL // (dpg.size * acc)
+    ids0, labels0 = data(0)
+    act = activation_bytes(model, ids0[:1], labels0[:1])  # one sequence in every layout
+
+    dense = [(p.name, p) for p in model.trainable_params()]
+    fsdp = None
+    if fsdp_on:
+        fsdp = fully_shard(model, mesh, units=(), strategy="optim_grads_params")
+        dense_named = fsdp.named_parameters()
+    else:
+        dense_named = dense
+    opt = AdamW(dense_named + ep.named_parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
+    names = [n for n, _ in dense_named]
+
+    def loss_fn(ids, labels):
+        loss, _ = model(ids, labels)
+        return loss / acc
+
+    if fsdp is not None:
+        step_fn = fsdp.value_and_grad(loss_fn)
+    else:
+        grad_fn = ms.value_and_grad(loss_fn, None, weights=[p for _, p in dense])
+
+    losses = []
+    for step in range(STEPS):
+        ids, labels = data(step)
+        local_loss, grads = 0.0, None
+        for m in range(acc):
+            row = slice((d * acc + m) * micro, (d * acc + m + 1) * micro)
+            if fsdp is not None:
+                value = step_fn(Tensor(ids[row]), Tensor(labels[row]))
+            else:
+                value, g = grad_fn(Tensor(ids[row]), Tensor(labels[row]))
+                grads = list(g) if grads is None else [a + b for a, b in zip(grads, g)]
+            local_loss += float(value.asnumpy())
+        if fsdp is not None:
+            grads = fsdp.grads
+        elif dpg.size > 1:
+            grads = [C.all_reduce(g, dpg, op="avg") for g in grads]
+        grads = tp.sync_grads(names, grads)
+        opt.step(list(grads) + ep.grads)
+        if fsdp is not None:
+            fsdp.finish_step()
+        ep.zero_grad()
+        load = global_expert_load(model.take_expert_load(), mesh)
+        model.update_expert_bias(load)
+        losses.append(float(C.all_reduce(Tensor([local_loss]), dpg, op="avg").asnumpy()[0]))
+
+    # final parameters at full shape
+    if fsdp is not None:
+        state = fsdp.full_state_dict()
+    else:
+        state = {n: p.asnumpy() for n, p in dense}
+    for p in model.get_parameters():
+        if not p.requires_grad and p.name not in ep.slots:
+            state[p.name] = p.asnumpy()  # router correction biases
+    state = {n: tp.full_param(n, state[n]) for n in sorted(state)}
+    state.update(ep.full_state())
+    result = {"losses": np.array(losses), "param_bytes_full": full_bytes, "param_bytes_local": local_bytes,
+              "activation_bytes": act}
+    if fsdp is not None:
+        result["fsdp_param_bytes"] = sum(int(p.size) * p.itemsize for _, p in fsdp.named_parameters()) \
+            + ep.memory_bytes()
+    if rank == 0:
+        np.savez(os.path.join(out_dir, f"{case}.npz"), **result, **{f"p:{n}": v for n, v in state.items()})
+    C.barrier()
+    return losses
+
+
+def main():
+    ms.set_device("CPU")
+    world, rank = init_distributed()
+    out_dir, cases = sys.argv[1], sys.argv[2].split(",")
+    for case in cases:
+        losses = run(case, world, rank, out_dir)
+        print(f"rank {rank} {case} losses {losses}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
