@@ -29,3 +29,37 @@ def test_set_jit_round_trip_keeps_foreign_overrides():
     model.set_jit(True)   # leaves an overridden cell alone
     model.set_jit(False)
     assert model.head_loss.__dict__["construct"] is foreign
+
+
+def test_bias_update_and_weight_load_reach_compiled_layers():
+    """update_expert_bias and load_hf_state_dict must change what jit layers compute."""
+    import numpy as np
+    from mindspore import Tensor
+
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, n_routed_experts=4,
+                      n_group=2, topk_group=1, num_experts_per_tok=2, first_k_dense_replace=1, kv_lora_rank=8,
+                      q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8, seq_length=16,
+                      max_position_embeddings=64, bias_update_speed=0.5)
+    rng = np.random.RandomState(0)
+    ids = Tensor(rng.randint(0, 64, (2, 16)).astype(np.int32))
+    labels = Tensor(rng.randint(0, 64, (2, 16)).astype(np.int32))
+    mask = Tensor(np.ones((2, 16), np.float32))
+    models = []
+    for jit in (True, False):
+        ms.set_seed(0)
+        models.append(mm.build_model(cfg, jit=jit))
+    compiled, eager = models
+    before = float(compiled(ids, labels=labels, loss_mask=mask)[0].asnumpy())
+    load = np.zeros((len(compiled.moe_layer_ids), 4), np.float32)
+    load[:, :2] = 100.0
+    for m in models:
+        m.update_expert_bias(Tensor(load))
+    after = [float(m(ids, labels=labels, loss_mask=mask)[0].asnumpy()) for m in models]
+    assert after[0] != before
+    assert after[0] == after[1]
+    state = {k: v * 0.5 for k, v in mm.hf_state_dict(eager).items()}
+    for m in models:
+        mm.load_hf_state_dict(m, state)
+    loaded = [float(m(ids, labels=labels, loss_mask=mask)[0].asnumpy()) for m in models]
+    assert loaded[0] == loaded[1] != after[0]

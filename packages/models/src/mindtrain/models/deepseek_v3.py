@@ -196,7 +196,9 @@ class DeepseekV3ForCausalLM(nn.Cell):
         for row, idx in zip(load, self.moe_layer_ids):
             bias = self.model.layers[idx].mlp.gate.e_score_correction_bias
             new = bias.asnumpy() + speed * np.sign(row.mean() - row)
-            bias.set_data(Tensor(new.astype(np.float32)))
+            # ops.assign writes the existing buffer, which compiled (jit) layers read;
+            # set_data would swap in a new tensor that they never see.
+            ops.assign(bias, Tensor(new.astype(np.float32)))
 
     # ------------------------------------------------------------------ plan, checkpoints
     def parallel_plan(self) -> dict:

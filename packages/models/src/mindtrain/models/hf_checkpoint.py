@@ -14,7 +14,7 @@ import re
 from typing import Any, Optional
 
 import numpy as np
-from mindspore import Tensor
+from mindspore import Tensor, ops
 
 from mindtrain.config import ConfigError, UserError, validate_model
 from mindtrain.models.hf_config import config_from_hf, config_to_hf
@@ -103,7 +103,8 @@ def load_hf_state_dict(model, tensors: dict[str, np.ndarray], source: str = "che
         p = params[name]
         if tuple(arr.shape) != tuple(p.shape):
             raise UserError(f"{source}: {name} has shape {tuple(arr.shape)}, the model expects {tuple(p.shape)}")
-        p.set_data(Tensor(np.ascontiguousarray(arr, dtype=np.float32)))
+        # assign writes the existing buffer, which already-compiled (jit) layers read
+        ops.assign(p, Tensor(np.ascontiguousarray(arr, dtype=np.float32)))
 
 
 def _read_safetensors(path: str) -> dict[str, np.ndarray]:

@@ -76,10 +76,10 @@ class Trainer:
             drop_remainder=cfg.train_dataset.drop_remainder,
             num_workers=cfg.train_dataset.num_parallel_workers, shuffle=dl.shuffle, seed=t.seed)
         self._seed(t.seed)
-        # Eager layers: under the models package's per-layer ms.jit, set_data on the router's
-        # e_score_correction_bias is not seen by the compiled graph, so the aux-loss-free bias
-        # update would silently do nothing (and a resumed run would diverge from the original).
-        self.model = build_model(cfg.model, jit=False)
+        # The model's default path: each decoder layer compiled with ms.jit. Everything that
+        # changes weights afterwards (optimizer, expert-bias update, checkpoint load) writes
+        # the existing buffers in place, which the compiled layers read.
+        self.model = build_model(cfg.model)
         self._batches = None
         self.step = 0
         self.consumed_samples = 0
