@@ -154,6 +154,9 @@ class FSDP:
                     raise ValueError(f"fully_shard: shared parameter {pname} names unknown unit {u!r}")
                 bucket.shared.append(self.slots[pname])
         self._buckets = [self.root] + self.units
+        if strategy == "optim_grads_params" and getattr(model, "jit_enabled", False):
+            raise ValueError("fully_shard: ZeRO-3 (optim_grads_params) needs eager layers; compiled layers "
+                             "never see a parameter freed and re-gathered by set_data (call set_jit(False))")
         if strategy == "optim_grads_params":
             for bucket in self.units:
                 self._wrap(cells, bucket)
@@ -341,7 +344,12 @@ class FSDP:
             return
         fulls = self._all_gather(bucket.slots, [s.shard for s in bucket.slots])
         for s, full in zip(bucket.slots, fulls):
-            s.param.set_data(full)
+            if bucket.gathered and tuple(s.param.shape) == s.shape:
+                # a resident full parameter (ZeRO-1/2): write its buffer in place, which
+                # compiled (ms.jit) layers read; set_data would swap in storage they never see
+                ops.assign(s.param, full)
+            else:
+                s.param.set_data(full)
         if not bucket.gathered:
             self._gathered_bytes += sum(_nbytes(s.param) for s in bucket.slots)
             self.peak_gathered_bytes = max(self.peak_gathered_bytes, self._gathered_bytes)
@@ -456,7 +464,9 @@ def fully_shard(model: nn.Cell, mesh_or_group, units: Sequence[str] = (),
     forward uses it; such a parameter stays in the root (gathered for the whole
     micro-batch) even if it lives inside a unit, for weights used both inside and outside
     a unit (a tied embedding used by an MTP unit, an MTP norm applied by the shared head).
-    Set ``set_jit`` on the model before wrapping: the unit wrapper itself must stay eager.
+    ZeRO-3 needs eager layers (``set_jit(False)``): compiled layers bind a parameter's storage
+    when they compile and never see one freed and re-gathered. ZeRO-1/2 keep full parameters
+    resident and refresh them in place, so compiled layers work there.
     ``param_groups``: parameter name -> Group (or mesh dimension name) to shard that
     parameter over instead, e.g. routed experts over ``"edp"`` when EP splits them.
     """

@@ -48,10 +48,11 @@ def _max_rss_mb() -> float:
 class Trainer:
     """One training job on this rank.
 
-    Data parallel over ``dims.dp`` ranks: every rank holds the full model; per optimizer
-    step each rank runs ``num_accumulation_steps`` micro-batches, gradients (and the MoE
-    expert load) are summed over micro-batches and ranks in one all-reduce and divided by
-    micro-batches x ranks, i.e. the gradient of the mean of the micro-batch mean losses.
+    The model is laid out by :class:`~mindtrain.trainer.engine.Engine` (FSDP over
+    ``data_parallel_shard``, tensor + sequence parallelism, expert parallelism); per
+    optimizer step each data-parallel rank runs ``num_accumulation_steps`` micro-batches,
+    and the update uses the gradient of the mean of all micro-batch mean losses of the
+    global batch, as one process with the whole batch would.
     """
 
     def __init__(self, cfg: MindTrainConfig, runtime: Runtime, out: Callable[[str], None] = print):
@@ -72,7 +73,7 @@ class Trainer:
         dataset = build_dataset(cfg.train_dataset)
         self.loader = PretrainingLoader(
             dataset, micro_batch_size=t.local_batch_size, global_batch_size=t.global_batch_size,
-            dp_rank=self.rt.rank % self.dims.dp, dp_size=self.dims.dp,
+            dp_rank=self._data_rank(), dp_size=self.dims.dp,
             drop_remainder=cfg.train_dataset.drop_remainder,
             num_workers=cfg.train_dataset.num_parallel_workers, shuffle=dl.shuffle, seed=t.seed)
         self._seed(t.seed)
@@ -87,12 +88,13 @@ class Trainer:
         self.skipped_in_row = 0
         # weights load into the whole model before it is sharded; the rest of the state after
         resume = self._load_weights(cfg.checkpoint.load_path) if cfg.checkpoint.load_path else None
-        self.params = [(p.name, p) for p in self.model.trainable_params()]
-        self._grad_fn = ms.value_and_grad(self._forward, None, [p for _, p in self.params], has_aux=True)
+        from mindtrain.trainer.engine import Engine
+
+        self.engine = Engine(self.model, cfg, self.dims, runtime.rank, runtime.distributed, self.accum,
+                             self._forward)
+        self.params = self.engine.named_params
         self.schedule = LRSchedule.from_config(cfg)
         self.optimizer = AdamW.from_config(self.params, cfg.optimizer, lr=self.schedule(1))
-        self._sizes = [int(np.prod(p.shape)) for _, p in self.params]
-        self._shapes = [tuple(p.shape) for _, p in self.params]
         self.flops_per_token = self._flops_per_token()
         self.writer = None
         if cfg.checkpoint.enable_save:
@@ -110,11 +112,15 @@ class Trainer:
     # ------------------------------------------------------------------ setup
     def _check_supported(self) -> None:
         d = self.dims
-        for name, degree in (("tensor_parallel", d.tp), ("context_parallel", d.cp),
-                             ("pipeline_parallel", d.pp), ("expert_parallel", d.ep)):
+        for name, degree in (("context_parallel", d.cp), ("pipeline_parallel", d.pp)):
             if degree != 1:
                 raise UserError(f"parallelism.{name}: {degree} is not supported by this trainer yet; "
-                                "set it to 1 (data parallelism over all workers is supported)")
+                                "set it to 1 (data_parallel_shard, tensor_parallel and expert_parallel are)")
+
+    def _data_rank(self) -> int:
+        """This rank's sample stream: ranks differing only in their TP index share one."""
+        d = self.dims
+        return (self.rt.rank // (d.tp * d.cp)) % d.dp_shard
 
     @staticmethod
     def _seed(seed: int) -> None:
@@ -137,45 +143,30 @@ class Trainer:
         zero = ops.zeros((), ms.float32)
         return loss, metrics["lm_loss"], metrics.get("load_balancing_loss", zero), metrics.get("mtp_loss", zero)
 
-    def _micro_batch(self, batch: dict) -> tuple[list[Tensor], np.ndarray]:
-        inputs = [Tensor(np.ascontiguousarray(batch[name])) for name in self.columns]
-        (loss, lm, lbl, mtp), grads = self._grad_fn(*inputs)
-        return list(grads), np.array([float(lm.asnumpy()), float(lbl.asnumpy()), float(mtp.asnumpy()),
-                                float(loss.asnumpy())], np.float64)
-
     def train_step(self) -> dict:
         """One optimizer step (all micro-batches); returns the step's metrics."""
         start = time.perf_counter()
-        acc: Optional[list[Tensor]] = None
         micro_losses = []
         if self._batches is None:
             self._batches = iter(self.loader)
         for _ in range(self.accum):
-            grads, losses = self._micro_batch(next(self._batches))
-            acc = grads if acc is None else [a + g for a, g in zip(acc, grads)]
-            micro_losses.append(losses)
+            batch = next(self._batches)
+            inputs = [Tensor(np.ascontiguousarray(batch[name])) for name in self.columns]
+            micro_losses.append(self.engine.micro_step(inputs))
         local = np.mean(micro_losses, axis=0)
-        load = self.model.take_expert_load()
-        n_load = int(np.prod(load.shape))
         world = self.rt.world_size
-        # One all-reduce carries the gradients, the expert load and every rank's losses
-        # (each rank fills its own slot, so the sum is a gather).
-        slots = np.zeros((world, 4), np.float32)
+        # every rank's losses in one all-reduce (each rank fills its own slot: a gather)
+        slots = np.zeros((world, 4), np.float64)
         slots[self.rt.rank] = local
-        flat = ops.cat([g.reshape(-1) for g in acc] + [load.reshape(-1).astype(ms.float32), Tensor(slots.reshape(-1))])
         if self.rt.distributed:
             from mindtrain.parallel import collectives
 
-            flat = collectives.all_reduce(flat)
-        n_grad = sum(self._sizes)
-        total_load = flat[n_grad:n_grad + n_load].reshape(load.shape)
-        device_losses = flat[n_grad + n_load:].asnumpy().reshape(world, 4).astype(np.float64)
+            slots = collectives.all_reduce(Tensor(slots)).asnumpy().astype(np.float64)
+        device_losses = slots
         dp_losses = device_losses.mean(axis=0)
-        grads_flat = flat[:n_grad] / float(self.accum * self.dims.dp)
-        # On the host in float64: the kernel's multi-threaded sum may add in a different order
-        # from run to run, which made a resumed run's norm differ in the last digit.
-        g64 = grads_flat.asnumpy().astype(np.float64)
-        grad_norm = float(np.sqrt(np.sum(g64 * g64)))
+        total_load = self.engine.expert_load()
+        grads = self.engine.gradients()
+        grad_norm = self.engine.grad_norm(grads)
         lr = self.schedule(self.step + 1)
         finite = math.isfinite(grad_norm) and bool(np.all(np.isfinite(dp_losses)))
         max_norm = self.cfg.training.max_norm
@@ -183,13 +174,13 @@ class Trainer:
             self.skipped_in_row = 0
             coef = max_norm / (grad_norm + 1e-6)
             if max_norm > 0 and coef < 1.0:
-                grads_flat = grads_flat * coef
-            grads = [g.reshape(s) for g, s in zip(ops.split(grads_flat, self._sizes), self._shapes)]
+                grads = [g * coef for g in grads]
             self.optimizer.step(grads, lr=lr)
             self.model.update_expert_bias(total_load)
         else:
             self.skipped_total += 1
             self.skipped_in_row += 1
+        self.engine.finish_step()
         self.step += 1
         self.consumed_samples += self.cfg.training.global_batch_size
         elapsed = time.perf_counter() - start
@@ -240,13 +231,21 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def _full_params(self) -> dict[str, np.ndarray]:
-        """Trainable parameters at full shape (copies)."""
-        return {n: p.asnumpy().copy() for n, p in self.params}
+        """Trainable parameters at full shape (copies; a collective on every rank)."""
+        return self.engine.full_params()
+
+    def _full_optimizer_state(self) -> dict[str, np.ndarray]:
+        """AdamW moments at full parameter shape (collective), keyed as AdamW.state_dict."""
+        out: dict[str, np.ndarray] = {"step": np.array(self.optimizer.step_count, np.int64)}
+        for kind, moments in (("exp_avg", self.optimizer.exp_avg), ("exp_avg_sq", self.optimizer.exp_avg_sq)):
+            for name, a in self.engine.to_full(moments).items():
+                out[f"{kind}.{name}"] = a
+        return out
 
     def save(self) -> str:
         rank = self.rt.rank
         full = self._full_params()
-        optimizer_state = self.optimizer.state_dict()
+        optimizer_state = self._full_optimizer_state()
         tensors: dict[str, dict[str, np.ndarray]] = {}
         files: dict[str, object] = {_rank_file(rank): {
             "loader": self.loader.state_dict(),
@@ -283,7 +282,14 @@ class Trainer:
 
     def _load_state(self, folder: str) -> None:
         state = ckpt.load_json(folder)
-        self.optimizer.load_state_dict(ckpt.load_tensors(folder, OPTIMIZER_FILE))
+        saved = ckpt.load_tensors(folder, OPTIMIZER_FILE)
+        local = {"step": saved["step"]} if "step" in saved else {}
+        for kind in ("exp_avg", "exp_avg_sq"):
+            full = {n: saved[f"{kind}.{n}"] for n, _ in self.params if f"{kind}.{n}" in saved}
+            if len(full) == len(self.params):
+                for (n, _), t in zip(self.params, self.engine.to_local(full)):
+                    local[f"{kind}.{n}"] = t.asnumpy()
+        self.optimizer.load_state_dict(local)
         self.step = int(state["step"])
         self.consumed_samples = int(state["consumed_samples"])
         self.skipped_total = int(state["skipped_total"])

@@ -1,0 +1,227 @@
+"""How this rank computes its share of one optimizer step: the model laid out by
+mindtrain.parallel (FSDP over ``data_parallel_shard``, TP + SP, EP) and the gradient rules
+that make the step equal to one process with the whole global batch.
+
+Every rank builds the whole model from the same seed (and loads weights into it) before
+the engine shards it, so all layouts start from identical parameters.
+
+Compiled layers (the model's default ``ms.jit`` per decoder layer) read a parameter's
+storage bound at compile time, so they see in-place writes (``ops.assign``, the AdamW
+kernel) but never a parameter swapped by ``set_data``. ZeRO-3 frees and re-gathers
+parameters by swapping storage, and TP/EP replace layer forwards with collectives, so
+those layouts run eager layers; a single process and FSDP ZeRO-1/2 keep the compiled ones.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor
+
+from mindtrain.config import MindTrainConfig, ParallelDims
+
+ZERO3 = "optim_grads_params"
+
+
+class Engine:
+    """The laid-out model and its gradient step on this rank.
+
+    ``forward(*inputs) -> (loss, lm_loss, load_balancing_loss, mtp_loss)`` is the model call
+    for one micro-batch; :meth:`micro_step` runs it with backward and accumulates gradients
+    of ``loss / accumulation``, so after all micro-batches :meth:`gradients` is the gradient
+    of the global-batch mean loss for :attr:`named_params` (the tensors the optimizer owns).
+    """
+
+    def __init__(self, model, cfg: MindTrainConfig, dims: ParallelDims, rank: int, distributed: bool,
+                 accumulation: int, forward):
+        from mindtrain.models import parallel_plan
+        from mindtrain.parallel import DeviceMesh
+
+        self.model = model
+        self.dims = dims
+        self.accum = accumulation
+        self.strategy = cfg.parallelism.data_parallel_sharding_strategy
+        self.mesh = DeviceMesh(dims, rank)
+        if distributed:
+            self.mesh.init_process_groups()
+        self.fsdp = None
+        self.tp = None
+        self.ep = None
+        zero3 = dims.dp > 1 and self.strategy == ZERO3
+        self.eager = dims.tp > 1 or dims.ep > 1 or zero3
+        if self.eager and getattr(model, "jit_enabled", False):
+            model.set_jit(False)
+        plan = parallel_plan(model)
+        if dims.tp > 1:
+            from mindtrain.parallel.tensor_parallel import apply_tensor_parallel
+
+            self.tp = apply_tensor_parallel(model, plan, self.mesh)
+        if dims.ep > 1:
+            from mindtrain.parallel.expert_parallel import apply_expert_parallel
+
+            self.ep = apply_expert_parallel(model, plan, self.mesh)
+        dense = [(p.name, p) for p in model.trainable_params()]
+        scale = 1.0 / accumulation
+
+        def scaled(*inputs):
+            loss, lm, lbl, mtp = forward(*inputs)
+            return loss * scale, (lm, lbl, mtp, loss)
+
+        if dims.dp > 1:
+            from mindtrain.parallel import fully_shard
+
+            units, shared = (), None
+            if zero3 and self.tp is None and self.ep is None:
+                units, shared = _zero3_units(model, plan)
+            self.fsdp = fully_shard(model, self.mesh, units=units, strategy=self.strategy, shared=shared)
+            self.named_dense = self.fsdp.named_parameters()
+            self._step = self.fsdp.value_and_grad(scaled, has_aux=True)
+        else:
+            self.named_dense = dense
+            grad_fn = ms.value_and_grad(scaled, None, [p for _, p in dense], has_aux=True)
+            self._acc: Optional[list[Tensor]] = None
+
+            def step(*inputs):
+                (value, aux), grads = grad_fn(*inputs)
+                self._acc = list(grads) if self._acc is None else [a + g for a, g in zip(self._acc, grads)]
+                return value, aux
+
+            self._step = step
+        self.dense_names = [n for n, _ in self.named_dense]
+        self.expert_named = self.ep.named_parameters() if self.ep is not None else []
+        self.named_params = list(self.named_dense) + list(self.expert_named)
+        # a TP-replicated gradient is the same on every TP rank: count it once in the norm
+        self._norm_weight = [1.0 / dims.tp if self.tp is not None and n in self.tp.replicated else 1.0
+                             for n in self.dense_names]
+
+    # ------------------------------------------------------------------ data
+    @property
+    def data_rank(self) -> int:
+        """Index of this rank's sample stream (TP ranks share one)."""
+        return self.mesh.rank("dp_cp")
+
+    # ------------------------------------------------------------------ step
+    def micro_step(self, inputs: Sequence[Tensor]) -> np.ndarray:
+        """Forward + backward of one micro-batch; returns its unscaled
+        (lm_loss, load_balancing_loss, mtp_loss, loss) on this rank."""
+        _, aux = self._step(*inputs)
+        return np.array([float(t.asnumpy()) for t in aux], np.float64)
+
+    def gradients(self) -> list[Tensor]:
+        """Reduced gradients aligned with :attr:`named_params`."""
+        if self.fsdp is not None:
+            grads = self.fsdp.grads
+        else:
+            grads = self._acc
+        if self.tp is not None:
+            grads = self.tp.sync_grads(self.dense_names, grads)
+        grads = list(grads)
+        if self.ep is not None:
+            grads += self.ep.grads
+        return grads
+
+    def grad_norm(self, grads: Sequence[Tensor]) -> float:
+        """Global L2 norm of the whole model's gradient, in float64 on the host (the same
+        digits run after run, whatever order a multi-threaded kernel would add in)."""
+        n_dense = len(self.dense_names)
+        local = 0.0
+        for i, g in enumerate(grads):
+            g64 = g.asnumpy().astype(np.float64)
+            w = self._norm_weight[i] if i < n_dense else 1.0
+            local += w * float(np.sum(g64 * g64))
+        if self.dims.world_size > 1:
+            from mindtrain.parallel import collectives as C
+
+            local = float(C.all_reduce(Tensor([local], ms.float64), self.mesh.group("world")).asnumpy()[0])
+        return float(np.sqrt(local))
+
+    def finish_step(self) -> None:
+        """After the optimizer step: refresh gathered parameters, drop gradients."""
+        if self.fsdp is not None:
+            self.fsdp.finish_step()
+        else:
+            self._acc = None
+        if self.ep is not None:
+            self.ep.zero_grad()
+
+    def expert_load(self) -> Tensor:
+        """Tokens per expert of the whole global batch (for update_expert_bias)."""
+        load = self.model.take_expert_load()
+        if self.dims.world_size == 1:
+            return load
+        from mindtrain.parallel.expert_parallel import global_expert_load
+
+        return global_expert_load(load, self.mesh)
+
+    # ------------------------------------------------------------------ full state
+    def to_full(self, tensors: Sequence[Tensor]) -> dict[str, np.ndarray]:
+        """Full-shape arrays, keyed by parameter name, of tensors laid out like
+        :attr:`named_params` (the parameters themselves or optimizer moments). A collective:
+        every rank calls it and gets the result."""
+        n_dense = len(self.dense_names)
+        dense = list(tensors[:n_dense])
+        if self.fsdp is not None:
+            arrays = self.fsdp.gather_full(dense, self.dense_names)
+        else:
+            arrays = [t.asnumpy().copy() for t in dense]
+        out = {}
+        for name, a in zip(self.dense_names, arrays):
+            out[name] = self.tp.full_param(name, a) if self.tp is not None else a
+        if self.ep is not None:
+            from mindtrain.parallel import collectives as C
+
+            for (name, _), t in zip(self.expert_named, tensors[n_dense:]):
+                local = C.all_gather(t, self.ep.edp_group) if self.ep.edp_group.size > 1 else t
+                out[name] = C.all_gather(local, self.ep.ep_group).asnumpy()
+        return out
+
+    def to_local(self, full: dict[str, np.ndarray]) -> list[Tensor]:
+        """This rank's pieces of full-shape arrays, aligned with :attr:`named_params`."""
+        dense = []
+        for name in self.dense_names:
+            a = np.asarray(full[name])
+            if self.tp is not None and name in self.tp.sharded:
+                dim = self.tp.sharded[name][1]
+                n = a.shape[dim] // self.tp.size
+                a = np.take(a, np.arange(self.tp.index * n, (self.tp.index + 1) * n), axis=dim)
+            dense.append(a)
+        if self.fsdp is not None:
+            local = self.fsdp.shard_full(dense, self.dense_names)
+        else:
+            local = [Tensor(np.ascontiguousarray(a)) for a in dense]
+        if self.ep is not None:
+            ep = self.ep
+            for name, _ in self.expert_named:
+                a = np.asarray(full[name])[ep.first_expert:ep.first_expert + ep.local_experts]
+                if ep.edp_group.size > 1:
+                    n = ep.local_experts // ep.edp_group.size
+                    a = a[ep.edp_group.index * n:(ep.edp_group.index + 1) * n]
+                local.append(Tensor(np.ascontiguousarray(a)))
+        return local
+
+    def full_params(self) -> dict[str, np.ndarray]:
+        """Every trainable parameter at full shape (collective; all ranks get it)."""
+        return self.to_full([p for _, p in self.named_params])
+
+    def memory_bytes(self) -> int:
+        """Bytes of the parameters this rank owns (shards / local pieces)."""
+        return int(sum(p.size * p.itemsize for _, p in self.named_params))
+
+
+def _zero3_units(model, plan) -> tuple[tuple[str, ...], dict[str, list[str]]]:
+    """FSDP units = the plan's decoder layers and MTP modules, as cell paths; a parameter of
+    a unit that the model also uses outside it (an MTP module's shared-head norm, applied
+    by the head) stays gathered with the root."""
+    cells = dict(model.cells_and_names())
+    units = []
+    for u in plan["units"]:
+        if u["kind"] not in ("decoder", "mtp") or u["layer"] is None:
+            continue
+        path = f"model.layers.{u['layer']}"
+        if path in cells:
+            units.append(path)
+    shared = {name: [] for name in plan["params"] if ".shared_head." in name and plan["params"][name]["trainable"]}
+    return tuple(units), shared
+
