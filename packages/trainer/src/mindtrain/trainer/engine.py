@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 import mindspore as ms
 import numpy as np
-from mindspore import Tensor
+from mindspore import Tensor, ops
 
 from mindtrain.config import MindTrainConfig, ParallelDims
 
@@ -35,11 +35,12 @@ class Engine:
     """
 
     def __init__(self, model, cfg: MindTrainConfig, dims: ParallelDims, rank: int, distributed: bool,
-                 accumulation: int, forward):
+                 accumulation: int, forward, columns: Sequence[str]):
         from mindtrain.models import parallel_plan
         from mindtrain.parallel import DeviceMesh
 
         self.model = model
+        self.columns = list(columns)
         self.dims = dims
         self.accum = accumulation
         self.strategy = cfg.parallelism.data_parallel_sharding_strategy
@@ -103,6 +104,11 @@ class Engine:
         return self.mesh.rank("dp_cp")
 
     # ------------------------------------------------------------------ step
+    def run_step(self, batches: Sequence[dict]) -> list[np.ndarray]:
+        """Forward + backward of one optimizer step's micro-batches (dicts of arrays by
+        column); returns each micro-batch's (lm_loss, load_balancing_loss, mtp_loss, loss)."""
+        return [self.micro_step([Tensor(np.ascontiguousarray(b[c])) for c in self.columns]) for b in batches]
+
     def micro_step(self, inputs: Sequence[Tensor]) -> np.ndarray:
         """Forward + backward of one micro-batch; returns its unscaled
         (lm_loss, load_balancing_loss, mtp_loss, loss) on this rank."""
@@ -206,7 +212,11 @@ class Engine:
         return self.to_full([p for _, p in self.named_params])
 
     def memory_bytes(self) -> int:
-        """Bytes of the parameters this rank owns (shards / local pieces)."""
+        """Bytes of parameters resident on this rank between steps: FSDP shards plus any
+        full parameters kept gathered (ZeRO-1/2 keep all of them), TP/EP local pieces."""
+        if self.fsdp is not None:
+            experts = sum(p.size * p.itemsize for _, p in self.expert_named)
+            return int(self.fsdp.memory_bytes()["params"] + experts)
         return int(sum(p.size * p.itemsize for _, p in self.named_params))
 
 
@@ -225,3 +235,111 @@ def _zero3_units(model, plan) -> tuple[tuple[str, ...], dict[str, list[str]]]:
     shared = {name: [] for name in plan["params"] if ".shared_head." in name and plan["params"][name]["trainable"]}
     return tuple(units), shared
 
+
+
+class PipelineEngine:
+    """Pipeline and/or context parallelism: :class:`PipelineSchedule` runs this rank's
+    stage (its CP share of every micro-batch); data-parallel replicas of the pipeline
+    average their gradients with one all-reduce over ``dp``. Same interface as
+    :class:`Engine`."""
+
+    def __init__(self, model, cfg: MindTrainConfig, dims: ParallelDims, rank: int, distributed: bool,
+                 accumulation: int):
+        from mindtrain.models import parallel_plan
+        from mindtrain.parallel import DeviceMesh
+        from mindtrain.parallel.pipeline_parallel import PipelineSchedule
+        from mindtrain.parallel.pipeline_stage import ModelStage
+
+        self.model = model
+        self.dims = dims
+        self.accum = accumulation
+        self.mesh = DeviceMesh(dims, rank)
+        if distributed:
+            self.mesh.init_process_groups()
+        p = cfg.parallelism
+        plan = parallel_plan(model)
+        self.sched = PipelineSchedule(model, plan, self.mesh, cfg.model.seq_length, schedule=p.pipeline_schedule,
+                                      layers_per_stage=p.pipeline_layers_per_stage)
+        self.named_params = list(zip(self.sched.param_names, self.sched.params))
+        self._stage_names = [ModelStage(model, plan, part).param_names for part in self.sched.parts]
+        self._named_all = {q.name: q for q in model.get_parameters()}
+        self._grads: Optional[list[Tensor]] = None
+        self._load: Optional[Tensor] = None
+
+    @property
+    def data_rank(self) -> int:
+        return self.mesh.rank("dp")
+
+    def run_step(self, batches: Sequence[dict]) -> list[np.ndarray]:
+        grads, figures, load = self.sched.step(list(batches))
+        grads = [g / float(self.accum) for g in grads]
+        dp = self.mesh.group("dp")
+        if dp.size > 1:
+            from mindtrain.parallel import collectives as C
+
+            sizes = [int(np.prod(g.shape)) for g in grads]
+            n_load = int(np.prod(load.shape))
+            flat = C.all_reduce(ops.cat([g.reshape(-1) for g in grads] + [load.reshape(-1)]), dp)
+            parts = ops.split(flat[:sum(sizes)], sizes) if sizes else []
+            grads = [x.reshape(g.shape) for x, g in zip(parts, grads)]
+            grads = [g / float(dp.size) for g in grads]
+            load = flat[sum(sizes):sum(sizes) + n_load].reshape(load.shape)
+        self._grads = grads
+        self._load = load
+        return [np.asarray(figures, np.float64)]
+
+    def gradients(self) -> list[Tensor]:
+        return list(self._grads)
+
+    def grad_norm(self, grads: Sequence[Tensor]) -> float:
+        return self.sched.grad_norm(grads)
+
+    def finish_step(self) -> None:
+        self._grads = None
+
+    def expert_load(self) -> Tensor:
+        self.model.take_expert_load()  # stages count through the schedule; drop the model's own tally
+        return self._load
+
+    def to_full(self, tensors: Sequence[Tensor]) -> dict[str, np.ndarray]:
+        """Full arrays of every stage's tensors (laid out like each stage's parameters),
+        collected from the stages by one broadcast each over ``pp``; collective."""
+        mine = dict(zip(self.sched.param_names, tensors))
+        pp = self.mesh.group("pp")
+        out: dict[str, np.ndarray] = {}
+        for stage, names in enumerate(self._stage_names):
+            shapes = [tuple(self._named_all[n].shape) for n in names]
+            if stage == pp.index:
+                flat = ops.cat([mine[n].reshape(-1) for n in names]) if names else None
+            else:
+                flat = Tensor(np.zeros(sum(int(np.prod(sh)) for sh in shapes), np.float32)) if names else None
+            if flat is None:
+                continue
+            if pp.size > 1:
+                from mindtrain.parallel import collectives as C
+
+                flat = C.broadcast(flat, stage, pp)
+            a = flat.asnumpy()
+            off = 0
+            for n, sh in zip(names, shapes):
+                k = int(np.prod(sh))
+                out[n] = a[off:off + k].reshape(sh).copy()
+                off += k
+        return out
+
+    def to_local(self, full: dict[str, np.ndarray]) -> list[Tensor]:
+        return [Tensor(np.ascontiguousarray(full[n])) for n in self.sched.param_names]
+
+    def full_params(self) -> dict[str, np.ndarray]:
+        return self.to_full(self.sched.params)
+
+    def memory_bytes(self) -> int:
+        return int(sum(q.size * q.itemsize for _, q in self.named_params))
+
+
+def build_engine(model, cfg: MindTrainConfig, dims: ParallelDims, rank: int, distributed: bool,
+                 accumulation: int, forward, columns: Sequence[str]):
+    """The engine for this layout: pipeline/context parallelism, or FSDP x TP x EP."""
+    if dims.pp > 1 or dims.cp > 1:
+        return PipelineEngine(model, cfg, dims, rank, distributed, accumulation)
+    return Engine(model, cfg, dims, rank, distributed, accumulation, forward, columns)

@@ -68,6 +68,10 @@ class AdamW:
                 g = g.astype(p.dtype)
             self._kernel(p, m, v, lr_t, self.beta1, self.beta2, eps_t, wd_t if decay else 0.0, g)
 
+    def state_bytes(self) -> int:
+        """Bytes of the moments this optimizer holds (this rank's shards)."""
+        return int(sum(t.size * t.itemsize for t in self.exp_avg + self.exp_avg_sq))
+
     def state_dict(self) -> dict[str, np.ndarray]:
         """Moments keyed ``exp_avg.<param>`` / ``exp_avg_sq.<param>`` plus ``step``."""
         out: dict[str, np.ndarray] = {"step": np.array(self.step_count, np.int64)}

@@ -88,10 +88,13 @@ class Trainer:
         self.skipped_in_row = 0
         # weights load into the whole model before it is sharded; the rest of the state after
         resume = self._load_weights(cfg.checkpoint.load_path) if cfg.checkpoint.load_path else None
-        from mindtrain.trainer.engine import Engine
+        from mindtrain.trainer.engine import build_engine
 
-        self.engine = Engine(self.model, cfg, self.dims, runtime.rank, runtime.distributed, self.accum,
-                             self._forward)
+        # every Parameter under its HF-mappable name, taken before the layout wraps layers
+        self._model_params = list(self.model.get_parameters())
+
+        self.engine = build_engine(self.model, cfg, self.dims, runtime.rank, runtime.distributed, self.accum,
+                                   self._forward, self.columns)
         self.params = self.engine.named_params
         self.schedule = LRSchedule.from_config(cfg)
         self.optimizer = AdamW.from_config(self.params, cfg.optimizer, lr=self.schedule(1))
@@ -112,10 +115,15 @@ class Trainer:
     # ------------------------------------------------------------------ setup
     def _check_supported(self) -> None:
         d = self.dims
-        for name, degree in (("context_parallel", d.cp), ("pipeline_parallel", d.pp)):
-            if degree != 1:
-                raise UserError(f"parallelism.{name}: {degree} is not supported by this trainer yet; "
-                                "set it to 1 (data_parallel_shard, tensor_parallel and expert_parallel are)")
+        if (d.pp > 1 or d.cp > 1) and (d.tp > 1 or d.ep > 1):
+            name, degree = ("tensor_parallel", d.tp) if d.tp > 1 else ("expert_parallel", d.ep)
+            raise UserError(f"parallelism.{name}: {degree} together with pipeline_parallel/context_parallel > 1 "
+                            "is not supported by this trainer yet; set one of them to 1")
+        if (d.pp > 1 or d.cp > 1) and d.dp_shard > 1:
+            self.out(f"mindtrain: with pipeline_parallel={d.pp} / context_parallel={d.cp}, the "
+                     f"{d.dp_shard} data-parallel replicas each hold their stage's full parameters and "
+                     "optimizer state (gradients are averaged by all-reduce; FSDP sharding applies when "
+                     "pipeline_parallel = context_parallel = 1)")
 
     def _data_rank(self) -> int:
         """This rank's sample stream: ranks differing only in their TP index share one."""
@@ -146,13 +154,9 @@ class Trainer:
     def train_step(self) -> dict:
         """One optimizer step (all micro-batches); returns the step's metrics."""
         start = time.perf_counter()
-        micro_losses = []
         if self._batches is None:
             self._batches = iter(self.loader)
-        for _ in range(self.accum):
-            batch = next(self._batches)
-            inputs = [Tensor(np.ascontiguousarray(batch[name])) for name in self.columns]
-            micro_losses.append(self.engine.micro_step(inputs))
+        micro_losses = self.engine.run_step([next(self._batches) for _ in range(self.accum)])
         local = np.mean(micro_losses, axis=0)
         world = self.rt.world_size
         # every rank's losses in one all-reduce (each rank fills its own slot: a gather)
@@ -190,7 +194,8 @@ class Trainer:
                 "per_step_time_ms": elapsed * 1000.0,
                 "tokens_per_s": tokens_per_device * self.dims.dp / elapsed,
                 "throughput_flops": self.flops_per_token * tokens_per_device / elapsed,
-                "max_rss_mb": _max_rss_mb(), "skipped": not finite, "skipped_total": self.skipped_total,
+                "max_rss_mb": _max_rss_mb(), "param_bytes": self.engine.memory_bytes(),
+                "optimizer_bytes": self.optimizer.state_bytes(), "skipped": not finite, "skipped_total": self.skipped_total,
                 "consumed_samples": self.consumed_samples,
                 "local_losses": [m[0] for m in micro_losses], "device_losses": list(device_losses[:, 0])}
 
@@ -253,7 +258,7 @@ class Trainer:
         if rank == 0:
             from mindtrain.models import config_to_hf, hf_state_dict
 
-            tensors[MODEL_FILE] = hf_state_dict(_FullView(self.model, full))
+            tensors[MODEL_FILE] = hf_state_dict(_FullView(self.model, self._model_params, full))
             tensors[OPTIMIZER_FILE] = optimizer_state
             files["config.json"] = config_to_hf(self.cfg.model)
             files[ckpt.STATE_FILE] = {
@@ -322,9 +327,9 @@ class _FullView:
     """The model as hf_state_dict sees it, with trainable parameters replaced by the given
     full arrays (copies taken once, so nothing aliases memory the next step overwrites)."""
 
-    def __init__(self, model, full: dict[str, np.ndarray]):
+    def __init__(self, model, params, full: dict[str, np.ndarray]):
         self.config = model.config
-        self._params = [_Array(p.name, full[p.name]) if p.name in full else p for p in model.get_parameters()]
+        self._params = [_Array(p.name, full[p.name]) if p.name in full else p for p in params]
 
     def get_parameters(self):
         return iter(self._params)

@@ -1,0 +1,140 @@
+"""The trainer under every data/tensor/expert layout equals the single-process run.
+
+``run_mindformer.py`` trains the tiny DeepSeek-V3 for 3 steps of the same global batch
+(4 sequences of 64 tokens, AdamW, clipping, the aux-loss-free bias update) as one process
+(compiled layers, 4 accumulation micro-batches) and under msrun with 2 workers as
+FSDP ZeRO-3 (eager, gathered per decoder layer), FSDP ZeRO-1 (compiled layers), TP=2 with
+sequence parallelism, EP=2 over the two data-parallel ranks, PP=2 (1F1B) and CP=2. Each run's per-step
+loss figures and grad norm (from its metrics file) and its final checkpoint (full
+weights with HF names) must equal the single process within 1e-5 relative. A single
+process then resumes from the ZeRO-3 run's step-2 checkpoint (sharded optimizer state,
+saved at full shape) and must reproduce step 3.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+ENTRY = os.path.join(ROOT, "run_mindformer.py")
+TINY = os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml")
+STEPS = 3
+FIGURES = ("loss", "load_balancing_loss", "mtp_loss", "grad_norm")
+LAYOUTS = {
+    "zero3": ["parallelism.data_parallel_sharding_strategy=optim_grads_params"],
+    "zero1": ["parallelism.data_parallel_sharding_strategy=optim"],
+    "tp2": ["parallelism.tensor_parallel=2"],
+    "ep2": ["parallelism.expert_parallel=2"],
+    "pp2": ["parallelism.pipeline_parallel=2"],
+    "cp2": ["parallelism.context_parallel=2"],
+}
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def _port() -> int:
+    for port in range(8340, 8400):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port in 8340-8399")
+
+
+def _args(tmp: str, name: str, extra=()) -> list[str]:
+    prefix = os.path.join(tmp, "data", "pydoc_text_document")
+    items = [f"training.steps={STEPS}", "training.global_batch_size=4", "model.seq_length=64",
+             "train_dataset.dataloader.config.seq_length=64",
+             f"train_dataset.dataloader.config.data_path=['1', '{prefix}']",
+             "checkpoint.enable_save=true", "checkpoint.save_interval=1",
+             f"checkpoint.save_path={os.path.join(tmp, name, 'ckpt')}",
+             f"monitor.metrics_dir={os.path.join(tmp, name, 'metrics')}", *extra]
+    return ["--config", TINY, "--mode", "1"] + [a for item in items for a in ("--override", item)]
+
+
+def _run(tmp: str, name: str, workers: int, extra=()) -> dict:
+    if workers == 1:
+        cmd = [sys.executable, ENTRY, *_args(tmp, name, extra)]
+    else:
+        cmd = ["msrun", f"--worker_num={workers}", f"--local_worker_num={workers}", f"--master_port={_port()}",
+               "--join=True", f"--log_dir={os.path.join(tmp, name, 'log')}", ENTRY, *_args(tmp, name, extra)]
+    r = subprocess.run(cmd, cwd=tmp, env=_env(), capture_output=True, text=True, timeout=1500)
+    logs = "".join(open(f, errors="replace").read()[-3000:] for f in glob.glob(os.path.join(tmp, name, "log", "*.log")))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:] + logs
+    (metrics,) = glob.glob(os.path.join(tmp, name, "metrics", "run_*", "metrics.jsonl"))
+    rows = [json.loads(line) for line in open(metrics)]
+    return {"steps": [r["step"] for r in rows], "figures": np.array([[r[k] for k in FIGURES] for r in rows]),
+            "ckpt": os.path.join(tmp, name, "ckpt"), "rows": rows}
+
+
+def _weights(ckpt: str, step: int) -> dict:
+    from safetensors.numpy import load_file
+
+    return load_file(os.path.join(ckpt, f"iter_{step:07d}", "model.safetensors"))
+
+
+def _rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(float(np.linalg.norm(b)), 1e-30))
+
+
+def _assert_same(run: dict, ref: dict, first_step: int = 1) -> None:
+    assert run["steps"] == list(range(first_step, STEPS + 1))
+    want = ref["figures"][first_step - 1:]
+    err = np.abs(run["figures"] - want) / np.maximum(np.abs(want), 1e-30)
+    assert err.max() < 1e-5, (run["figures"], want)
+    got, exp = _weights(run["ckpt"], STEPS), _weights(ref["ckpt"], STEPS)
+    assert sorted(got) == sorted(exp)
+    worst = max((_rel(got[n], exp[n]), n) for n in exp)
+    assert worst[0] < 1e-5, worst
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    from mindtrain.trainer.quickstart import prepare_data
+
+    tmp = str(tmp_path_factory.mktemp("layouts"))
+    prepare_data(os.path.join(tmp, "data", "pydoc"))
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def reference(work):
+    return _run(work, "ref", 1)
+
+
+@pytest.fixture(scope="module")
+def zero3(work):
+    return _run(work, "zero3", 2, LAYOUTS["zero3"])
+
+
+def test_fsdp_zero3_equals_one_process(reference, zero3):
+    _assert_same(zero3, reference)
+    # rank 0 holds half the parameters and half the AdamW moments (dim-0 shards, padded)
+    for key in ("param_bytes", "optimizer_bytes"):
+        ratio = zero3["rows"][-1][key] / reference["rows"][-1][key]
+        assert 0.45 < ratio < 0.55, (key, ratio)
+
+
+@pytest.mark.parametrize("layout", ["zero1", "tp2", "ep2", "pp2", "cp2"])
+def test_layout_equals_one_process(work, reference, layout):
+    _assert_same(_run(work, layout, 2, LAYOUTS[layout]), reference)
+
+
+def test_one_process_resumes_a_sharded_checkpoint(work, reference, zero3):
+    resumed = _run(work, "resume", 1, [f"checkpoint.load_path={os.path.join(zero3['ckpt'], 'iter_0000002')}"])
+    _assert_same(resumed, reference, first_step=3)
