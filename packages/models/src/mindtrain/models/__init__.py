@@ -8,20 +8,22 @@ from mindtrain.models.deepseek_v3 import DeepseekV3ForCausalLM, DeepseekV3Model
 from mindtrain.models.experts import RoutedExperts
 from mindtrain.models.hf_checkpoint import from_pretrained, hf_state_dict, load_hf_state_dict, save_pretrained
 from mindtrain.models.hf_config import config_from_hf, config_to_hf
+from mindtrain.models.kernels import FastKernelsUnavailable, fast_kernels_enabled, use_fast_kernels
 from mindtrain.models.mlp import MLP
 from mindtrain.models.moe import MoE
 from mindtrain.models.mtp import MTPLayer
 from mindtrain.models.norm import RMSNorm
 from mindtrain.models.parallel_plan import parallel_plan
+from mindtrain.models.precision import effective_compute_dtype
 from mindtrain.models.registry import build_model, model_class, register_model
 from mindtrain.models.rope import RotaryEmbedding
 from mindtrain.models.router import TopkRouter
 
 __all__ = [
     "__version__",
-    "DecoderLayer", "DeepseekV3ForCausalLM", "DeepseekV3Model", "MLAttention", "MLP", "MoE", "MTPLayer",
-    "RMSNorm", "RotaryEmbedding", "RoutedExperts", "TopkRouter",
-    "build_model", "config_from_hf", "config_to_hf", "count_parameters", "flops_per_token",
-    "from_pretrained", "hf_state_dict", "load_hf_state_dict", "model_class", "parallel_plan",
-    "register_model", "save_pretrained",
+    "DecoderLayer", "DeepseekV3ForCausalLM", "DeepseekV3Model", "FastKernelsUnavailable", "MLAttention", "MLP",
+    "MoE", "MTPLayer", "RMSNorm", "RotaryEmbedding", "RoutedExperts", "TopkRouter",
+    "build_model", "config_from_hf", "config_to_hf", "count_parameters", "effective_compute_dtype",
+    "fast_kernels_enabled", "flops_per_token", "from_pretrained", "hf_state_dict", "load_hf_state_dict",
+    "model_class", "parallel_plan", "register_model", "save_pretrained", "use_fast_kernels",
 ]

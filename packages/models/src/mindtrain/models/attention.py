@@ -6,8 +6,10 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 
+from mindtrain.models import kernels
 from mindtrain.models.linear import Linear
 from mindtrain.models.norm import RMSNorm
+from mindtrain.models.precision import to_compute
 from mindtrain.models.rope import softmax_scale
 from mindtrain.models.softmax import Softmax
 
@@ -22,6 +24,11 @@ class MLAttention(nn.Cell):
     rank's latent ``kv_lat [B,S,kv_lora]`` and roped ``k_rot [B,1,S,rope]`` and returning
     those of the whole sequence (``Sk`` keys); the mask then has ``Sk`` columns.
     """
+
+    # mixed precision: the dtype of every matmul here (None = float32, no casts); rope,
+    # latent norms and softmax stay float32. Set by the model before the first call.
+    matmul_dtype = None
+    fast_kernels = False
 
     def __init__(self, cfg):
         super().__init__()
@@ -75,28 +82,30 @@ class MLAttention(nn.Cell):
         b, s, _ = x.shape
         n = self.num_heads
         t = b * s
+        cd = self.matmul_dtype
         x2 = x.reshape(t, -1)
+        xc = to_compute(x2, cd)
         cos = cos.reshape(b, s, 1, self.rope)
         sin = sin.reshape(b, s, 1, self.rope)
 
         if self.q_lora_rank is None:
-            q_in, wq = x2, self.q_proj.weight
+            q_in, wq = xc, self.q_proj.weight
         else:
-            q_in, wq = self.q_a_layernorm(self.q_a_proj(x2)), self.q_b_proj.weight
+            q_in, wq = to_compute(self.q_a_layernorm(self.q_a_proj(x2)), cd), self.q_b_proj.weight
         # the softmax scale is folded into the query weights (cheaper than scaling [S, S])
         wq = wq.reshape(n, self.qk_head_dim, -1) * self.scaling
         wq_nope = wq[:, :self.nope].reshape(n * self.nope, -1)
         wq_rot, wq_half = self._rope_rows(wq[:, self.nope:], n)
-        q_nope = self.matmul_t(q_in, wq_nope).reshape(b, s, n, self.nope)
-        q_rot = (self.matmul_t(q_in, wq_rot).reshape(b, s, n, self.rope) * cos
-                 + self.matmul_t(q_in, wq_half).reshape(b, s, n, self.rope) * sin)
-        q = ops.transpose(ops.concat((q_nope, q_rot), -1), (0, 2, 1, 3))
+        q_nope = self.matmul_t(q_in, to_compute(wq_nope, cd)).reshape(b, s, n, self.nope)
+        q_rot = (self.matmul_t(q_in, to_compute(wq_rot, cd)).reshape(b, s, n, self.rope) * cos
+                 + self.matmul_t(q_in, to_compute(wq_half, cd)).reshape(b, s, n, self.rope) * sin)
+        q = ops.transpose(ops.concat((q_nope, to_compute(q_rot, cd)), -1), (0, 2, 1, 3))
 
         wkv = self.kv_a_proj_with_mqa.weight
-        kv_lat = self.matmul_t(x2, wkv[:self.kv_lora_rank])
+        kv_lat = self.matmul_t(xc, to_compute(wkv[:self.kv_lora_rank], cd))
         wk_rot, wk_half = self._rope_rows(wkv[self.kv_lora_rank:].reshape(1, self.rope, -1), 1)
-        k_rot = self.matmul_t(x2, wk_rot)
-        k_half = self.matmul_t(x2, wk_half)
+        k_rot = self.matmul_t(xc, to_compute(wk_rot, cd))
+        k_half = self.matmul_t(xc, to_compute(wk_half, cd))
         if self.kv_a_proj_with_mqa.bias is not None:
             bkv = self.kv_a_proj_with_mqa.bias
             kv_lat = kv_lat + bkv[:self.kv_lora_rank]
@@ -111,15 +120,18 @@ class MLAttention(nn.Cell):
         sk = kv_lat.shape[1]
 
         wkvb = self.kv_b_proj.weight.reshape(n, self.nope + self.v_dim, -1)
-        lat2 = kv_lat.reshape(b * sk, self.kv_lora_rank)
-        k_nope = self.matmul_t(lat2, wkvb[:, :self.nope].reshape(n * self.nope, -1))
-        v = self.matmul_t(lat2, wkvb[:, self.nope:].reshape(n * self.v_dim, -1))
+        lat2 = to_compute(kv_lat.reshape(b * sk, self.kv_lora_rank), cd)
+        k_nope = self.matmul_t(lat2, to_compute(wkvb[:, :self.nope].reshape(n * self.nope, -1), cd))
+        v = self.matmul_t(lat2, to_compute(wkvb[:, self.nope:].reshape(n * self.v_dim, -1), cd))
         k_nope = ops.transpose(k_nope.reshape(b, sk, n, self.nope), (0, 2, 1, 3))
         v = ops.transpose(v.reshape(b, sk, n, self.v_dim), (0, 2, 1, 3))
-        k = ops.concat((k_nope, ops.broadcast_to(k_rot, (b, n, sk, self.rope))), -1)
+        k = ops.concat((k_nope, ops.broadcast_to(to_compute(k_rot, cd), (b, n, sk, self.rope))), -1)
 
-        scores = self.bmm_t(q, k) + mask_add
-        probs = self.softmax(scores)
-        out = self.bmm(probs, v)
+        if self.fast_kernels and cd is not None:
+            out = kernels.fast_attention(q, k, v, mask_add)
+        else:
+            # scores in the matmul dtype; adding the float32 mask makes them float32 for the softmax
+            probs = self.softmax(self.bmm_t(q, k) + mask_add)
+            out = self.bmm(to_compute(probs, cd), v)
         out = ops.transpose(out, (0, 2, 1, 3)).reshape(b, s, n * self.v_dim)
         return self.o_proj(out)

@@ -11,12 +11,15 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, initializer
 
 from mindtrain.config import ModelConfig
+from mindtrain.models import kernels
 from mindtrain.models.attention_mask import additive_mask
 from mindtrain.models.decoder import DecoderLayer
 from mindtrain.models.linear import Linear
 from mindtrain.models.loss import MaskedCrossEntropy
 from mindtrain.models.mtp import MTPLayer
 from mindtrain.models.norm import RMSNorm
+from mindtrain.models.precision import (DTYPES, check_param_dtype, current_device, resolve_compute_dtype,
+                                        to_compute)
 from mindtrain.models.rope import RotaryEmbedding
 
 
@@ -47,7 +50,11 @@ class DeepseekV3Model(nn.Cell):
 
 class _HeadLoss(nn.Cell):
     """Final norm + lm_head + masked cross-entropy as one cell so it can be one jit graph.
-    Holds no parameters of its own (norm and head are passed in)."""
+    Holds no parameters of its own (norm and head are passed in). The head matmul runs in
+    ``matmul_dtype``; norm and cross-entropy in float32."""
+
+    matmul_dtype = None
+    fast_kernels = False
 
     def __init__(self):
         super().__init__()
@@ -56,16 +63,32 @@ class _HeadLoss(nn.Cell):
 
     def construct(self, h, norm_weight, eps, head_weight, labels, loss_mask):
         x = h.reshape(-1, h.shape[-1])
-        x = norm_weight * (x * ops.rsqrt(ops.mean(ops.square(x), -1, keep_dims=True) + eps))
-        logits = self.matmul(x, head_weight)
+        if self.fast_kernels:
+            x = kernels.fast_rms_norm(x, norm_weight, eps)
+        else:
+            x = norm_weight * (x * ops.rsqrt(ops.mean(ops.square(x), -1, keep_dims=True) + eps))
+        cd = self.matmul_dtype
+        logits = self.matmul(to_compute(x, cd), to_compute(head_weight, cd))
+        if cd is not None:
+            logits = ops.cast(logits, ms.float32)
         return self.ce(logits, labels, loss_mask)
 
 
 class DeepseekV3ForCausalLM(nn.Cell):
-    """DeepSeek-V3 causal LM. See the package README for the call conventions."""
+    """DeepSeek-V3 causal LM. See the package README for the call conventions.
 
-    def __init__(self, cfg: ModelConfig, moe_block: int = 32, jit: bool = False):
+    ``compute_dtype`` None takes ``cfg.compute_dtype`` with the device's fallback
+    (:func:`mindtrain.models.effective_compute_dtype`); a given dtype the device cannot run
+    is a ConfigError. Parameters are float32 (``cfg.param_init_dtype``). The fast-kernel
+    switch (:mod:`mindtrain.models.kernels`) is read here, once.
+    """
+
+    def __init__(self, cfg: ModelConfig, moe_block: int = 32, jit: bool = False,
+                 compute_dtype: Optional[str] = None):
         super().__init__()
+        check_param_dtype(cfg.param_init_dtype)
+        self.compute_dtype = resolve_compute_dtype(cfg.compute_dtype, compute_dtype, current_device())
+        self.fast_kernels = kernels.fast_kernels_enabled()
         self.config = cfg
         self.model = DeepseekV3Model(cfg, moe_block)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, init_std=cfg.initializer_range)
@@ -76,8 +99,19 @@ class DeepseekV3ForCausalLM(nn.Cell):
         self._expert_load: Optional[Tensor] = None
         self._jit = False
         self._rope_mask_cache: dict = {}
+        self._configure_cells()
         if jit:
             self.set_jit(True)
+
+    def _configure_cells(self) -> None:
+        """Give every layer that has the attributes the matmul dtype and the kernel choice;
+        they must be fixed before a layer's first (possibly compiled) call."""
+        matmul_dtype = None if self.compute_dtype == "float32" else DTYPES[self.compute_dtype]
+        for _, cell in self.cells_and_names():
+            if hasattr(type(cell), "matmul_dtype"):
+                cell.matmul_dtype = matmul_dtype
+            if hasattr(type(cell), "fast_kernels"):
+                cell.fast_kernels = self.fast_kernels
 
     # ------------------------------------------------------------------ jit
     def set_jit(self, enabled: bool = True) -> "DeepseekV3ForCausalLM":
@@ -119,7 +153,8 @@ class DeepseekV3ForCausalLM(nn.Cell):
                 counts.append(c)
                 balances.append(bal)
         if labels is None:
-            return self.lm_head(self.model.norm(h))
+            logits = self.lm_head(self.model.norm(h))
+            return logits if logits.dtype == ms.float32 else ops.cast(logits, ms.float32)
 
         if loss_mask is None:
             loss_mask = ops.ones(labels.shape, ms.float32)

@@ -13,6 +13,9 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, initializer
 
+from mindtrain.models import kernels
+from mindtrain.models.precision import to_compute
+
 
 class RoutedExperts(nn.Cell):
     """``gate_proj [E, I, H]``, ``up_proj [E, I, H]``, ``down_proj [E, H, I]`` (expert dim 0).
@@ -20,6 +23,9 @@ class RoutedExperts(nn.Cell):
     HF checkpoints store these per expert (``experts.{e}.gate_proj.weight``); the checkpoint
     code maps between the two layouts.
     """
+
+    matmul_dtype = None   # mixed precision: the expert matmuls' dtype (None = float32)
+    fast_kernels = False
 
     def __init__(self, n_experts: int, hidden_size: int, intermediate_size: int, init_std: float = 0.02,
                  block: int = 32):
@@ -37,7 +43,12 @@ class RoutedExperts(nn.Cell):
         self.bmm_t = ops.BatchMatMul(transpose_b=True)
 
     def construct(self, x, topk_idx, topk_weight):
-        """x [T, H], topk_idx [T, K] int32, topk_weight [T, K] -> ([T, H], tokens per expert [E])."""
+        """x [T, H], topk_idx [T, K] int32, topk_weight [T, K] -> ([T, H], tokens per expert [E]);
+        the output is in the matmul dtype."""
+        cd = self.matmul_dtype
+        if self.fast_kernels:
+            return kernels.fast_routed_experts(x, topk_idx, topk_weight, self.gate_proj, self.up_proj,
+                                               self.down_proj, cd)
         t, h = x.shape
         k = topk_idx.shape[1]
         e = self.n_experts
@@ -60,7 +71,7 @@ class RoutedExperts(nn.Cell):
         slot_token = ops.fill(ms.int32, (n_slots,), t)
         slot_token = ops.tensor_scatter_update(slot_token, dest.reshape(-1, 1), token_of_pair)
         x_pad = ops.concat((x, ops.zeros((1, h), x.dtype)), 0)
-        xb = ops.gather(x_pad, slot_token, 0).reshape(n_blocks, b, h)
+        xb = ops.gather(to_compute(x_pad, cd), slot_token, 0).reshape(n_blocks, b, h)
 
         block_start = ops.arange(n_blocks, dtype=ms.int32) * b
         block_expert = (ops.expand_dims(block_start, 1) >= ops.expand_dims(ends, 0)).astype(ms.int32).sum(1)
@@ -69,13 +80,13 @@ class RoutedExperts(nn.Cell):
 
         # each slot's routing weight (0 for empty slots), applied before down_proj: the
         # weighted sum of the K outputs then is a plain sum of gathered rows
-        slot_weight = ops.zeros((n_slots,), x.dtype)
+        slot_weight = ops.zeros((n_slots,), topk_weight.dtype)
         slot_weight = ops.tensor_scatter_update(slot_weight, dest.reshape(-1, 1), topk_weight.reshape(-1))
-        scale = ops.matmul(slot_weight.reshape(-1, 1), ops.ones((1, self.intermediate_size), x.dtype))
-        gate = self.bmm_t(xb, ops.gather(self.gate_proj, block_expert, 0))
-        up = self.bmm_t(xb, ops.gather(self.up_proj, block_expert, 0))
-        act = (ops.silu(gate) * up) * scale.reshape(n_blocks, b, self.intermediate_size)
-        out = self.bmm_t(act, ops.gather(self.down_proj, block_expert, 0)).reshape(n_slots, h)   # [slots, H]
+        scale = ops.matmul(slot_weight.reshape(-1, 1), ops.ones((1, self.intermediate_size), topk_weight.dtype))
+        gate = self.bmm_t(xb, ops.gather(to_compute(self.gate_proj, cd), block_expert, 0))
+        up = self.bmm_t(xb, ops.gather(to_compute(self.up_proj, cd), block_expert, 0))
+        act = (ops.silu(gate) * up) * to_compute(scale.reshape(n_blocks, b, self.intermediate_size), cd)
+        out = self.bmm_t(act, ops.gather(to_compute(self.down_proj, cd), block_expert, 0)).reshape(n_slots, h)
         dest_tk = ops.stop_gradient(dest).reshape(t, k)
         y = ops.gather(out, dest_tk[:, 0], 0)
         for j in range(1, k):

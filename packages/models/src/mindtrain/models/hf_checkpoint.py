@@ -151,13 +151,15 @@ def read_hf_config(directory: str, **overrides: Any):
     return cfg
 
 
-def from_pretrained(directory: str, jit: Optional[bool] = None, **overrides: Any):
+def from_pretrained(directory: str, jit: Optional[bool] = None, compute_dtype: Optional[str] = None,
+                    **overrides: Any):
     """Build the model of an HF directory and load its weights. ``overrides`` replace
-    ModelConfig fields (e.g. ``seq_length=4096``, ``num_nextn_predict_layers=0``)."""
+    ModelConfig fields (e.g. ``seq_length=4096``, ``num_nextn_predict_layers=0``);
+    ``jit`` and ``compute_dtype`` as in :func:`mindtrain.models.build_model`."""
     from mindtrain.models.registry import build_model
 
     cfg = read_hf_config(directory, **overrides)
-    model = build_model(cfg, jit=jit)
+    model = build_model(cfg, jit=jit, compute_dtype=compute_dtype)
     load_hf_state_dict(model, read_hf_weights(directory), source=directory)
     return model
 

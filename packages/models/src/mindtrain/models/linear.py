@@ -5,9 +5,14 @@ from __future__ import annotations
 from mindspore import Parameter, nn, ops
 from mindspore.common.initializer import Normal, initializer
 
+from mindtrain.models.precision import to_compute
+
 
 class Linear(nn.Cell):
-    """``y = x @ weight.T (+ bias)``; ``ops.MatMul(transpose_b=True)`` is the fastest CPU form."""
+    """``y = x @ weight.T (+ bias)``; ``ops.MatMul(transpose_b=True)`` is the fastest CPU form.
+    With ``matmul_dtype`` set (mixed precision) the product and the output are in that dtype."""
+
+    matmul_dtype = None
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, init_std: float = 0.02):
         super().__init__()
@@ -19,7 +24,8 @@ class Linear(nn.Cell):
 
     def construct(self, x):
         shape = x.shape
-        y = self.matmul(x.reshape(-1, shape[-1]), self.weight)
+        cd = self.matmul_dtype
+        y = self.matmul(to_compute(x.reshape(-1, shape[-1]), cd), to_compute(self.weight, cd))
         if self.bias is not None:
-            y = y + self.bias
+            y = y + to_compute(self.bias, cd)
         return y.reshape(shape[:-1] + (self.out_features,))

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from mindspore import nn, ops
 
+from mindtrain.models import kernels
 from mindtrain.models.linear import Linear
 
 
 class MLP(nn.Cell):
     """``down(silu(gate(x)) * up(x))`` with HF names gate_proj / up_proj / down_proj."""
+
+    fast_kernels = False
 
     def __init__(self, hidden_size: int, intermediate_size: int, init_std: float = 0.02):
         super().__init__()
@@ -17,4 +20,6 @@ class MLP(nn.Cell):
         self.down_proj = Linear(intermediate_size, hidden_size, init_std=init_std)
 
     def construct(self, x):
+        if self.fast_kernels:
+            return self.down_proj(kernels.fast_swiglu(self.gate_proj(x), self.up_proj(x)))
         return self.down_proj(ops.silu(self.gate_proj(x)) * self.up_proj(x))

@@ -9,6 +9,7 @@ names follow the official checkpoint: ``model.layers.{num_hidden_layers + k - 1}
 
 from __future__ import annotations
 
+import mindspore as ms
 from mindspore import nn, ops
 
 from mindtrain.models.decoder import DecoderLayer
@@ -39,4 +40,6 @@ class MTPLayer(DecoderLayer):
 
     def construct(self, h_prev, emb_next, cos, sin, mask_add):
         h = self.eh_proj(ops.concat((self.enorm(emb_next), self.hnorm(h_prev)), -1))
+        if h.dtype != ms.float32:  # mixed precision: the residual stream stays float32
+            h = ops.cast(h, ms.float32)
         return DecoderLayer.construct(self, h, cos, sin, mask_add)

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
+from mindtrain.models import kernels
+
 
 def rms_norm(x, weight, eps: float):
-    """``weight * x / sqrt(mean(x^2) + eps)`` over the last axis.
+    """``weight * x / sqrt(mean(x^2) + eps)`` over the last axis, in float32 (a lower-precision
+    input is cast up first, as HF does; the result stays float32).
 
     The row mean and both broadcasts are done as matmuls: on the CPU backend last-axis
     reductions and broadcasting multiplies run several times slower than a matmul with a
     ones vector / an outer product; the weight's gradient then is a matmul too.
     """
+    if x.dtype != ms.float32:
+        x = ops.cast(x, ms.float32)
     shape = x.shape
     h = shape[-1]
     x2 = x.reshape(-1, h)
@@ -26,10 +32,14 @@ def rms_norm(x, weight, eps: float):
 class RMSNorm(nn.Cell):
     """HF DeepseekV3RMSNorm (float32 math), parameter ``weight``."""
 
+    fast_kernels = False
+
     def __init__(self, hidden_size: int, eps: float = 1e-6):
         super().__init__()
         self.weight = Parameter(Tensor(np.ones(hidden_size, np.float32)), name="weight")
         self.eps = float(eps)
 
     def construct(self, x):
+        if self.fast_kernels:
+            return kernels.fast_rms_norm(x, self.weight, self.eps)
         return rms_norm(x, self.weight, self.eps)

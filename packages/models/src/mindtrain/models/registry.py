@@ -26,12 +26,16 @@ def model_class(model_type: str, architecture: str) -> type:
                           f"known: {known}") from None
 
 
-def build_model(model_cfg: ModelConfig, jit: Optional[bool] = None, **kwargs: Any):
-    """Validate ``model_cfg`` and build its model (parameters initialised from ms.set_seed's
-    state). ``jit`` None means DEFAULT_JIT."""
+def build_model(model_cfg: ModelConfig, jit: Optional[bool] = None, compute_dtype: Optional[str] = None,
+                **kwargs: Any):
+    """Validate ``model_cfg`` and build its model (float32 parameters initialised from
+    ms.set_seed's state). ``jit`` None means DEFAULT_JIT. ``compute_dtype`` ("float32",
+    "float16", "bfloat16") is the matmul dtype; None means ``model_cfg.compute_dtype`` after
+    :func:`mindtrain.models.effective_compute_dtype` for the current device (bfloat16 on CPU
+    runs as float32); an explicit dtype the device lacks raises ConfigError."""
     validate_model(model_cfg)
     cls = model_class(model_cfg.model_type, model_cfg.architectures)
-    return cls(model_cfg, jit=DEFAULT_JIT if jit is None else jit, **kwargs)
+    return cls(model_cfg, jit=DEFAULT_JIT if jit is None else jit, compute_dtype=compute_dtype, **kwargs)
 
 
 def _register_builtin() -> None:

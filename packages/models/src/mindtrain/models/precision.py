@@ -1,0 +1,74 @@
+"""Mixed precision: fp32 master weights, matmuls in a lower compute dtype.
+
+The model keeps every parameter in float32. With a compute dtype other than float32, each
+matmul casts its two operands to that dtype (projections, experts, attention scores and
+values, lm_head); RMSNorm statistics, softmax, the router, rope tables and the loss stay in
+float32, and the residual stream stays float32 (a low-precision matmul output added to it
+is promoted). The casts' backward casts gradients back, so gradients arrive in float32.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import mindspore as ms
+from mindspore import ops
+
+from mindtrain.config import ConfigError
+
+DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
+
+# what MindSpore 2.10's CPU backend lacks, per requested compute dtype
+_CPU_MISSING = {"bfloat16": "MindSpore 2.10 has no bfloat16 MatMul kernel on CPU "
+                            "('Select CPU operator[MatMul] fail! Unsupported data type!')"}
+
+
+def current_device() -> str:
+    """The device MindSpore runs on (``ms.set_device`` / context), e.g. "CPU" or "Ascend"."""
+    return str(ms.get_context("device_target"))
+
+
+def _check_name(requested: str, field: str = "model.compute_dtype") -> None:
+    if requested not in DTYPES:
+        raise ConfigError(field, f"must be one of {', '.join(DTYPES)}, got {requested!r}")
+
+
+def effective_compute_dtype(requested: str, device: str) -> tuple[str, Optional[str]]:
+    """The compute dtype actually used for ``requested`` on ``device`` and a one-line note
+    when it differs (None otherwise): bfloat16 on CPU becomes float32; everything else is
+    used as requested."""
+    _check_name(requested)
+    missing = _CPU_MISSING.get(requested) if device.upper() == "CPU" else None
+    if missing is None:
+        return requested, None
+    return "float32", f"model.compute_dtype={requested} is not available here: {missing}; computing in float32"
+
+
+def resolve_compute_dtype(config_value: str, explicit: Optional[str], device: str) -> str:
+    """The compute dtype a model is built with. ``explicit`` None: the config's value after
+    :func:`effective_compute_dtype` (so the schema default bfloat16 runs as float32 on CPU).
+    An explicit dtype is used as given; one the device cannot run is an error, not a fallback."""
+    if explicit is None:
+        return effective_compute_dtype(config_value, device)[0]
+    _check_name(explicit)
+    missing = _CPU_MISSING.get(explicit) if device.upper() == "CPU" else None
+    if missing is not None:
+        raise ConfigError("model.compute_dtype", f"{explicit} compute cannot run on {device}: {missing}; "
+                                                 "use float16 or float32 (effective_compute_dtype gives the fallback)")
+    return explicit
+
+
+def check_param_dtype(param_init_dtype: str) -> None:
+    _check_name(param_init_dtype, "model.param_init_dtype")
+    if param_init_dtype != "float32":
+        raise ConfigError("model.param_init_dtype", f"only float32 master weights are supported, got "
+                                                    f"{param_init_dtype!r}; lower the matmul precision with "
+                                                    "model.compute_dtype instead")
+
+
+def to_compute(x, dtype):
+    """``x`` cast to the compute dtype; None (float32 compute) leaves it untouched, so the
+    float32 graph has no casts at all."""
+    if dtype is None:
+        return x
+    return ops.cast(x, dtype)
