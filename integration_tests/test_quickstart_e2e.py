@@ -11,12 +11,12 @@ import math
 import os
 import re
 import signal
-import socket
 import subprocess
-import sys
 import time
 
 import pytest
+
+from mindtrain.trainer.quickstart import free_port, worker_env
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 ENTRY = os.path.join(ROOT, "run_mindformer.py")
@@ -25,23 +25,6 @@ LINE = re.compile(
     r"^\{ step:\[ {0,4}(\d+)/ {0,4}(\d+)\], loss: +(-?\d+\.\d{6}), per_step_time: +(\d+)ms, "
     r"load_balancing_loss: +(\d+\.\d{6}), mtp_loss: +(\d+\.\d{6}), lr: (\d\.\d{6}e[-+]\d\d), "
     r"grad_norm: +(\d+\.\d{6}), throughput: +(\d+\.\d\d)([TGMK]?) \}$")
-
-
-def _env() -> dict:
-    env = dict(os.environ)
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    return env
-
-
-def _port() -> int:
-    for port in range(8300, 8400):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port in 8300-8399")
 
 
 def _overrides(tmp, name: str, extra=()) -> list[str]:
@@ -55,7 +38,7 @@ def _overrides(tmp, name: str, extra=()) -> list[str]:
 
 def _msrun(tmp, name: str, extra=()) -> tuple[list[str], str]:
     log_dir = os.path.join(tmp, name, "log")
-    cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", f"--master_port={_port()}", "--join=True",
+    cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port(8300)}", "--join=True",
            f"--log_dir={log_dir}", ENTRY, "--config", TINY, "--mode", "1", *_overrides(tmp, name, extra)]
     return cmd, log_dir
 
@@ -81,7 +64,7 @@ def work(tmp_path_factory):
 @pytest.fixture(scope="module")
 def run_a(work):
     cmd, log_dir = _msrun(work, "a")
-    r = subprocess.run(cmd, cwd=work, env=_env(), capture_output=True, text=True, timeout=1800)
+    r = subprocess.run(cmd, cwd=work, env=worker_env(), capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return log_dir
 
@@ -106,7 +89,7 @@ def test_ten_steps_in_the_seed_format(work, run_a):
 
 def test_worker_killed_mid_run_then_resume_matches(work, run_a):
     cmd, log_dir = _msrun(work, "b")
-    proc = subprocess.Popen(cmd, cwd=work, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(cmd, cwd=work, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
         deadline = time.time() + 1500
@@ -132,7 +115,7 @@ def test_worker_killed_mid_run_then_resume_matches(work, run_a):
 
     # resume from B's step-5 checkpoint: steps 6-10 are A's, bit for bit
     cmd, log_c = _msrun(work, "c", [f"checkpoint.load_path={ckpt}"])
-    r = subprocess.run(cmd, cwd=work, env=_env(), capture_output=True, text=True, timeout=1800)
+    r = subprocess.run(cmd, cwd=work, env=worker_env(), capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     resumed = _steps(log_c)
     assert [int(LINE.match(x).group(1)) for x in resumed] == [6, 7, 8, 9, 10]

@@ -16,12 +16,13 @@ from __future__ import annotations
 import glob
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+
+from mindtrain.trainer.quickstart import free_port, worker_env
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 ENTRY = os.path.join(ROOT, "run_mindformer.py")
@@ -36,23 +37,6 @@ LAYOUTS = {
     "pp2": ["parallelism.pipeline_parallel=2"],
     "cp2": ["parallelism.context_parallel=2"],
 }
-
-
-def _env() -> dict:
-    env = dict(os.environ)
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    return env
-
-
-def _port() -> int:
-    for port in range(8340, 8400):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port in 8340-8399")
 
 
 def _args(tmp: str, name: str, extra=()) -> list[str]:
@@ -70,9 +54,9 @@ def _run(tmp: str, name: str, workers: int, extra=()) -> dict:
     if workers == 1:
         cmd = [sys.executable, ENTRY, *_args(tmp, name, extra)]
     else:
-        cmd = ["msrun", f"--worker_num={workers}", f"--local_worker_num={workers}", f"--master_port={_port()}",
+        cmd = ["msrun", f"--worker_num={workers}", f"--local_worker_num={workers}", f"--master_port={free_port(8340)}",
                "--join=True", f"--log_dir={os.path.join(tmp, name, 'log')}", ENTRY, *_args(tmp, name, extra)]
-    r = subprocess.run(cmd, cwd=tmp, env=_env(), capture_output=True, text=True, timeout=1500)
+    r = subprocess.run(cmd, cwd=tmp, env=worker_env(), capture_output=True, text=True, timeout=1500)
     logs = "".join(open(f, errors="replace").read()[-3000:] for f in glob.glob(os.path.join(tmp, name, "log", "*.log")))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:] + logs
     (metrics,) = glob.glob(os.path.join(tmp, name, "metrics", "run_*", "metrics.jsonl"))

@@ -76,7 +76,8 @@ def free_port(preferred: int) -> int:
         return s.getsockname()[1]
 
 
-def _env() -> dict:
+def worker_env() -> dict:
+    """os.environ with this interpreter's bin first on PATH (msrun starts bare ``python``)."""
     env = dict(os.environ)
     # msrun and the workers must come from this interpreter's environment.
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
@@ -91,7 +92,7 @@ def run_and_show(cmd: Sequence[str], log_dir: str, console_log: str) -> int:
     os.makedirs(log_dir, exist_ok=True)
     print("quickstart: " + " ".join(cmd))
     with open(console_log, "w") as console:
-        proc = subprocess.Popen(cmd, stdout=console, stderr=subprocess.STDOUT, env=_env())
+        proc = subprocess.Popen(cmd, stdout=console, stderr=subprocess.STDOUT, env=worker_env())
         pos = 0
         while True:
             done = proc.poll() is not None
