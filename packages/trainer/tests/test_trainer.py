@@ -40,6 +40,9 @@ def test_resume_is_exact_and_checkpoint_is_an_hf_directory(prefix, tmp_path):
     full = Trainer(cfg, Runtime(device="CPU"), out=lines.append).train()
     assert [r["step"] for r in full] == [1, 2, 3] and full[-1]["loss"] < full[0]["loss"]
     assert len([x for x in lines if x.startswith("{ step:")]) == 3
+    # the config's bfloat16 compute has no CPU matmul kernel: said once, then float32
+    notes = [x for x in lines if "compute_dtype" in x]
+    assert len(notes) == 1 and "bfloat16" in notes[0] and notes[0].endswith("computing in float32"), notes
 
     cfg2 = _cfg(prefix, tmp_path, f"checkpoint.load_path={tmp_path}/ck/iter_0000002")
     resumed = Trainer(cfg2, Runtime(device="CPU"), out=lines.append).train()

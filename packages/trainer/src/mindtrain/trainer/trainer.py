@@ -80,7 +80,12 @@ class Trainer:
         # The model's default path: each decoder layer compiled with ms.jit. Everything that
         # changes weights afterwards (optimizer, expert-bias update, checkpoint load) writes
         # the existing buffers in place, which the compiled layers read.
-        self.model = build_model(cfg.model)
+        from mindtrain.models import effective_compute_dtype
+
+        self.compute_dtype, note = effective_compute_dtype(cfg.model.compute_dtype, runtime.device)
+        if note:
+            self.out(f"mindtrain: {note}")
+        self.model = build_model(cfg.model, compute_dtype=self.compute_dtype)
         self._batches = None
         self.step = 0
         self.consumed_samples = 0
