@@ -11,9 +11,10 @@ import pytest
 WORKERS = Path(__file__).parent / "workers"
 
 
-def run_msrun(script: str, workers: int, port: int, tmp_path: Path, *args: str, timeout: float = 900):
+def run_msrun(script: str, workers: int, port: int, tmp_path: Path, *args: str, timeout: float = 900,
+              env_extra: dict | None = None):
     """Run ``workers/<script>`` on ``workers`` msrun ranks; returns (CompletedProcess, log dir)."""
-    env = dict(os.environ)
+    env = dict(os.environ, **(env_extra or {}))
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     env.setdefault("GLOG_v", "3")
     log_dir = tmp_path / f"msrun_{script.split('.')[0]}_{workers}"
