@@ -2,7 +2,10 @@
 
 One single-process reference run (the model's own forward in the trainer's loop) beside one
 2-worker msrun job that trains the same 5 steps under CP=2, PP=2 with 1F1B and PP=2 with
-GPipe (packed documents with reset positions and EOD masks), then lets a stage fail.
+GPipe (packed documents with reset positions and EOD masks), then lets a stage fail. A
+4-worker job then trains the combinations PP=2 x FSDP=2 (ZeRO-1 per stage), CP=2 x TP=2 and
+PP=2 x EP=2 (EP borrows the 2 data-parallel ranks) against the same reference; with 2
+data-parallel ranks each takes one of the step's 2 micro-batches.
 
 The parameter check uses plain SGD: AdamW's first steps move every weight by about
 ``lr * sign(g)``, so a gradient element that is zero up to fp32 round-off (a sum of partial
@@ -23,6 +26,8 @@ import pytest
 
 WORKER = Path(__file__).parent / "workers" / "cp_pp_parity.py"
 CONFIGS = {"cp2": "1:2:1f1b", "pp2_1f1b": "2:1:1f1b", "pp2_gpipe": "2:1:gpipe"}
+# name -> pp:cp:schedule:tp:ep:dp_sharding on 4 workers
+CONFIGS_4 = {"pp2_fsdp2": "2:1:1f1b:1:1:optim", "cp2_tp2": "1:2:1f1b:2:1:-", "pp2_ep2": "2:1:1f1b:1:2:-"}
 TOL = 1e-5
 
 
@@ -62,12 +67,45 @@ def run(tmp_path_factory):
     assert reference.returncode == 0, ref_out[-3000:]
     logs = "\n".join(p.read_text(errors="replace") for p in sorted(log_dir.glob("worker_*.log")))
     results = [json.loads((tmp / f"cp_pp_{r}.json").read_text()) for r in range(2)]
-    return proc, logs, results, elapsed
+    return proc, logs, results, elapsed, tmp
+
+
+@pytest.fixture(scope="module")
+def run4(run):
+    """The 4-worker job, after the 2-worker one (its reference is done by then)."""
+    tmp = run[4]
+    log_dir = tmp / "msrun_log_4"
+    specs = [f"{k}:{v}" for k, v in CONFIGS_4.items()]
+    (tmp / "4").mkdir()
+    job = subprocess.Popen(["msrun", "--worker_num=4", "--local_worker_num=4", "--master_port=8522", "--join=True",
+                            f"--log_dir={log_dir}", str(WORKER), "parallel", str(tmp / "4"), str(tmp / "reference.npz"),
+                            *specs, "--docs"],
+                           env=_env(), cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+    try:
+        out, _ = job.communicate(timeout=3000)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        raise
+    logs = "\n".join(p.read_text(errors="replace") for p in sorted(log_dir.glob("worker_*.log")))
+    assert job.returncode == 0, out[-2000:] + logs[-6000:]
+    return logs, [json.loads((tmp / "4" / f"cp_pp_{r}.json").read_text()) for r in range(4)]
+
+
+@pytest.mark.parametrize("name", list(CONFIGS_4))
+def test_combination_equal_to_single_process(run4, name):
+    logs, results = run4
+    for rank, res in enumerate(results):
+        assert name in res, f"rank {rank} has no result for {name}:\n{logs[-4000:]}"
+        r = res[name]
+        assert r["figure_rel_err"] < TOL, (name, rank, r["figures"], r["ref_figures"])
+        assert r["params_checked"] > 10
+        assert r["param_rel_err"] < TOL, (name, rank, r["param_rel_err"])
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_equal_to_single_process(run, name):
-    _, logs, results, _ = run
+    _, logs, results, _, _ = run
     for rank, res in enumerate(results):
         assert name in res, f"rank {rank} has no result for {name}:\n{logs[-4000:]}"
         r = res[name]
@@ -82,6 +120,6 @@ def test_equal_to_single_process(run, name):
 
 
 def test_failing_stage_ends_the_pipeline_with_its_error(run):
-    proc, logs, _, _ = run
+    proc, logs, _, _, _ = run
     assert proc.returncode != 0
     assert "rank 1 failed: RuntimeError: injected stage failure" in logs

@@ -2,7 +2,10 @@
 per-step figures and final parameters.
 
     python cp_pp_parity.py reference OUT.npz [--docs]          # the single-process run
-    msrun ... cp_pp_parity.py parallel OUT_DIR REF.npz NAME:pp:cp:schedule ...
+    msrun ... cp_pp_parity.py parallel OUT_DIR REF.npz NAME:pp:cp:schedule[:tp:ep:sharding] ...
+
+(data-parallel degree = workers / (pp x cp x tp); each data-parallel rank takes its share of
+every step's micro-batches; ``sharding`` "optim" shards the stage's optimizer state, "-" not).
 
 The reference is the model's own ``construct`` (not the stage code under test) in the
 trainer's loop: micro-batch mean losses averaged over accumulation, clipping, the
@@ -18,9 +21,23 @@ import os
 import sys
 import time
 
-import numpy as np
 
-import mindspore as ms
+def _pin_to_one_core():
+    # Before MindSpore starts its threads (they inherit the mask): with more processes than
+    # cores, unpinned runtime threads of every process spread over every core and burn CPU
+    # time switching. msrun rank r takes core r mod #cores, the plain reference the last one.
+    if os.environ.get("CP_PP_PIN", "1") != "1":
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    rank = os.environ.get("RANK_ID")
+    os.sched_setaffinity(0, {cpus[int(rank) % len(cpus)] if rank is not None else cpus[-1]})
+
+
+_pin_to_one_core()
+
+import numpy as np  # noqa: E402
+
+import mindspore as ms  # noqa: E402
 
 ms.set_device("CPU")
 
@@ -142,32 +159,39 @@ def parallel(out_dir: str, ref_path: str, specs: list[str], docs: bool) -> None:
     from mindtrain.config import ParallelDims
     from mindtrain.parallel import DeviceMesh
     from mindtrain.parallel.collectives import init_distributed
-    from mindtrain.parallel.pipeline_parallel import PipelineSchedule
+    from mindtrain.parallel.pipeline_parallel import PipelineSchedule, relax_receive_timeout
 
     world, rank = init_distributed()
+    # before any collective: a stage may wait longer than 30 s for its neighbour on a busy machine
+    relax_receive_timeout()
     results = {}
     for spec in specs:
-        name, pp, cp, schedule = spec.split(":")
-        pp, cp = int(pp), int(cp)
-        dims = ParallelDims(world_size=world, pp=pp, dp_shard=world // (pp * cp), cp=cp, tp=1, ep=1)
+        fields = spec.split(":") + ["1", "1", "-"][len(spec.split(":")) - 4:]
+        name, pp, cp, schedule, tp, ep, sharding = fields
+        pp, cp, tp, ep = int(pp), int(cp), int(tp), int(ep)
+        dp = world // (pp * cp * tp)
+        dims = ParallelDims(world_size=world, pp=pp, dp_shard=dp, cp=cp, tp=tp, ep=ep)
         mesh = DeviceMesh(dims, rank).init_process_groups()
         model = fresh_model()
         plan = parallel_plan(model)
-        sched = PipelineSchedule(model, plan, mesh, SEQ, schedule=schedule)
+        sched = PipelineSchedule(model, plan, mesh, SEQ, schedule=schedule,
+                                 dp_sharding=None if sharding == "-" else sharding)
         opt = make_optimizer(list(zip(sched.param_names, sched.params)))
         if name.startswith("fail") and sched.stage_index == 1:
-            _inject_failure(sched.stage, at_call=MICRO + 1)
+            _inject_failure(sched.stage, at_call=MICRO // dp + 1)
         rows = []
         t0 = time.perf_counter()
         for step in batches(docs):
-            grads, figures, load = sched.step(step)
-            grads = [g / float(len(step)) for g in grads]
+            grads, figures, load = sched.step(step[mesh.rank("dp")::dp])
+            grads = [g / float(len(step) // dp) for g in grads]
             norm = sched.grad_norm(grads)
             opt.step(clip(grads, norm))
+            sched.finish_step()
             model.update_expert_bias(load)
             rows.append(list(figures) + [norm])
         elapsed = time.perf_counter() - t0
         rows = np.array(rows)
+        state = sched.full_state_dict()
         while not os.path.exists(ref_path):  # the reference runs beside this job
             time.sleep(0.5)
         ref = np.load(ref_path)
@@ -175,12 +199,11 @@ def parallel(out_dir: str, ref_path: str, specs: list[str], docs: bool) -> None:
         param_err = 0.0
         checked = 0
         per_param = {}
-        names = sched.param_names + [p.name for p in model.get_parameters()
-                                     if not p.requires_grad and p.name.endswith("e_score_correction_bias")]
-        named = {p.name: p for p in model.get_parameters()}
-        for n in names:
+        # the whole model at full shape, gathered over every dimension, on every rank
+        assert sorted(state) == sorted(k[len("param/"):] for k in ref.files if k.startswith("param/"))
+        for n in sorted(state):
             want = ref[f"param/{n}"]
-            got = named[n].asnumpy()
+            got = state[n]
             # relative error of the tensor as a whole: ||got - want|| / ||want||
             err = float(np.linalg.norm(got - want) / max(float(np.linalg.norm(want)), 1e-30))
             per_param[n] = (err, float(np.max(np.abs(got - want))))

@@ -73,3 +73,11 @@ def test_partition_bad_layers_per_stage(per_stage):
 def test_partition_too_many_stages():
     with pytest.raises(ConfigError, match="pipeline_parallel"):
         partition_units(_units(2), 4)
+
+
+def test_unsupported_dp_sharding_names_the_field():
+    from mindtrain.parallel.pipeline_parallel import PipelineSchedule
+
+    # checked before the model or mesh is touched
+    with pytest.raises(ConfigError, match="data_parallel_sharding_strategy.*'optim'"):
+        PipelineSchedule(None, {}, None, 16, dp_sharding="optim_grads_params")

@@ -14,24 +14,54 @@ activation recomputation. The last stage skips the separate forward.
 Sends are non-blocking (``isend``, waited at the end of the step) and receives blocking, so
 neighbours never wait on each other's sends. The CPU backend has no batched send/recv, and
 :mod:`mindtrain.parallel.collectives` only has a blocking send, hence :func:`_isend` here.
+
+The other dimensions of the mesh compose inside each stage: tensor (+ sequence) parallelism
+and expert parallelism are applied to the model by the schedule itself, data parallelism
+reduces the stage's gradients over ``dp`` (optionally sharding them and the optimizer state,
+ZeRO-1, through :class:`~mindtrain.parallel.fsdp.FSDP`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
-
+import os
 import time
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
 import mindspore as ms
 from mindspore import Tensor, ops
 
+from mindtrain.config import ConfigError
 from mindtrain.parallel import collectives as C
 from mindtrain.parallel.context_parallel import apply_context_parallel, split_batch
+from mindtrain.parallel.expert_parallel import apply_expert_parallel
+from mindtrain.parallel.fsdp import FSDP
 from mindtrain.parallel.mesh import DeviceMesh, Group
+from mindtrain.parallel.tensor_parallel import apply_tensor_parallel
 from mindtrain.parallel.pipeline_schedule import stage_ops
 from mindtrain.parallel.pipeline_stage import METRICS, ModelStage, partition_units
+
+
+RECEIVE_TIMEOUT_S = 900
+"""Seconds a CPU receive may wait for its sender (MindSpore's default is 30)."""
+
+
+def relax_receive_timeout(seconds: int = RECEIVE_TIMEOUT_S) -> None:
+    """Let a stage wait longer than 30 s for its neighbour on the CPU backend.
+
+    MindSpore 2.10's CPU collectives fail a receive that waits more than ``MS_NODE_TIMEOUT``
+    seconds (default 30) for its sender, and a stage waits for a whole forward + backward
+    of the next stage. The variable is read when the process runs its first collective, so
+    set it after ``init`` (before, it would also stretch msrun's node heartbeat timeout and
+    with it how long a failed rank takes to end the job) and before any collective. A
+    value the user set is kept.
+    """
+    os.environ.setdefault("MS_NODE_TIMEOUT", str(int(seconds)))
+
+
+def _unit_params(plan: Mapping[str, Any], unit: str) -> list[str]:
+    return next(u["params"] for u in plan["units"] if u["name"] == unit)
 
 
 def _isend(x: Tensor, dst: int, group: Group):
@@ -43,20 +73,63 @@ def _isend(x: Tensor, dst: int, group: Group):
     return work, buf
 
 
+class _StageParameters:
+    """The dense parameters of one stage, presented to :class:`FSDP` as the thing to shard
+    (FSDP only lists a model's parameters and sub-Cells)."""
+
+    def __init__(self, params):
+        self._params = list(params)
+
+    def get_parameters(self):
+        return iter(self._params)
+
+    def trainable_params(self):
+        return list(self._params)
+
+    def cells_and_names(self):
+        return iter(())
+
+
 class PipelineSchedule:
     """Runs one optimizer step's micro-batches through this rank's stage.
 
     ``model`` is the whole model (same initial weights on every rank), ``plan`` its
-    parallel plan, ``mesh`` the initialised :class:`DeviceMesh` (its ``pp`` and ``cp``
-    groups are used; with ``pp == cp == 1`` this is plain gradient accumulation).
+    parallel plan, ``mesh`` the initialised :class:`DeviceMesh`. With ``pp == cp == 1`` this
+    is plain gradient accumulation. The schedule applies tensor parallelism (``tp > 1``) and
+    expert parallelism (``ep > 1``) to ``model`` itself, in that order and before the CP
+    hooks; pass a model to which neither was applied. :attr:`tp` and :attr:`ep` are the
+    returned :class:`~mindtrain.parallel.tensor_parallel.TensorParallel` /
+    :class:`~mindtrain.parallel.expert_parallel.ExpertParallel`.
+
+    ``dp_sharding``: ``None`` keeps the stage's gradients and optimizer state whole on every
+    data-parallel rank; ``"optim"`` (ZeRO-1) shards the dense ones on dim 0 over ``dp``:
+    :attr:`params` are then the shards (full parameters stay resident for the forward) and
+    :meth:`finish_step` all-gathers the updated shards after the optimizer step.
+
+    Per step the caller does::
+
+        grads, figures, load = sched.step(micro_batches)
+        grads = [g / len(micro_batches) for g in grads]
+        norm = sched.grad_norm(grads)          # clip with it
+        optimizer.step(grads)                   # on sched.params
+        sched.finish_step()
+        model.update_expert_bias(load)
     """
 
     def __init__(self, model, plan: Mapping[str, Any], mesh: DeviceMesh, seq_length: int,
-                 schedule: str = "1f1b", layers_per_stage: Optional[Sequence[int]] = None):
+                 schedule: str = "1f1b", layers_per_stage: Optional[Sequence[int]] = None,
+                 dp_sharding: Optional[str] = None):
+        if dp_sharding not in (None, "optim"):
+            raise ConfigError("parallelism.data_parallel_sharding_strategy",
+                              f"{dp_sharding!r} is not supported with pipeline or context parallelism; "
+                              f"use 'optim' (ZeRO-1)")
+        relax_receive_timeout()
         self.model = model
+        self.plan = plan
         self.mesh = mesh
         self.pp = mesh.group("pp")
         self.cp = mesh.group("cp")
+        self.dp = mesh.group("dp")
         self.seq_length = seq_length
         self.schedule = schedule
         self.parts = partition_units(plan["units"], self.pp.size, layers_per_stage)
@@ -65,19 +138,34 @@ class PipelineSchedule:
         # stages run eager: the separate no-grad forward and the CP hooks do not compile
         if getattr(model, "jit_enabled", False):
             model.set_jit(False)
+        self.tp = apply_tensor_parallel(model, plan, mesh)
+        self.ep = apply_expert_parallel(model, plan, mesh)
         apply_context_parallel(model, self.cp, seq_length)
         self.stage = ModelStage(model, plan, self.parts[self.stage_index])
         self.last_timing: dict[str, float] = {}
         """``step_s`` (wall time of the last :meth:`step`) and ``busy_s`` (its stage compute)."""
-        self.param_names = self.stage.param_names
-        self.params = self.stage.params
+        self.dense_names = list(self.stage.param_names)
         # Weights used on two stages (the embedding by the MTP modules): their gradients are
         # summed over the stages that hold them, so each holder updates them identically.
         self._tied = self._tied_group(plan)
         mine = set(self.parts[self.stage_index])
         # grad norm counts a tied weight once: on the stage that owns its unit
-        self._norm_mask = [plan["params"][n]["unit"] in mine for n in self.param_names]
-        self._tied_idx = [i for i, n in enumerate(self.param_names) if n in self._tied_names]
+        self._norm_mask = [plan["params"][n]["unit"] in mine for n in self.dense_names]
+        self._tied_idx = [i for i, n in enumerate(self.dense_names) if n in self._tied_names]
+        self._tp_replicated = [i for i, n in enumerate(self.dense_names) if n in self.tp.replicated]
+        # this stage's routed-expert weights, owned by expert parallelism (not autograd leaves)
+        self.expert_names = [n for u in self.parts[self.stage_index]
+                             for n in _unit_params(plan, u) if n in self.ep.slots]
+        self.fsdp: Optional[FSDP] = None
+        if dp_sharding is not None and self.dp.size > 1:
+            self.fsdp = FSDP(_StageParameters(self.stage.params), self.dp, strategy=dp_sharding)
+        dense = self.fsdp.params if self.fsdp is not None else self.stage.params
+        self.param_names = self.dense_names + self.expert_names
+        """Names of :attr:`params`: the stage's dense weights, then its expert weights."""
+        self.params = list(dense) + [self.ep.slots[n].param for n in self.expert_names]
+        """What the optimizer updates: dense weights (their ``dp`` shards with ZeRO-1), then
+        this rank's expert weights (their ``ep``/``edp`` shards)."""
+        self._stage_owned = [n for u in self.parts[self.stage_index] for n in _unit_params(plan, u)]
 
     # ---------------------------------------------------------------- setup
     def _tied_group(self, plan) -> Optional[Group]:
@@ -110,23 +198,27 @@ class PipelineSchedule:
                            if self.stage.is_last else 0)
 
     def step(self, micro_batches: Sequence[Mapping[str, Any]]):
-        """Forward and backward of every micro-batch.
+        """Forward and backward of this rank's micro-batches (whole sequences; CP splits them).
 
-        Returns ``(grads, figures, load)``: ``grads`` for :attr:`params` summed over the
-        micro-batches, the CP group and the stages sharing a weight; ``figures`` the
-        float64 array of :data:`METRICS` averaged over micro-batches, each the
-        single-process value (summed over stages and CP ranks, on every rank);
-        ``load`` the [n_moe_layers, E] tokens per expert of all stages, summed over
-        micro-batches and the CP group. Data-parallel reduction is left to the caller.
+        Returns ``(grads, figures, load)``, each already reduced over the whole mesh:
+        ``grads`` aligned with :attr:`params`, summed over the micro-batches, the CP group and
+        the stages sharing a weight, summed over TP where a weight is replicated, and averaged
+        over the data-parallel (``dp``) ranks (with ZeRO-1 only this rank's shard); dividing by
+        the number of micro-batches gives the gradient of the global batch's mean loss.
+        ``figures`` the float64 array of :data:`METRICS`, averaged over micro-batches and
+        ``dp`` ranks, each the single-process value; ``load`` the [n_moe_layers, E] tokens
+        per expert of the global batch (for ``update_expert_bias``), on every rank.
         """
         start = time.perf_counter()
         busy = 0.0
+        self.ep.zero_grad()
         mbs = [self.split(b) for b in micro_batches]
         m = len(mbs)
         st = self.stage
         first, last = st.is_first, st.is_last
         b, s_local = mbs[0]["input_ids"].shape
-        act_shape = (b, s_local, st.hidden_size)
+        # sequence parallelism: between layers each TP rank holds 1/tp of the local sequence
+        act_shape = (b, s_local // self.tp.size, st.hidden_size)
         inputs: dict[int, Optional[Tensor]] = {}
         pending = []
         acc: Optional[list[Tensor]] = None
@@ -165,28 +257,88 @@ class PipelineSchedule:
         sizes = [int(np.prod(g.shape)) for g in acc]
         fig = ops.stack(figures).mean(0)
         n_load = int(np.prod(load.shape))
-        # one all-reduce over CP carries gradient shares, figures and expert load
+        # One all-reduce over dp x cp carries gradient shares, figures and expert load: CP
+        # shares add up, data-parallel ranks are averaged (load: summed) below.
         flat = ops.cat([g.reshape(-1) for g in acc] + [fig, load.reshape(-1)])
-        flat = C.all_reduce(flat, self.cp)
+        flat = C.all_reduce(flat, self.mesh.group("dp_cp"))
         n = sum(sizes)
-        grads = [g.reshape(a.shape) for g, a in zip(ops.split(flat[:n], sizes), acc)] if acc else []
+        inv_dp = 1.0 / self.dp.size
+        grads = [g.reshape(a.shape) for g, a in zip(ops.split(flat[:n] * inv_dp, sizes), acc)] if acc else []
         tail = flat[n:]
         if self._tied is not None and self._tied_idx:
-            tied = C.all_reduce(ops.cat([grads[i].reshape(-1) for i in self._tied_idx]), self._tied)
-            parts = ops.split(tied, [sizes[i] for i in self._tied_idx])
-            for i, t in zip(self._tied_idx, parts):
-                grads[i] = t.reshape(acc[i].shape)
+            grads = self._sum_over(grads, self._tied_idx, self._tied)
+        if self.tp.size > 1 and self._tp_replicated:
+            # every TP rank computed a partial gradient of a replicated weight
+            grads = self._sum_over(grads, self._tp_replicated, self.tp.group)
         # figures and load: the stages' contributions are disjoint, so summing over pp collects them
         tail = C.all_reduce(tail, self.pp)
-        figures = tail[:len(METRICS)].asnumpy().astype(np.float64)
+        figures = tail[:len(METRICS)].asnumpy().astype(np.float64) * inv_dp
         load = tail[len(METRICS):len(METRICS) + n_load].reshape(load.shape)
-        return grads, figures, load
+        if self.fsdp is not None:
+            grads = self.fsdp.shard_full(grads, self.dense_names)
+        # expert gradients come from expert parallelism averaged over dp x cp; CP shares add up
+        cp = float(self.cp.size)
+        experts = [self.ep.slots[n].grad for n in self.expert_names]
+        experts = [ops.zeros(self.ep.slots[n].param.shape, ms.float32) if g is None else g * cp
+                   for n, g in zip(self.expert_names, experts)]
+        return grads + experts, figures, load
+
+    @staticmethod
+    def _sum_over(grads: list, idx: Sequence[int], group: Group) -> list:
+        """``grads`` with the entries ``idx`` summed over ``group`` (one all-reduce)."""
+        sizes = [int(np.prod(grads[i].shape)) for i in idx]
+        total = C.all_reduce(ops.cat([grads[i].reshape(-1) for i in idx]), group)
+        out = list(grads)
+        for i, t in zip(idx, ops.split(total, sizes)):
+            out[i] = t.reshape(grads[i].shape)
+        return out
 
     def grad_norm(self, grads: Sequence[Tensor]) -> float:
-        """Global L2 norm of the whole model's gradient (each weight counted once)."""
-        sq = ops.zeros((1,), ms.float32)
-        for g, keep in zip(grads, self._norm_mask):
-            if keep:
-                sq = sq + (g * g).sum()
-        sq = C.all_reduce(sq, self.pp)
-        return float(np.sqrt(sq.asnumpy()[0]))
+        """Global L2 norm of the whole model's gradient (each weight counted once), from
+        ``grads`` aligned with :attr:`params`; the same float on every rank."""
+        dp_cp = self.mesh.size("dp_cp")
+        # each rank adds its squares divided by how many ranks hold the same values
+        dense_rep = self.cp.size * (1 if self.fsdp is not None else self.dp.size)
+        expert_rep = dp_cp // (self.ep.ep_group.size * self.ep.edp_group.size) if self.expert_names else 1
+        tp_rep = set(self._tp_replicated)
+        total = 0.0
+        for i, g in enumerate(grads):
+            if i < len(self.dense_names):
+                if not self._norm_mask[i]:
+                    continue
+                rep = dense_rep * (self.tp.size if i in tp_rep else 1)
+            else:
+                rep = expert_rep
+            total += float((g.asnumpy().astype(np.float64) ** 2).sum()) / rep
+        total = C.all_reduce(Tensor([total], ms.float64), self.mesh.group("world")).asnumpy()[0]
+        return float(np.sqrt(total))
+
+    def finish_step(self) -> None:
+        """After the optimizer updated :attr:`params`: with ZeRO-1 all-gather the updated
+        shards into the stage's full weights; drop the expert gradients."""
+        if self.fsdp is not None:
+            self.fsdp.finish_step()
+        self.ep.zero_grad()
+
+    def full_state_dict(self) -> dict[str, np.ndarray]:
+        """Every parameter of the whole model at its full (unsharded) shape, on every rank
+        (collective over the mesh: every rank must call it). Includes the router correction
+        biases; a weight shared by two stages comes from the stage that owns its unit."""
+        named = {p.name: p for p in self.model.get_parameters()}
+        experts = self.ep.full_state() if self.ep.slots else {}
+        mine = {}
+        for n in self._stage_owned:
+            if n in experts:
+                mine[n] = experts[n]
+            else:
+                mine[n] = self.tp.full_param(n, named[n].asnumpy())
+        if self.num_stages == 1:
+            return mine
+        out = {}
+        # stage by stage, its first rank in every pp group broadcasts (same order on all ranks)
+        for s, part in enumerate(self.parts):
+            for n in [n for u in part for n in _unit_params(self.plan, u)]:
+                info = self.plan["params"][n]
+                x = Tensor(mine[n]) if s == self.stage_index else ops.zeros(info["shape"], named[n].dtype)
+                out[n] = C.broadcast(x, s, self.pp).asnumpy()
+        return out

@@ -291,20 +291,28 @@ def _moe_forward(cell, group: Group):
         if getattr(cell, "n_shared", 0):
             y = y + cell.shared_experts(full_x)
         y = F.reduce_scatter(y, group, SEQ_DIM)
-        balance = _sp_balance_loss(scores, topk_idx, b, s, n_experts, group)
+        # under context parallelism as well, the per-sequence statistics span the CP group too
+        balance = _sp_balance_loss(scores, topk_idx, b, s, n_experts, group,
+                                   getattr(cell, "sequence_reduce", None))
         return y, counts, balance
 
     return construct
 
 
-def _sp_balance_loss(scores, topk_idx, batch: int, seq: int, n_experts: int, group: Group):
+def _sp_balance_loss(scores, topk_idx, batch: int, seq: int, n_experts: int, group: Group,
+                     sequence_reduce=None):
     """DeepSeek-V3's sequence-wise balance loss from sequence shards: the per-sequence
-    choice counts and score sums are summed over the TP group."""
+    choice counts and score sums are summed over the TP group. ``sequence_reduce`` is the
+    context-parallel hook (see ``mindtrain.models.moe.sequence_balance_loss``): with it the
+    counts span the whole sequence and the result is this CP rank's share of the loss."""
     t, k = topk_idx.shape
     s_local = t // batch
     chosen = ops.one_hot(topk_idx, n_experts, Tensor(1.0, scores.dtype), Tensor(0.0, scores.dtype))
     f_local = chosen.reshape(batch, s_local * k, n_experts).sum(1)
-    f = ops.stop_gradient(C.all_reduce(f_local, group)) * (n_experts / (k * seq))
+    counts = ops.stop_gradient(C.all_reduce(f_local, group))
+    if sequence_reduce is not None:
+        counts, seq = sequence_reduce(counts, seq)
+    f = ops.stop_gradient(counts) * (n_experts / (k * seq))
     p_local = (scores / scores.sum(-1, keepdims=True)).reshape(batch, s_local, n_experts).sum(1)
     p = F.reduce_from_group(p_local, group) / seq
     return (f * p).sum(-1).mean()
