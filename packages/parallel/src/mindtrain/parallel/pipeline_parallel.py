@@ -54,10 +54,13 @@ def relax_receive_timeout(seconds: int = RECEIVE_TIMEOUT_S) -> None:
     seconds (default 30) for its sender, and a stage waits for a whole forward + backward
     of the next stage. The variable is read when the process runs its first collective, so
     set it after ``init`` (before, it would also stretch msrun's node heartbeat timeout and
-    with it how long a failed rank takes to end the job) and before any collective. A
-    value the user set is kept.
+    with it how long a failed rank takes to end the job) and before any collective. A larger
+    value already set is kept; a smaller one (e.g. a short heartbeat timeout given to msrun)
+    is raised, which after ``init`` only affects the collectives.
     """
-    os.environ.setdefault("MS_NODE_TIMEOUT", str(int(seconds)))
+    current = os.environ.get("MS_NODE_TIMEOUT", "")
+    if not (current.isdigit() and int(current) >= seconds):
+        os.environ["MS_NODE_TIMEOUT"] = str(int(seconds))
 
 
 def _unit_params(plan: Mapping[str, Any], unit: str) -> list[str]:
