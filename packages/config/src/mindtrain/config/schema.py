@@ -227,9 +227,10 @@ class ModelConfig:
     bias_update_speed: float = 0.001
     """Aux-loss-free balancing: step of the expert-bias update; 0 turns it off."""
     compute_dtype: str = "bfloat16"
-    """Compute dtype where the device supports it; CPU always computes in float32."""
+    """Matmul dtype (float32, float16, bfloat16); MindSpore's CPU backend has no bfloat16
+    matmul, so bfloat16 runs as float32 there (said at start-up)."""
     param_init_dtype: str = "float32"
-    """Master weight dtype."""
+    """Master weight dtype (parameters, gradients, optimizer state); float32."""
 
 
 @dataclass

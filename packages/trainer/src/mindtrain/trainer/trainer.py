@@ -85,6 +85,9 @@ class Trainer:
         self.compute_dtype, note = effective_compute_dtype(cfg.model.compute_dtype, runtime.device)
         if note:
             self.out(f"mindtrain: {note}")
+        if self.compute_dtype == "float16":
+            self.out("mindtrain: model.compute_dtype=float16 runs without loss scaling; very small gradients "
+                     "may underflow to zero (bfloat16 on Ascend or float32 avoid this)")
         self.model = build_model(cfg.model, compute_dtype=self.compute_dtype)
         self._batches = None
         self.step = 0
@@ -120,15 +123,11 @@ class Trainer:
     # ------------------------------------------------------------------ setup
     def _check_supported(self) -> None:
         d = self.dims
-        if (d.pp > 1 or d.cp > 1) and (d.tp > 1 or d.ep > 1):
-            name, degree = ("tensor_parallel", d.tp) if d.tp > 1 else ("expert_parallel", d.ep)
-            raise UserError(f"parallelism.{name}: {degree} together with pipeline_parallel/context_parallel > 1 "
-                            "is not supported by this trainer yet; set one of them to 1")
-        if (d.pp > 1 or d.cp > 1) and d.dp_shard > 1:
-            self.out(f"mindtrain: with pipeline_parallel={d.pp} / context_parallel={d.cp}, the "
-                     f"{d.dp_shard} data-parallel replicas each hold their stage's full parameters and "
-                     "optimizer state (gradients are averaged by all-reduce; FSDP sharding applies when "
-                     "pipeline_parallel = context_parallel = 1)")
+        strategy = self.cfg.parallelism.data_parallel_sharding_strategy
+        if (d.pp > 1 or d.cp > 1) and d.dp_shard > 1 and strategy != "optim":
+            self.out(f"mindtrain: with pipeline_parallel={d.pp} / context_parallel={d.cp}, FSDP over the "
+                     f"{d.dp_shard} data-parallel ranks shards the optimizer state (ZeRO-1, 'optim'); "
+                     f"data_parallel_sharding_strategy '{strategy}' applies when both are 1")
 
     def _data_rank(self) -> int:
         """This rank's sample stream: ranks differing only in their TP index share one."""
