@@ -1,14 +1,15 @@
-"""The trainer under every data/tensor/expert layout equals the single-process run.
+"""The trainer under every parallel layout equals the single-process run.
 
-``run_mindformer.py`` trains the tiny DeepSeek-V3 for 3 steps of the same global batch
+``run_mindformer.py`` trains the tiny DeepSeek-V3 for 5 steps of the same global batch
 (4 sequences of 64 tokens, AdamW, clipping, the aux-loss-free bias update) as one process
-(compiled layers, 4 accumulation micro-batches) and under msrun with 2 workers as
-FSDP ZeRO-3 (eager, gathered per decoder layer), FSDP ZeRO-1 (compiled layers), TP=2 with
-sequence parallelism, EP=2 over the two data-parallel ranks, PP=2 (1F1B) and CP=2. Each run's per-step
-loss figures and grad norm (from its metrics file) and its final checkpoint (full
-weights with HF names) must equal the single process within 1e-5 relative. A single
-process then resumes from the ZeRO-3 run's step-2 checkpoint (sharded optimizer state,
-saved at full shape) and must reproduce step 3.
+(compiled layers, 4 accumulation micro-batches) and under msrun as FSDP ZeRO-3 (2 workers,
+eager, gathered per decoder layer), TP=2 with sequence parallelism, EP=2 over the two
+data-parallel ranks, CP=2, and PP=2 x FSDP=2 (ZeRO-1) x EP=2 on 4 workers. Each run's
+per-step loss figures and grad norm (from its metrics file) and its final checkpoint (full
+weights with HF names and full AdamW moments) must equal the single process within 1e-5
+relative; ZeRO-3 must hold half the parameter and optimizer bytes per rank. A single
+process then resumes from the ZeRO-3 run's step-4 checkpoint (sharded state saved at full
+shape) and must reproduce step 5.
 """
 
 from __future__ import annotations
@@ -27,15 +28,16 @@ from mindtrain.trainer.quickstart import free_port, worker_env
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 ENTRY = os.path.join(ROOT, "run_mindformer.py")
 TINY = os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml")
-STEPS = 3
+STEPS = 5
 FIGURES = ("loss", "load_balancing_loss", "mtp_loss", "grad_norm")
-LAYOUTS = {
-    "zero3": ["parallelism.data_parallel_sharding_strategy=optim_grads_params"],
-    "zero1": ["parallelism.data_parallel_sharding_strategy=optim"],
-    "tp2": ["parallelism.tensor_parallel=2"],
-    "ep2": ["parallelism.expert_parallel=2"],
-    "pp2": ["parallelism.pipeline_parallel=2"],
-    "cp2": ["parallelism.context_parallel=2"],
+LAYOUTS = {  # name: (workers, overrides)
+    "zero3": (2, ["parallelism.data_parallel_sharding_strategy=optim_grads_params"]),
+    "tp2": (2, ["parallelism.tensor_parallel=2"]),
+    "ep2": (2, ["parallelism.expert_parallel=2"]),
+    "cp2": (2, ["parallelism.context_parallel=2"]),
+    # PP=2 x FSDP=2 (ZeRO-1 per stage) x EP=2 over the data-parallel ranks
+    "pp2_dp2_ep2": (4, ["parallelism.pipeline_parallel=2", "parallelism.expert_parallel=2",
+                        "parallelism.data_parallel_sharding_strategy=optim"]),
 }
 
 
@@ -65,10 +67,10 @@ def _run(tmp: str, name: str, workers: int, extra=()) -> dict:
             "ckpt": os.path.join(tmp, name, "ckpt"), "rows": rows}
 
 
-def _weights(ckpt: str, step: int) -> dict:
+def _weights(ckpt: str, step: int, name: str = "model.safetensors") -> dict:
     from safetensors.numpy import load_file
 
-    return load_file(os.path.join(ckpt, f"iter_{step:07d}", "model.safetensors"))
+    return load_file(os.path.join(ckpt, f"iter_{step:07d}", name))
 
 
 def _rel(a, b) -> float:
@@ -81,10 +83,11 @@ def _assert_same(run: dict, ref: dict, first_step: int = 1) -> None:
     want = ref["figures"][first_step - 1:]
     err = np.abs(run["figures"] - want) / np.maximum(np.abs(want), 1e-30)
     assert err.max() < 1e-5, (run["figures"], want)
-    got, exp = _weights(run["ckpt"], STEPS), _weights(ref["ckpt"], STEPS)
-    assert sorted(got) == sorted(exp)
-    worst = max((_rel(got[n], exp[n]), n) for n in exp)
-    assert worst[0] < 1e-5, worst
+    for name in ("model.safetensors", "optimizer.safetensors"):  # weights and AdamW moments, full shape
+        got, exp = _weights(run["ckpt"], STEPS, name), _weights(ref["ckpt"], STEPS, name)
+        assert sorted(got) == sorted(exp)
+        worst = max((_rel(got[n], exp[n]), n) for n in exp)
+        assert worst[0] < 1e-5, (name, worst)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +106,7 @@ def reference(work):
 
 @pytest.fixture(scope="module")
 def zero3(work):
-    return _run(work, "zero3", 2, LAYOUTS["zero3"])
+    return _run(work, "zero3", *LAYOUTS["zero3"])
 
 
 def test_fsdp_zero3_equals_one_process(reference, zero3):
@@ -114,11 +117,12 @@ def test_fsdp_zero3_equals_one_process(reference, zero3):
         assert 0.45 < ratio < 0.55, (key, ratio)
 
 
-@pytest.mark.parametrize("layout", ["zero1", "tp2", "ep2", "pp2", "cp2"])
+@pytest.mark.parametrize("layout", ["tp2", "ep2", "cp2", "pp2_dp2_ep2"])
 def test_layout_equals_one_process(work, reference, layout):
-    _assert_same(_run(work, layout, 2, LAYOUTS[layout]), reference)
+    _assert_same(_run(work, layout, *LAYOUTS[layout]), reference)
 
 
 def test_one_process_resumes_a_sharded_checkpoint(work, reference, zero3):
-    resumed = _run(work, "resume", 1, [f"checkpoint.load_path={os.path.join(zero3['ckpt'], 'iter_0000002')}"])
-    _assert_same(resumed, reference, first_step=3)
+    folder = os.path.join(zero3["ckpt"], f"iter_{STEPS - 1:07d}")
+    resumed = _run(work, "resume", 1, [f"checkpoint.load_path={folder}"])
+    _assert_same(resumed, reference, first_step=STEPS)

@@ -126,7 +126,7 @@ def run(case, world, rank, out_dir):
     micro = GLOBAL // (dpg.size * acc)
     ids0, labels0 = data(0)
     # one sequence; only the reference and TP=2 figures are asserted, so only they pay the forward
-    act = activation_bytes(model, ids0[:1], labels0[:1]) if case in ("ref", "tp2") else -1
+    act = activation_bytes(model, ids0[:1], labels0[:1]) if case in ("ref", "tp2", "tp2_fsdp2") else -1
 
     dense = [(p.name, p) for p in model.trainable_params()]
     fsdp = None

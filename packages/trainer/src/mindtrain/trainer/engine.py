@@ -166,46 +166,11 @@ class Engine:
         """Full-shape arrays, keyed by parameter name, of tensors laid out like
         :attr:`named_params` (the parameters themselves or optimizer moments). A collective:
         every rank calls it and gets the result."""
-        n_dense = len(self.dense_names)
-        dense = list(tensors[:n_dense])
-        if self.fsdp is not None:
-            arrays = self.fsdp.gather_full(dense, self.dense_names)
-        else:
-            arrays = [t.asnumpy().copy() for t in dense]
-        out = {}
-        for name, a in zip(self.dense_names, arrays):
-            out[name] = self.tp.full_param(name, a) if self.tp is not None else a
-        if self.ep is not None:
-            from mindtrain.parallel import collectives as C
-
-            for (name, _), t in zip(self.expert_named, tensors[n_dense:]):
-                local = C.all_gather(t, self.ep.edp_group) if self.ep.edp_group.size > 1 else t
-                out[name] = C.all_gather(local, self.ep.ep_group).asnumpy()
-        return out
+        return _to_full(self.fsdp, self.tp, self.ep, self.dense_names, [n for n, _ in self.expert_named], tensors)
 
     def to_local(self, full: dict[str, np.ndarray]) -> list[Tensor]:
         """This rank's pieces of full-shape arrays, aligned with :attr:`named_params`."""
-        dense = []
-        for name in self.dense_names:
-            a = np.asarray(full[name])
-            if self.tp is not None and name in self.tp.sharded:
-                dim = self.tp.sharded[name][1]
-                n = a.shape[dim] // self.tp.size
-                a = np.take(a, np.arange(self.tp.index * n, (self.tp.index + 1) * n), axis=dim)
-            dense.append(a)
-        if self.fsdp is not None:
-            local = self.fsdp.shard_full(dense, self.dense_names)
-        else:
-            local = [Tensor(np.ascontiguousarray(a)) for a in dense]
-        if self.ep is not None:
-            ep = self.ep
-            for name, _ in self.expert_named:
-                a = np.asarray(full[name])[ep.first_expert:ep.first_expert + ep.local_experts]
-                if ep.edp_group.size > 1:
-                    n = ep.local_experts // ep.edp_group.size
-                    a = a[ep.edp_group.index * n:(ep.edp_group.index + 1) * n]
-                local.append(Tensor(np.ascontiguousarray(a)))
-        return local
+        return _to_local(self.fsdp, self.tp, self.ep, self.dense_names, [n for n, _ in self.expert_named], full)
 
     def full_params(self) -> dict[str, np.ndarray]:
         """Every trainable parameter at full shape (collective; all ranks get it)."""
@@ -218,6 +183,52 @@ class Engine:
             experts = sum(p.size * p.itemsize for _, p in self.expert_named)
             return int(self.fsdp.memory_bytes()["params"] + experts)
         return int(sum(p.size * p.itemsize for _, p in self.named_params))
+
+
+def _to_full(fsdp, tp, ep, dense_names: Sequence[str], expert_names: Sequence[str],
+             tensors: Sequence[Tensor]) -> dict[str, np.ndarray]:
+    """Undo FSDP (dim-0 shards over dp), TP (splits over tp) and EP (experts over ep, their
+    rows over edp) for tensors aligned with ``dense_names + expert_names``; collective."""
+    n_dense = len(dense_names)
+    dense = list(tensors[:n_dense])
+    if fsdp is not None:
+        arrays = fsdp.gather_full(dense, list(dense_names))
+    else:
+        arrays = [t.asnumpy().copy() for t in dense]
+    out = {}
+    for name, a in zip(dense_names, arrays):
+        out[name] = tp.full_param(name, a) if tp is not None else a
+    if expert_names:
+        from mindtrain.parallel import collectives as C
+
+        for name, t in zip(expert_names, tensors[n_dense:]):
+            local = C.all_gather(t, ep.edp_group) if ep.edp_group.size > 1 else t
+            out[name] = C.all_gather(local, ep.ep_group).asnumpy()
+    return out
+
+
+def _to_local(fsdp, tp, ep, dense_names: Sequence[str], expert_names: Sequence[str],
+              full: dict) -> list[Tensor]:
+    """This rank's pieces of full arrays: the inverse of :func:`_to_full` (no communication)."""
+    dense = []
+    for name in dense_names:
+        a = np.asarray(full[name])
+        if tp is not None and tp.size > 1 and name in tp.sharded:
+            dim = tp.sharded[name][1]
+            n = a.shape[dim] // tp.size
+            a = np.take(a, np.arange(tp.index * n, (tp.index + 1) * n), axis=dim)
+        dense.append(a)
+    if fsdp is not None:
+        local = fsdp.shard_full(dense, list(dense_names))
+    else:
+        local = [Tensor(np.ascontiguousarray(a)) for a in dense]
+    for name in expert_names:
+        a = np.asarray(full[name])[ep.first_expert:ep.first_expert + ep.local_experts]
+        if ep.edp_group.size > 1:
+            n = ep.local_experts // ep.edp_group.size
+            a = a[ep.edp_group.index * n:(ep.edp_group.index + 1) * n]
+        local.append(Tensor(np.ascontiguousarray(a)))
+    return local
 
 
 def _zero3_units(model, plan) -> tuple[tuple[str, ...], dict[str, list[str]]]:
@@ -239,30 +250,31 @@ def _zero3_units(model, plan) -> tuple[tuple[str, ...], dict[str, list[str]]]:
 
 class PipelineEngine:
     """Pipeline and/or context parallelism: :class:`PipelineSchedule` runs this rank's
-    stage (its CP share of every micro-batch); data-parallel replicas of the pipeline
-    average their gradients with one all-reduce over ``dp``. Same interface as
-    :class:`Engine`."""
+    stage (its CP share of every micro-batch) with TP/EP applied inside and gradients
+    reduced over the data-parallel ranks (ZeRO-1 over ``dp`` when it is > 1). Same
+    interface as :class:`Engine`."""
 
     def __init__(self, model, cfg: MindTrainConfig, dims: ParallelDims, rank: int, distributed: bool,
                  accumulation: int):
         from mindtrain.models import parallel_plan
         from mindtrain.parallel import DeviceMesh
-        from mindtrain.parallel.pipeline_parallel import PipelineSchedule
-        from mindtrain.parallel.pipeline_stage import ModelStage
+        from mindtrain.parallel.pipeline_parallel import PipelineSchedule, relax_receive_timeout
 
         self.model = model
         self.dims = dims
         self.accum = accumulation
         self.mesh = DeviceMesh(dims, rank)
         if distributed:
+            # a stage waits a whole neighbour's forward + backward for its input: lift the CPU
+            # backend's 30 s receive limit before this process's first collective
+            relax_receive_timeout()
             self.mesh.init_process_groups()
         p = cfg.parallelism
-        plan = parallel_plan(model)
-        self.sched = PipelineSchedule(model, plan, self.mesh, cfg.model.seq_length, schedule=p.pipeline_schedule,
-                                      layers_per_stage=p.pipeline_layers_per_stage)
+        self.plan = parallel_plan(model)
+        self.sched = PipelineSchedule(model, self.plan, self.mesh, cfg.model.seq_length,
+                                      schedule=p.pipeline_schedule, layers_per_stage=p.pipeline_layers_per_stage,
+                                      dp_sharding="optim" if dims.dp_shard > 1 else None)
         self.named_params = list(zip(self.sched.param_names, self.sched.params))
-        self._stage_names = [ModelStage(model, plan, part).param_names for part in self.sched.parts]
-        self._named_all = {q.name: q for q in model.get_parameters()}
         self._grads: Optional[list[Tensor]] = None
         self._load: Optional[Tensor] = None
 
@@ -272,19 +284,7 @@ class PipelineEngine:
 
     def run_step(self, batches: Sequence[dict]) -> list[np.ndarray]:
         grads, figures, load = self.sched.step(list(batches))
-        grads = [g / float(self.accum) for g in grads]
-        dp = self.mesh.group("dp")
-        if dp.size > 1:
-            from mindtrain.parallel import collectives as C
-
-            sizes = [int(np.prod(g.shape)) for g in grads]
-            n_load = int(np.prod(load.shape))
-            flat = C.all_reduce(ops.cat([g.reshape(-1) for g in grads] + [load.reshape(-1)]), dp)
-            parts = ops.split(flat[:sum(sizes)], sizes) if sizes else []
-            grads = [x.reshape(g.shape) for x, g in zip(parts, grads)]
-            grads = [g / float(dp.size) for g in grads]
-            load = flat[sum(sizes):sum(sizes) + n_load].reshape(load.shape)
-        self._grads = grads
+        self._grads = [g / float(self.accum) for g in grads]
         self._load = load
         return [np.asarray(figures, np.float64)]
 
@@ -295,6 +295,7 @@ class PipelineEngine:
         return self.sched.grad_norm(grads)
 
     def finish_step(self) -> None:
+        self.sched.finish_step()
         self._grads = None
 
     def expert_load(self) -> Tensor:
@@ -302,39 +303,41 @@ class PipelineEngine:
         return self._load
 
     def to_full(self, tensors: Sequence[Tensor]) -> dict[str, np.ndarray]:
-        """Full arrays of every stage's tensors (laid out like each stage's parameters),
-        collected from the stages by one broadcast each over ``pp``; collective."""
-        mine = dict(zip(self.sched.param_names, tensors))
-        pp = self.mesh.group("pp")
-        out: dict[str, np.ndarray] = {}
-        for stage, names in enumerate(self._stage_names):
-            shapes = [tuple(self._named_all[n].shape) for n in names]
-            if stage == pp.index:
-                flat = ops.cat([mine[n].reshape(-1) for n in names]) if names else None
-            else:
-                flat = Tensor(np.zeros(sum(int(np.prod(sh)) for sh in shapes), np.float32)) if names else None
-            if flat is None:
-                continue
-            if pp.size > 1:
-                from mindtrain.parallel import collectives as C
+        """Full arrays of every stage's tensors (laid out like each stage's parameters);
+        each stage's own are un-sharded, then broadcast over ``pp`` stage by stage."""
+        s = self.sched
+        mine = _to_full(s.fsdp, s.tp, s.ep, s.dense_names, s.expert_names, tensors)
+        if s.num_stages == 1:
+            return mine
+        from mindtrain.parallel import collectives as C
 
-                flat = C.broadcast(flat, stage, pp)
-            a = flat.asnumpy()
-            off = 0
-            for n, sh in zip(names, shapes):
-                k = int(np.prod(sh))
-                out[n] = a[off:off + k].reshape(sh).copy()
-                off += k
+        out: dict[str, np.ndarray] = {}
+        for stage, part in enumerate(s.parts):
+            for u in self.plan["units"]:
+                if u["name"] not in part:
+                    continue
+                for n in u["params"]:
+                    info = self.plan["params"][n]
+                    if not info["trainable"]:
+                        continue
+                    x = Tensor(np.ascontiguousarray(mine[n])) if stage == s.stage_index \
+                        else Tensor(np.zeros(info["shape"], np.float32))
+                    out[n] = C.broadcast(x, stage, s.pp).asnumpy()
         return out
 
     def to_local(self, full: dict[str, np.ndarray]) -> list[Tensor]:
-        return [Tensor(np.ascontiguousarray(full[n])) for n in self.sched.param_names]
+        s = self.sched
+        return _to_local(s.fsdp, s.tp, s.ep, s.dense_names, s.expert_names, full)
 
     def full_params(self) -> dict[str, np.ndarray]:
         return self.to_full(self.sched.params)
 
     def memory_bytes(self) -> int:
-        return int(sum(q.size * q.itemsize for _, q in self.named_params))
+        s = self.sched
+        resident = sum(q.size * q.itemsize for q in s.stage.params)  # full stage weights stay resident
+        shards = sum(q.size * q.itemsize for q in s.fsdp.params) if s.fsdp is not None else 0
+        experts = sum(s.ep.slots[n].param.size * s.ep.slots[n].param.itemsize for n in s.expert_names)
+        return int(resident + shards + experts)
 
 
 def build_engine(model, cfg: MindTrainConfig, dims: ParallelDims, rank: int, distributed: bool,
