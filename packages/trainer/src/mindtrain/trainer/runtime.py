@@ -50,12 +50,44 @@ def scheduler_message(text: str) -> str:
     lost = re.search(r"worker (\d+) is the first one timed out", first)
     if lost:
         rank = lost.group(1)
+        # The scheduler names the first node whose heartbeat lapsed, which is not always
+        # the one that died (a survivor blocked on its dead peer can lapse first). On one
+        # host the launcher's children tell: the rank without a live worker process.
+        gone = _missing_local_ranks()
+        if len(gone) == 1:
+            rank = str(gone[0])
         return (f"msrun scheduler: worker rank {rank} stopped responding (it died or hung), so the job is "
                 f"ending; see its log worker_{rank}.log")
     if "not successfully spawned" in first:
         return (f"msrun scheduler: {first[:200]}; is --master_port {os.environ.get('MS_SCHED_PORT')} "
                 "already in use?")
     return f"msrun scheduler: {first[:300]}"
+
+
+def _missing_local_ranks() -> list[int]:
+    """RANK_IDs of this msrun job's local workers that have no live process (single host:
+    every worker is a sibling of this scheduler process); [] when that cannot be told."""
+    try:
+        expected = int(os.environ.get("MS_LOCAL_WORKER", os.environ.get("MS_WORKER_NUM", "0")))
+        parent = os.getppid()
+        alive = set()
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if int(fields[1]) != parent or fields[0] in ("Z", "X"):
+                    continue
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+            except (OSError, ValueError, IndexError):
+                continue
+            if env.get(b"MS_ROLE") == b"MS_WORKER" and env.get(b"RANK_ID", b"").isdigit():
+                alive.add(int(env[b"RANK_ID"]))
+    except (OSError, ValueError):
+        return []
+    if not alive or expected <= 0:
+        return []
+    return sorted(set(range(expected)) - alive)
 
 
 @dataclass
