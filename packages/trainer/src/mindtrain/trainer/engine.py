@@ -97,12 +97,6 @@ class Engine:
         self._norm_weight = [1.0 / dims.tp if self.tp is not None and n in self.tp.replicated else 1.0
                              for n in self.dense_names]
 
-    # ------------------------------------------------------------------ data
-    @property
-    def data_rank(self) -> int:
-        """Index of this rank's sample stream (TP ranks share one)."""
-        return self.mesh.rank("dp_cp")
-
     # ------------------------------------------------------------------ step
     def run_step(self, batches: Sequence[dict]) -> list[np.ndarray]:
         """Forward + backward of one optimizer step's micro-batches (dicts of arrays by
@@ -277,10 +271,6 @@ class PipelineEngine:
         self.named_params = list(zip(self.sched.param_names, self.sched.params))
         self._grads: Optional[list[Tensor]] = None
         self._load: Optional[Tensor] = None
-
-    @property
-    def data_rank(self) -> int:
-        return self.mesh.rank("dp")
 
     def run_step(self, batches: Sequence[dict]) -> list[np.ndarray]:
         grads, figures, load = self.sched.step(list(batches))

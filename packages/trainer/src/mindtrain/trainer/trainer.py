@@ -130,9 +130,11 @@ class Trainer:
                      f"data_parallel_sharding_strategy '{strategy}' applies when both are 1")
 
     def _data_rank(self) -> int:
-        """This rank's sample stream: ranks differing only in their TP index share one."""
-        d = self.dims
-        return (self.rt.rank // (d.tp * d.cp)) % d.dp_shard
+        """This rank's sample stream: its data_parallel_shard index (the TP, CP and pipeline
+        ranks of one replica read the same samples)."""
+        from mindtrain.parallel import DeviceMesh
+
+        return DeviceMesh(self.dims, self.rt.rank).rank("dp")
 
     @staticmethod
     def _seed(seed: int) -> None:
