@@ -1,11 +1,12 @@
 """Context and pipeline parallelism equal the single-process run (issue 7).
 
-One single-process reference run (the model's own forward in the trainer's loop) beside one
-2-worker msrun job that trains the same 5 steps under CP=2, PP=2 with 1F1B and PP=2 with
-GPipe (packed documents with reset positions and EOD masks), then lets a stage fail. A
-4-worker job then trains the combinations PP=2 x FSDP=2 (ZeRO-1 per stage), CP=2 x TP=2 and
-PP=2 x EP=2 (EP borrows the 2 data-parallel ranks) against the same reference; with 2
-data-parallel ranks each takes one of the step's 2 micro-batches.
+Two single-process reference runs (the model's own forward in the trainer's loop; 2 and 4
+micro-batches per step) beside one 2-worker msrun job that trains 5 steps of 2 micro-batches
+under CP=2, PP=2 with 1F1B and PP=2 with GPipe (packed documents with reset positions and EOD
+masks; the PP runs keep the model's compiled layers), then lets a stage fail. A 4-worker job
+then trains the combinations PP=2 x FSDP=2 with ZeRO-3 per stage and PP=2 x EP=2 x FSDP=2 with
+ZeRO-2 per stage (EP borrows the 2 data-parallel ranks; 4 micro-batches per step, so each
+data-parallel pipeline runs 2), and CP=2 x TP=2 (2 micro-batches per step).
 
 The parameter check uses plain SGD: AdamW's first steps move every weight by about
 ``lr * sign(g)``, so a gradient element that is zero up to fp32 round-off (a sum of partial
@@ -26,8 +27,10 @@ import pytest
 
 WORKER = Path(__file__).parent / "workers" / "cp_pp_parity.py"
 CONFIGS = {"cp2": "1:2:1f1b", "pp2_1f1b": "2:1:1f1b", "pp2_gpipe": "2:1:gpipe"}
-# name -> pp:cp:schedule:tp:ep:dp_sharding on 4 workers
-CONFIGS_4 = {"pp2_fsdp2": "2:1:1f1b:1:1:optim", "cp2_tp2": "1:2:1f1b:2:1:-", "pp2_ep2": "2:1:1f1b:1:2:-"}
+# name -> pp:cp:schedule:tp:ep:dp_sharding:micro-batches per step on 4 workers; with 2
+# data-parallel ranks a step has 4 micro-batches, so every pipeline runs 2 per rank
+CONFIGS_4 = {"pp2_fsdp2_zero3": "2:1:1f1b:1:1:optim_grads_params:4", "cp2_tp2": "1:2:1f1b:2:1:-:2",
+             "pp2_ep2_fsdp2_zero2": "2:1:1f1b:1:2:optim_grads:4"}
 TOL = 1e-5
 
 
@@ -40,13 +43,21 @@ def _env():
     return env
 
 
+def _reference(tmp: Path, micro: int) -> subprocess.Popen:
+    env = _env()
+    env["CP_PP_MICRO"] = str(micro)
+    return subprocess.Popen([sys.executable, str(WORKER), "reference", str(tmp / f"reference_{micro}.npz"), "--docs"],
+                            env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cp_pp")
-    ref = tmp / "reference.npz"
+    ref = tmp / "reference_{micro}.npz"
     env = _env()
-    reference = subprocess.Popen([sys.executable, str(WORKER), "reference", str(ref), "--docs"], env=env,
-                                 cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # both references (2 micro-batches per step, and 4 for the data-parallel pipelines of the
+    # 4-worker job) run beside the 2-worker job
+    references = [_reference(tmp, 2), _reference(tmp, 4)]
     specs = [f"{k}:{v}" for k, v in CONFIGS.items()] + ["fail:2:1:1f1b"]
     log_dir = tmp / "msrun_log"
     start = time.monotonic()
@@ -59,12 +70,14 @@ def run(tmp_path_factory):
     except subprocess.TimeoutExpired:
         # msrun's workers outlive a killed msrun; end the whole session
         os.killpg(job.pid, signal.SIGKILL)
-        reference.kill()
+        for r in references:
+            r.kill()
         raise
     proc = subprocess.CompletedProcess(job.args, job.returncode, out)
     elapsed = time.monotonic() - start
-    ref_out, _ = reference.communicate(timeout=1200)
-    assert reference.returncode == 0, ref_out[-3000:]
+    for r in references:
+        ref_out, _ = r.communicate(timeout=1200)
+        assert r.returncode == 0, ref_out[-3000:]
     logs = "\n".join(p.read_text(errors="replace") for p in sorted(log_dir.glob("worker_*.log")))
     results = [json.loads((tmp / f"cp_pp_{r}.json").read_text()) for r in range(2)]
     return proc, logs, results, elapsed, tmp
@@ -78,7 +91,7 @@ def run4(run):
     specs = [f"{k}:{v}" for k, v in CONFIGS_4.items()]
     (tmp / "4").mkdir()
     job = subprocess.Popen(["msrun", "--worker_num=4", "--local_worker_num=4", "--master_port=8522", "--join=True",
-                            f"--log_dir={log_dir}", str(WORKER), "parallel", str(tmp / "4"), str(tmp / "reference.npz"),
+                            f"--log_dir={log_dir}", str(WORKER), "parallel", str(tmp / "4"), str(tmp / "reference_{micro}.npz"),
                             *specs, "--docs"],
                            env=_env(), cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            start_new_session=True)
@@ -101,6 +114,12 @@ def test_combination_equal_to_single_process(run4, name):
         assert r["figure_rel_err"] < TOL, (name, rank, r["figures"], r["ref_figures"])
         assert r["params_checked"] > 10
         assert r["param_rel_err"] < TOL, (name, rank, r["param_rel_err"])
+        if "zero3" in name:
+            # the stage's weights are shards between steps: half its dense bytes, plus padding
+            assert r["resident_bytes"] <= 0.55 * r["stage_bytes"], (rank, r["resident_bytes"], r["stage_bytes"])
+        if "zero2" in name:
+            # full weights stay resident beside their shards
+            assert r["resident_bytes"] >= r["stage_bytes"], (rank, r["resident_bytes"], r["stage_bytes"])
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

@@ -130,6 +130,9 @@ def _worker_pid(msrun_pid: int, rank: int) -> int:
             try:
                 with open(f"/proc/{pid}/stat") as f:
                     ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{pid}/comm") as f:
+                    if f.read().strip() == "tail":
+                        continue  # msrun's `tail -f` of the worker's log has the worker's env too
                 with open(f"/proc/{pid}/environ", "rb") as f:
                     env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
             except (OSError, ValueError):

@@ -1,4 +1,4 @@
-"""TP=2 x FSDP=2 and EP=2 x FSDP (4 ranks, experts sharded over edp=2) train the tiny
+"""TP=2 x EP=2 x FSDP=2 and EP=2 x FSDP (4 ranks, experts sharded over edp=2) train the tiny
 DeepSeek-V3 exactly like one process: same per-step losses and final parameters; per-rank
 parameter and activation bytes shrink as TP/SP/EP/FSDP say.
 
@@ -81,22 +81,25 @@ def _compare(ref: dict, got: dict, case: str) -> None:
     assert np.sqrt(num / den) <= MODEL_RTOL, f"{case}: model relative error {np.sqrt(num / den):.2e}"
 
 
-def test_tp2_fsdp2_and_ep2_fsdp_match_single_process(out_dir):
+def test_tp2_ep2_fsdp2_and_ep2_fsdp4_match_single_process(out_dir):
     d, ref_proc = out_dir
-    _msrun(d, 4, 8402, "tp2_fsdp2,ep2_fsdp4")
+    _msrun(d, 4, 8402, "tp2_ep2_fsdp2,ep2_fsdp4")
     ref = _reference(d, ref_proc)
-    tpf, epf = dict(np.load(d / "tp2_fsdp2.npz")), dict(np.load(d / "ep2_fsdp4.npz"))
-    _compare(ref, tpf, "tp2_fsdp2")
+    both, epf = dict(np.load(d / "tp2_ep2_fsdp2.npz")), dict(np.load(d / "ep2_fsdp4.npz"))
+    _compare(ref, both, "tp2_ep2_fsdp2")
     _compare(ref, epf, "ep2_fsdp4")
     full = int(ref["param_bytes_local"])
-    # TP (before FSDP): every matrix but the small low-rank projections, router and eh_proj is halved
-    assert 0.5 * full < int(tpf["param_bytes_local"]) < 0.6 * full
-    # EP: the routed experts (most of the MoE weights) are split over ep=2 and their rows over edp=2
     experts = sum(ref[k].nbytes for k in ref if k.startswith("p:") and ".mlp.experts." in k)
+    dense = full - experts
+    # TP + EP: the routed experts are split over ep=2 and their intermediate dim over tp=2;
+    # TP halves every other matrix but the small low-rank projections, router and eh_proj
+    assert int(both["param_bytes_local"]) - experts // 4 < 0.6 * dense
+    assert int(both["param_bytes_local"]) - experts // 4 > 0.5 * dense
+    # EP alone: the experts split over ep=2 and their rows over edp=2
     assert int(epf["param_bytes_local"]) == full - experts + experts // 4
     # sequence parallelism: activations outside the TP regions are 1/TP, inside mostly too
-    assert int(tpf["activation_bytes"]) < 0.75 * int(ref["activation_bytes"])
-    # resident shards: TP halves, FSDP over 2 halves again; EP halves the experts and edp=2
-    # halves them again while FSDP over 4 shards the rest
-    assert int(tpf["fsdp_param_bytes"]) <= 0.3 * full
+    assert int(both["activation_bytes"]) < 0.75 * int(ref["activation_bytes"])
+    # resident shards: FSDP over 2 halves the TP-split dense weights again; EP halves the
+    # experts and edp=2 halves them again while FSDP over 4 shards the rest
+    assert int(both["fsdp_param_bytes"]) <= 0.3 * full
     assert int(epf["fsdp_param_bytes"]) <= 0.3 * full

@@ -2,10 +2,12 @@
 per-step figures and final parameters.
 
     python cp_pp_parity.py reference OUT.npz [--docs]          # the single-process run
-    msrun ... cp_pp_parity.py parallel OUT_DIR REF.npz NAME:pp:cp:schedule[:tp:ep:sharding] ...
+    msrun ... cp_pp_parity.py parallel OUT_DIR REF.npz NAME:pp:cp:schedule[:tp:ep:sharding:micro] ...
 
 (data-parallel degree = workers / (pp x cp x tp); each data-parallel rank takes its share of
-every step's micro-batches; ``sharding`` "optim" shards the stage's optimizer state, "-" not).
+every step's ``micro`` micro-batches (default CP_PP_MICRO); ``sharding`` is the stage's FSDP
+strategy over dp (optim / optim_grads / optim_grads_params) or "-" for none; a ``{micro}``
+in REF.npz is replaced by the spec's micro-batch count, so specs can use different references).
 
 The reference is the model's own ``construct`` (not the stage code under test) in the
 trainer's loop: micro-batch mean losses averaged over accumulation, clipping, the
@@ -81,12 +83,12 @@ def model_config():
     return cfg.model
 
 
-def batches(docs: bool):
-    """STEPS x MICRO micro-batches of [MBS, SEQ] synthetic tokens; with ``docs`` packed
+def batches(docs: bool, micro: int = MICRO):
+    """STEPS x ``micro`` micro-batches of [MBS, SEQ] synthetic tokens; with ``docs`` packed
     documents (EOD = 1, reset positions, compressed EOD mask, loss masked after EOD)."""
     rng = np.random.default_rng(7)
     out = []
-    for _ in range(STEPS * MICRO):
+    for _ in range(STEPS * micro):
         tok = rng.integers(2, 512, size=(MBS, SEQ + 1)).astype(np.int32)
         b = {}
         if docs:
@@ -109,14 +111,15 @@ def batches(docs: bool):
             mask[b["input_ids"] == 1] = 0.0
         b["loss_mask"] = mask
         out.append(b)
-    return [out[i * MICRO:(i + 1) * MICRO] for i in range(STEPS)]
+    return [out[i * micro:(i + 1) * micro] for i in range(STEPS)]
 
 
-def fresh_model():
+def fresh_model(jit: bool = False):
     ms.set_seed(42)
     np.random.seed(42)
-    # eager layers: a context-parallel attention calls collectives, which a compiled graph cannot
-    return build_model(model_config(), jit=False)
+    # the reference runs eager layers; a parallel run builds compiled ones, which the schedule
+    # keeps where no layer is patched (PP alone, PP x FSDP ZeRO-1/2) and turns eager otherwise
+    return build_model(model_config(), jit=jit)
 
 
 def clip(grads, norm):
@@ -166,22 +169,23 @@ def parallel(out_dir: str, ref_path: str, specs: list[str], docs: bool) -> None:
     relax_receive_timeout()
     results = {}
     for spec in specs:
-        fields = spec.split(":") + ["1", "1", "-"][len(spec.split(":")) - 4:]
-        name, pp, cp, schedule, tp, ep, sharding = fields
-        pp, cp, tp, ep = int(pp), int(cp), int(tp), int(ep)
+        fields = spec.split(":")
+        fields += ["1", "1", "-", str(MICRO)][len(fields) - 4:]
+        name, pp, cp, schedule, tp, ep, sharding, micro = fields
+        pp, cp, tp, ep, micro = int(pp), int(cp), int(tp), int(ep), int(micro)
         dp = world // (pp * cp * tp)
         dims = ParallelDims(world_size=world, pp=pp, dp_shard=dp, cp=cp, tp=tp, ep=ep)
         mesh = DeviceMesh(dims, rank).init_process_groups()
-        model = fresh_model()
+        model = fresh_model(jit=True)
         plan = parallel_plan(model)
         sched = PipelineSchedule(model, plan, mesh, SEQ, schedule=schedule,
                                  dp_sharding=None if sharding == "-" else sharding)
         opt = make_optimizer(list(zip(sched.param_names, sched.params)))
         if name.startswith("fail") and sched.stage_index == 1:
-            _inject_failure(sched.stage, at_call=MICRO // dp + 1)
+            _inject_failure(sched.stage, at_call=micro // dp + 1)
         rows = []
         t0 = time.perf_counter()
-        for step in batches(docs):
+        for step in batches(docs, micro):
             grads, figures, load = sched.step(step[mesh.rank("dp")::dp])
             grads = [g / float(len(step) // dp) for g in grads]
             norm = sched.grad_norm(grads)
@@ -191,10 +195,17 @@ def parallel(out_dir: str, ref_path: str, specs: list[str], docs: bool) -> None:
             rows.append(list(figures) + [norm])
         elapsed = time.perf_counter() - t0
         rows = np.array(rows)
+        # bytes of dense stage weights this rank keeps between steps (full weights + shards)
+        full_bytes = sum(int(np.prod(sched.fsdp.slots[n].shape)) * 4 for n in sched.dense_names) \
+            if sched.fsdp is not None else sum(p.size * p.itemsize for p in sched.stage.params)
+        resident = sum(p.size * p.itemsize for p in sched.stage.params)
+        if sched.fsdp is not None:
+            resident += sum(p.size * p.itemsize for p in sched.fsdp.params)
         state = sched.full_state_dict()
-        while not os.path.exists(ref_path):  # the reference runs beside this job
+        ref_file = ref_path.replace("{micro}", str(micro))
+        while not os.path.exists(ref_file):  # the reference runs beside this job
             time.sleep(0.5)
-        ref = np.load(ref_path)
+        ref = np.load(ref_file)
         fig_err = float(np.max(np.abs(rows - ref["figures"]) / np.maximum(np.abs(ref["figures"]), 1e-30)))
         param_err = 0.0
         checked = 0
@@ -212,7 +223,8 @@ def parallel(out_dir: str, ref_path: str, specs: list[str], docs: bool) -> None:
         results[name] = {"figures": rows.tolist(), "ref_figures": ref["figures"].tolist(), "figure_rel_err": fig_err,
                          "param_rel_err": param_err, "params_checked": checked,
                          "worst_params": sorted(per_param.items(), key=lambda kv: -kv[1][0])[:5], "seconds": elapsed,
-                         "stage_units": sched.parts[sched.stage_index]}
+                         "stage_units": sched.parts[sched.stage_index],
+                         "stage_bytes": int(full_bytes), "resident_bytes": int(resident)}
         print(f"cp_pp_parity {name}: figures {fig_err:.3e} params {param_err:.3e} ({elapsed:.1f} s)", flush=True)
         with open(os.path.join(out_dir, f"cp_pp_{rank}.json"), "w") as f:
             json.dump(results, f)

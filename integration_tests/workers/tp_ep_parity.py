@@ -44,7 +44,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 STEPS, GLOBAL, ACC, SEQ = int(os.environ.get("TP_EP_STEPS", 5)), 8, 2, 16
 # case -> (dp_shard, tp, ep, fsdp)
 CASES = {"ref": (1, 1, 1, False), "tp2": (1, 2, 1, False), "ep2": (2, 1, 2, False),
-         "tp2_fsdp2": (2, 2, 1, True), "ep2_fsdp2": (2, 1, 2, True), "ep2_fsdp4": (4, 1, 2, True)}
+         "tp2_fsdp2": (2, 2, 1, True), "ep2_fsdp2": (2, 1, 2, True), "ep2_fsdp4": (4, 1, 2, True),
+         "tp2_ep2_fsdp2": (2, 2, 2, True)}
 
 
 def model_config():
@@ -126,7 +127,7 @@ def run(case, world, rank, out_dir):
     micro = GLOBAL // (dpg.size * acc)
     ids0, labels0 = data(0)
     # one sequence; only the reference and TP=2 figures are asserted, so only they pay the forward
-    act = activation_bytes(model, ids0[:1], labels0[:1]) if case in ("ref", "tp2", "tp2_fsdp2") else -1
+    act = activation_bytes(model, ids0[:1], labels0[:1]) if case in ("ref", "tp2", "tp2_fsdp2", "tp2_ep2_fsdp2") else -1
 
     dense = [(p.name, p) for p in model.trainable_params()]
     fsdp = None

@@ -75,9 +75,9 @@ def test_partition_too_many_stages():
         partition_units(_units(2), 4)
 
 
-def test_unsupported_dp_sharding_names_the_field():
+def test_unknown_dp_sharding_names_the_field():
     from mindtrain.parallel.pipeline_parallel import PipelineSchedule
 
     # checked before the model or mesh is touched
-    with pytest.raises(ConfigError, match="data_parallel_sharding_strategy.*'optim'"):
-        PipelineSchedule(None, {}, None, 16, dp_sharding="optim_grads_params")
+    with pytest.raises(ConfigError, match="data_parallel_sharding_strategy.*optim_grads_params"):
+        PipelineSchedule(None, {}, None, 16, dp_sharding="zero3")

@@ -18,6 +18,13 @@ computes their gradients, reduce-scatters them over the expert-data-parallel gro
 forward and backward (ZeRO-3 over edp). Gradients are scaled like FSDP's ``avg``: the
 mean over the dp x cp ranks of each rank's (already micro-batch-scaled) loss.
 
+With tensor parallelism as well (``tp`` > 1) the experts keep TP's split of their
+intermediate dimension (expert tensor parallelism equal to TP, as Megatron-Core's
+default): the MoE region all-gathers its tokens over TP, every TP rank dispatches them
+over its own EP group (same TP index), runs its slice of each local expert and the region's
+reduce-scatter sums the partial outputs. Expert weights are then split three ways: experts
+over ``ep``, their rows over ``edp`` and their intermediate dimension over ``tp``.
+
 Order: ``apply_tensor_parallel`` -> ``apply_expert_parallel`` -> ``fully_shard`` (over
 ``dp``) -> the optimizer on ``fsdp.named_parameters() + ep.named_parameters()``; each
 step add ``ep.grads`` to the FSDP gradients and call ``ep.zero_grad()`` after the update.
@@ -44,10 +51,11 @@ class _ExpertSlot:
     """One stacked expert weight of one MoE layer: the module Parameter holds this rank's
     shard; ``grad`` accumulates its gradient shard."""
 
-    def __init__(self, name: str, param: Parameter, local_experts: int):
+    def __init__(self, name: str, param: Parameter, local_experts: int, tp_dim: Optional[int] = None):
         self.name = name
         self.param = param
         self.local_experts = local_experts
+        self.tp_dim = tp_dim  # the dim tensor parallelism split (None: not split)
         self.grad: Optional[Tensor] = None
 
 
@@ -110,6 +118,10 @@ class ExpertParallel:
         self.mesh = mesh
         self.ep_group = mesh.group("ep")
         self.edp_group = mesh.group("edp")
+        # when the local experts do not divide over edp they stay whole on every edp rank,
+        # replicated; their gradients are then summed over this group instead
+        self.edp_replicas: Group = Group("edp", (mesh.global_rank,), 0, None)
+        self.tp_group = mesh.group("tp")
         self.dp_size = mesh.size("dp_cp")
         self.n_experts = n_experts
         self.local_experts = n_experts // self.ep_group.size
@@ -136,18 +148,41 @@ class ExpertParallel:
             s.grad = None
 
     def grad_sq_norm(self) -> float:
-        """Squared L2 norm of every expert gradient of the model (all EP and edp shards)."""
+        """Squared L2 norm of every expert gradient of the model (all EP, edp and TP shards)."""
         local = sum(float((g.astype(ms.float32) ** 2).sum().asnumpy()) for g in self.grads)
         total = C.all_reduce(Tensor([local], ms.float64), self.ep_group)
-        return float(C.all_reduce(total, self.edp_group).asnumpy()[0])
+        total = C.all_reduce(total, self.edp_group)
+        if self.tp_group.size > 1 and any(s.tp_dim is not None for s in self.slots.values()):
+            total = C.all_reduce(total, self.tp_group)
+        return float(total.asnumpy()[0])
+
+    def full_value(self, name: str, local: Tensor) -> np.ndarray:
+        """The full ``[E, ...]`` array of expert weight ``name`` from this rank's piece
+        ``local`` (the weight itself or a tensor laid out like it, e.g. an optimizer
+        moment). A collective over edp, ep and tp: every member calls it for the same name."""
+        s = self.slots[name]
+        t = C.all_gather(local, self.edp_group) if self.edp_group.size > 1 else local
+        t = C.all_gather(t, self.ep_group)
+        if s.tp_dim is not None:
+            t = C.all_gather(t, self.tp_group, s.tp_dim)
+        return t.asnumpy()
+
+    def local_value(self, name: str, full: np.ndarray) -> np.ndarray:
+        """This rank's piece of the full array of expert weight ``name`` (no communication)."""
+        s = self.slots[name]
+        a = np.asarray(full)
+        if s.tp_dim is not None:
+            n = a.shape[s.tp_dim] // self.tp_group.size
+            a = np.take(a, np.arange(self.tp_group.index * n, (self.tp_group.index + 1) * n), axis=s.tp_dim)
+        a = a[self.first_expert:self.first_expert + self.local_experts]
+        if self.edp_group.size > 1:
+            n = self.local_experts // self.edp_group.size
+            a = a[self.edp_group.index * n:(self.edp_group.index + 1) * n]
+        return np.ascontiguousarray(a)
 
     def full_state(self) -> dict[str, np.ndarray]:
-        """Every expert weight at its full ``[E, ...]`` shape (collective over ep and edp)."""
-        out = {}
-        for name, s in self.slots.items():
-            local = C.all_gather(s.param, self.edp_group) if self.edp_group.size > 1 else s.param
-            out[name] = C.all_gather(local, self.ep_group).asnumpy()
-        return out
+        """Every expert weight at its full ``[E, ...]`` shape (collective over ep, edp, tp)."""
+        return {name: self.full_value(name, s.param) for name, s in self.slots.items()}
 
     def memory_bytes(self) -> int:
         return int(sum(s.param.size * s.param.itemsize for s in self.slots.values()))
@@ -162,6 +197,8 @@ class ExpertParallel:
         for s, g in zip(slots, grads):
             if self.edp_group.size > 1:
                 g = C.reduce_scatter(g, self.edp_group)
+            elif self.edp_replicas.size > 1:
+                g = C.all_reduce(g, self.edp_replicas)
             g = g / self.dp_size
             s.grad = g if s.grad is None else s.grad + g
 
@@ -180,8 +217,8 @@ def apply_expert_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> Exper
 
     Raises ConfigError when ``n_routed_experts`` does not divide by ``expert_parallel``.
     With EP of 1 the experts stay as they are (FSDP shards them with the rest; the
-    returned object holds none).
-    Combining with tensor parallelism > 1 is not supported yet.
+    returned object holds none). After ``apply_tensor_parallel`` the experts keep their
+    TP split (see the module docstring).
     """
     n_experts = int(plan.get("num_experts") or 0)
     ep = ExpertParallel(mesh, max(n_experts, 1))
@@ -189,10 +226,6 @@ def apply_expert_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> Exper
         return ep
     if getattr(model, "jit_enabled", False):
         raise ConfigError("model", "expert parallelism needs eager layers; call model.set_jit(False) first")
-    if mesh.size("tp") > 1 and mesh.size("ep") > 1:
-        raise ConfigError("parallelism.expert_parallel",
-                          "expert_parallel > 1 together with tensor_parallel > 1 is not supported yet; "
-                          "set one of them to 1")
     n_ep = mesh.size("ep")
     if n_experts % n_ep:
         raise ConfigError("model.n_routed_experts", f"{n_experts} is not divisible by "
@@ -200,6 +233,7 @@ def apply_expert_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> Exper
     n_edp = mesh.size("edp")
     shard_edp = ep.local_experts % n_edp == 0
     if not shard_edp:
+        ep.edp_replicas = ep.edp_group
         ep.edp_group = Group("edp", (mesh.global_rank,), 0, None)  # keep whole local experts
     cells = dict(model.cells_and_names())
     params = {p.name: p for p in model.get_parameters()}
@@ -221,7 +255,9 @@ def apply_expert_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> Exper
                 local = local[ep.edp_group.index * n:(ep.edp_group.index + 1) * n]
             p.set_data(Tensor(np.ascontiguousarray(local)))
             p.requires_grad = False
-            slot = _ExpertSlot(name, p, ep.local_experts)
+            info = plan["params"][name]
+            split = mesh.size("tp") > 1 and info.get("tp", "replicated") != "replicated"
+            slot = _ExpertSlot(name, p, ep.local_experts, info["tp_dim"] if split else None)
             ep.slots[name] = slot
             slots.append(slot)
         object.__setattr__(cell, "construct", _dispatch_forward(ep, _LocalExperts(ep, slots)))

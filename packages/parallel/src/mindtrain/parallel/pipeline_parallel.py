@@ -17,8 +17,12 @@ neighbours never wait on each other's sends. The CPU backend has no batched send
 
 The other dimensions of the mesh compose inside each stage: tensor (+ sequence) parallelism
 and expert parallelism are applied to the model by the schedule itself, data parallelism
-reduces the stage's gradients over ``dp`` (optionally sharding them and the optimizer state,
-ZeRO-1, through :class:`~mindtrain.parallel.fsdp.FSDP`).
+reduces the stage's gradients over ``dp``, optionally sharding the stage's optimizer state
+(ZeRO-1), also its gradients (ZeRO-2) and also its weights between steps (ZeRO-3) over
+``dp`` through :class:`~mindtrain.parallel.fsdp.FSDP`. Under ZeRO-3 a stage gathers its
+weights once at the start of a step and frees them after its last backward, as torchtitan
+does when it composes FSDP with pipeline parallelism (re-gathering a stage's weights for
+every micro-batch's forward and recomputed backward would multiply the all-gathers by 2M).
 """
 
 from __future__ import annotations
@@ -105,9 +109,13 @@ class PipelineSchedule:
     :class:`~mindtrain.parallel.expert_parallel.ExpertParallel`.
 
     ``dp_sharding``: ``None`` keeps the stage's gradients and optimizer state whole on every
-    data-parallel rank; ``"optim"`` (ZeRO-1) shards the dense ones on dim 0 over ``dp``:
-    :attr:`params` are then the shards (full parameters stay resident for the forward) and
-    :meth:`finish_step` all-gathers the updated shards after the optimizer step.
+    data-parallel rank. The FSDP strategies shard the dense ones on dim 0 over ``dp`` and
+    :attr:`params` are then the shards: ``"optim"`` (ZeRO-1) sums each micro-batch's full
+    gradients and reduces them once per step, full weights stay resident and
+    :meth:`finish_step` all-gathers the updated shards; ``"optim_grads"`` (ZeRO-2) reduces
+    each micro-batch's gradients at once and keeps only the shard; ``"optim_grads_params"``
+    (ZeRO-3) in addition frees the stage's full weights between steps (gathered at the start
+    of :meth:`step`, freed after its last backward).
 
     Per step the caller does::
 
@@ -122,10 +130,10 @@ class PipelineSchedule:
     def __init__(self, model, plan: Mapping[str, Any], mesh: DeviceMesh, seq_length: int,
                  schedule: str = "1f1b", layers_per_stage: Optional[Sequence[int]] = None,
                  dp_sharding: Optional[str] = None):
-        if dp_sharding not in (None, "optim"):
+        if dp_sharding not in (None, "optim", "optim_grads", "optim_grads_params"):
             raise ConfigError("parallelism.data_parallel_sharding_strategy",
-                              f"{dp_sharding!r} is not supported with pipeline or context parallelism; "
-                              f"use 'optim' (ZeRO-1)")
+                              f"{dp_sharding!r} is not a sharding strategy; use optim, optim_grads or "
+                              f"optim_grads_params")
         relax_receive_timeout()
         self.model = model
         self.plan = plan
@@ -138,8 +146,12 @@ class PipelineSchedule:
         self.parts = partition_units(plan["units"], self.pp.size, layers_per_stage)
         self.stage_index = self.pp.index
         self.num_stages = self.pp.size
-        # stages run eager: the separate no-grad forward and the CP hooks do not compile
-        if getattr(model, "jit_enabled", False):
+        # Compiled (ms.jit) layers stay compiled when nothing patches them: CP, TP and EP
+        # replace layer forwards with collective-calling code, and ZeRO-3 swaps the weights'
+        # storage (set_data), which a compiled graph never sees.
+        patched = self.cp.size > 1 or mesh.size("tp") > 1 or mesh.size("ep") > 1 \
+            or (dp_sharding == "optim_grads_params" and self.dp.size > 1)
+        if patched and getattr(model, "jit_enabled", False):
             model.set_jit(False)
         self.tp = apply_tensor_parallel(model, plan, mesh)
         self.ep = apply_expert_parallel(model, plan, mesh)
@@ -162,6 +174,9 @@ class PipelineSchedule:
         self.fsdp: Optional[FSDP] = None
         if dp_sharding is not None and self.dp.size > 1:
             self.fsdp = FSDP(_StageParameters(self.stage.params), self.dp, strategy=dp_sharding)
+        # ZeRO-2/3: every micro-batch's gradients are reduced at once and only the shard kept
+        self._shard_each = self.fsdp is not None and self.fsdp.strategy != "optim"
+        self._zero3 = self.fsdp is not None and self.fsdp.strategy == "optim_grads_params"
         dense = self.fsdp.params if self.fsdp is not None else self.stage.params
         self.param_names = self.dense_names + self.expert_names
         """Names of :attr:`params`: the stage's dense weights, then its expert weights."""
@@ -215,6 +230,8 @@ class PipelineSchedule:
         start = time.perf_counter()
         busy = 0.0
         self.ep.zero_grad()
+        if self._zero3:
+            self.fsdp._materialize(self.fsdp.root)
         mbs = [self.split(b) for b in micro_batches]
         m = len(mbs)
         st = self.stage
@@ -246,27 +263,42 @@ class PipelineSchedule:
             busy += time.perf_counter() - t
             if not first:
                 pending.append(_isend(gh, me - 1, self.pp))
+            if self._shard_each:
+                grads = self._reduce_micro(grads)
             acc = grads if acc is None else [a + g for a, g in zip(acc, grads)]
             figures.append(fig)
             rows = st.load_rows(count)
             load = rows if load is None else load + rows
         for work, _ in pending:
             work.wait()
+        if self._zero3:
+            self.fsdp._release(self.fsdp.root)
         result = self._finish(acc, figures, load, m)
         self.last_timing = {"step_s": time.perf_counter() - start, "busy_s": busy}
         return result
 
+    def _reduce_micro(self, grads: list) -> list:
+        """ZeRO-2/3: one micro-batch's stage gradients summed over CP and averaged over
+        ``dp``, of which this rank keeps its shard."""
+        if self.cp.size > 1:
+            grads = self._sum_over(list(grads), list(range(len(grads))), self.cp)
+        return self.fsdp._reduce_scatter(list(self.fsdp.slots.values()), list(grads))
+
     def _finish(self, acc, figures, load, m):
-        sizes = [int(np.prod(g.shape)) for g in acc]
+        reduced = self._shard_each  # the gradients are already reduced shards
+        sizes = [int(np.prod(g.shape)) for g in acc] if not reduced else []
         fig = ops.stack(figures).mean(0)
         n_load = int(np.prod(load.shape))
         # One all-reduce over dp x cp carries gradient shares, figures and expert load: CP
         # shares add up, data-parallel ranks are averaged (load: summed) below.
-        flat = ops.cat([g.reshape(-1) for g in acc] + [fig, load.reshape(-1)])
+        flat = ops.cat(([] if reduced else [g.reshape(-1) for g in acc]) + [fig, load.reshape(-1)])
         flat = C.all_reduce(flat, self.mesh.group("dp_cp"))
         n = sum(sizes)
         inv_dp = 1.0 / self.dp.size
-        grads = [g.reshape(a.shape) for g, a in zip(ops.split(flat[:n] * inv_dp, sizes), acc)] if acc else []
+        if reduced:
+            grads = list(acc)
+        else:
+            grads = [g.reshape(a.shape) for g, a in zip(ops.split(flat[:n] * inv_dp, sizes), acc)] if acc else []
         tail = flat[n:]
         if self._tied is not None and self._tied_idx:
             grads = self._sum_over(grads, self._tied_idx, self._tied)
@@ -277,7 +309,7 @@ class PipelineSchedule:
         tail = C.all_reduce(tail, self.pp)
         figures = tail[:len(METRICS)].asnumpy().astype(np.float64) * inv_dp
         load = tail[len(METRICS):len(METRICS) + n_load].reshape(load.shape)
-        if self.fsdp is not None:
+        if self.fsdp is not None and not reduced:
             grads = self.fsdp.shard_full(grads, self.dense_names)
         # expert gradients come from expert parallelism averaged over dp x cp; CP shares add up
         cp = float(self.cp.size)
@@ -317,8 +349,9 @@ class PipelineSchedule:
         return float(np.sqrt(total))
 
     def finish_step(self) -> None:
-        """After the optimizer updated :attr:`params`: with ZeRO-1 all-gather the updated
-        shards into the stage's full weights; drop the expert gradients."""
+        """After the optimizer updated :attr:`params`: with ZeRO-1/2 all-gather the updated
+        shards into the stage's full weights (ZeRO-3 gathers them at the next step); drop
+        the gradients."""
         if self.fsdp is not None:
             self.fsdp.finish_step()
         self.ep.zero_grad()
@@ -327,6 +360,8 @@ class PipelineSchedule:
         """Every parameter of the whole model at its full (unsharded) shape, on every rank
         (collective over the mesh: every rank must call it). Includes the router correction
         biases; a weight shared by two stages comes from the stage that owns its unit."""
+        if self._zero3:
+            self.fsdp._materialize(self.fsdp.root)
         named = {p.name: p for p in self.model.get_parameters()}
         experts = self.ep.full_state() if self.ep.slots else {}
         mine = {}
@@ -335,6 +370,8 @@ class PipelineSchedule:
                 mine[n] = experts[n]
             else:
                 mine[n] = self.tp.full_param(n, named[n].asnumpy())
+        if self._zero3:
+            self.fsdp._release(self.fsdp.root)
         if self.num_stages == 1:
             return mine
         out = {}

@@ -96,6 +96,8 @@ class Engine:
         # a TP-replicated gradient is the same on every TP rank: count it once in the norm
         self._norm_weight = [1.0 / dims.tp if self.tp is not None and n in self.tp.replicated else 1.0
                              for n in self.dense_names]
+        # expert weights that stay whole on several edp ranks (experts not divisible over edp)
+        self._expert_weight = 1.0 / self.ep.edp_replicas.size if self.ep is not None else 1.0
 
     # ------------------------------------------------------------------ step
     def run_step(self, batches: Sequence[dict]) -> list[np.ndarray]:
@@ -129,7 +131,7 @@ class Engine:
         local = 0.0
         for i, g in enumerate(grads):
             g64 = g.asnumpy().astype(np.float64)
-            w = self._norm_weight[i] if i < n_dense else 1.0
+            w = self._norm_weight[i] if i < n_dense else self._expert_weight
             local += w * float(np.sum(g64 * g64))
         if self.dims.world_size > 1:
             from mindtrain.parallel import collectives as C
@@ -182,7 +184,7 @@ class Engine:
 def _to_full(fsdp, tp, ep, dense_names: Sequence[str], expert_names: Sequence[str],
              tensors: Sequence[Tensor]) -> dict[str, np.ndarray]:
     """Undo FSDP (dim-0 shards over dp), TP (splits over tp) and EP (experts over ep, their
-    rows over edp) for tensors aligned with ``dense_names + expert_names``; collective."""
+    rows over edp, their TP split over tp) for tensors aligned with ``dense_names + expert_names``; collective."""
     n_dense = len(dense_names)
     dense = list(tensors[:n_dense])
     if fsdp is not None:
@@ -192,12 +194,8 @@ def _to_full(fsdp, tp, ep, dense_names: Sequence[str], expert_names: Sequence[st
     out = {}
     for name, a in zip(dense_names, arrays):
         out[name] = tp.full_param(name, a) if tp is not None else a
-    if expert_names:
-        from mindtrain.parallel import collectives as C
-
-        for name, t in zip(expert_names, tensors[n_dense:]):
-            local = C.all_gather(t, ep.edp_group) if ep.edp_group.size > 1 else t
-            out[name] = C.all_gather(local, ep.ep_group).asnumpy()
+    for name, t in zip(expert_names, tensors[n_dense:]):
+        out[name] = ep.full_value(name, t)
     return out
 
 
@@ -217,11 +215,7 @@ def _to_local(fsdp, tp, ep, dense_names: Sequence[str], expert_names: Sequence[s
     else:
         local = [Tensor(np.ascontiguousarray(a)) for a in dense]
     for name in expert_names:
-        a = np.asarray(full[name])[ep.first_expert:ep.first_expert + ep.local_experts]
-        if ep.edp_group.size > 1:
-            n = ep.local_experts // ep.edp_group.size
-            a = a[ep.edp_group.index * n:(ep.edp_group.index + 1) * n]
-        local.append(Tensor(np.ascontiguousarray(a)))
+        local.append(Tensor(ep.local_value(name, full[name])))
     return local
 
 
@@ -245,8 +239,9 @@ def _zero3_units(model, plan) -> tuple[tuple[str, ...], dict[str, list[str]]]:
 class PipelineEngine:
     """Pipeline and/or context parallelism: :class:`PipelineSchedule` runs this rank's
     stage (its CP share of every micro-batch) with TP/EP applied inside and gradients
-    reduced over the data-parallel ranks (ZeRO-1 over ``dp`` when it is > 1). Same
-    interface as :class:`Engine`."""
+    reduced over the data-parallel ranks (sharded over ``dp`` with the configured ZeRO
+    strategy when it is > 1; ZeRO-3 frees a stage's weights between steps). Same interface
+    as :class:`Engine`."""
 
     def __init__(self, model, cfg: MindTrainConfig, dims: ParallelDims, rank: int, distributed: bool,
                  accumulation: int):
@@ -267,7 +262,7 @@ class PipelineEngine:
         self.plan = parallel_plan(model)
         self.sched = PipelineSchedule(model, self.plan, self.mesh, cfg.model.seq_length,
                                       schedule=p.pipeline_schedule, layers_per_stage=p.pipeline_layers_per_stage,
-                                      dp_sharding="optim" if dims.dp_shard > 1 else None)
+                                      dp_sharding=p.data_parallel_sharding_strategy if dims.dp_shard > 1 else None)
         self.named_params = list(zip(self.sched.param_names, self.sched.params))
         self._grads: Optional[list[Tensor]] = None
         self._load: Optional[Tensor] = None

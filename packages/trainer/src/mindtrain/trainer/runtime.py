@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -44,16 +47,20 @@ def choose_device(device_target: Optional[str]) -> tuple[str, str]:
     return "CPU", "default: no Ascend device found"
 
 
-def scheduler_message(text: str) -> str:
-    """One line for a failure reported by msrun's scheduler, naming the rank when it can."""
+def scheduler_message(text: str, first_gone: Optional[int] = None) -> str:
+    """One line for a failure reported by msrun's scheduler, naming the rank when it can.
+    ``first_gone``: the rank whose worker process was seen to vanish first (see
+    :class:`WorkerWatch`)."""
     first = text.splitlines()[0] if text else "failed"
     lost = re.search(r"worker (\d+) is the first one timed out", first)
     if lost:
         rank = lost.group(1)
         # The scheduler names the first node whose heartbeat lapsed, which is not always
         # the one that died (a survivor blocked on its dead peer can lapse first). On one
-        # host the launcher's children tell: the rank without a live worker process.
-        gone = _missing_local_ranks()
+        # host the launcher's children tell: the rank whose worker process vanished first
+        # (msrun kills the other workers about a second later), or else the one without a
+        # live worker process.
+        gone = [first_gone] if first_gone is not None else _missing_local_ranks()
         if len(gone) == 1:
             rank = str(gone[0])
         return (f"msrun scheduler: worker rank {rank} stopped responding (it died or hung), so the job is "
@@ -64,30 +71,103 @@ def scheduler_message(text: str) -> str:
     return f"msrun scheduler: {first[:300]}"
 
 
-def _missing_local_ranks() -> list[int]:
-    """RANK_IDs of this msrun job's local workers that have no live process (single host:
-    every worker is a sibling of this scheduler process); [] when that cannot be told."""
+def _local_workers(launcher: Optional[int] = None) -> Optional[dict[int, int]]:
+    """{RANK_ID: pid} of this msrun job's local workers that have a live process (single
+    host: every worker is a child of the launcher, ``launcher`` or this process's parent);
+    None when /proc cannot tell."""
     try:
-        expected = int(os.environ.get("MS_LOCAL_WORKER", os.environ.get("MS_WORKER_NUM", "0")))
-        parent = os.getppid()
-        alive = set()
+        parent = os.getppid() if launcher is None else launcher
+        alive = {}
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
                 with open(f"/proc/{pid}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
                 if int(fields[1]) != parent or fields[0] in ("Z", "X"):
                     continue
+                with open(f"/proc/{pid}/comm") as f:
+                    if f.read().strip() == "tail":
+                        continue  # msrun's `tail -f` of each worker log carries the worker's env
                 with open(f"/proc/{pid}/environ", "rb") as f:
                     env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
             except (OSError, ValueError, IndexError):
                 continue
             if env.get(b"MS_ROLE") == b"MS_WORKER" and env.get(b"RANK_ID", b"").isdigit():
-                alive.add(int(env[b"RANK_ID"]))
+                alive[int(env[b"RANK_ID"])] = int(pid)
     except (OSError, ValueError):
-        return []
+        return None
+    return alive
+
+
+def _live_local_ranks(launcher: Optional[int] = None) -> Optional[set[int]]:
+    """RANK_IDs of the local workers with a live process (see :func:`_local_workers`)."""
+    workers = _local_workers(launcher)
+    return None if workers is None else set(workers)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def _missing_local_ranks() -> list[int]:
+    """RANK_IDs of this job's local workers without a live process; [] when that cannot be
+    told (no /proc, or no worker alive at all, e.g. after msrun has killed them)."""
+    expected = int(os.environ.get("MS_LOCAL_WORKER", os.environ.get("MS_WORKER_NUM", "0")) or 0)
+    alive = _live_local_ranks()
     if not alive or expected <= 0:
         return []
     return sorted(set(range(expected)) - alive)
+
+
+def _watch(launcher: int, watcher_parent: int, expected: int) -> None:
+    """Body of :class:`WorkerWatch`'s process: print the local rank whose worker process
+    vanishes first, then exit (nothing when two vanish between two looks, or when the
+    process that started the watch ends). Finds the workers by scanning /proc, then checks
+    only their pids, every 10 ms: msrun kills the others well under a second after one dies."""
+    workers: dict[int, int] = {}
+    while os.getppid() == watcher_parent:
+        if len(workers) < expected:
+            found = _local_workers(launcher)
+            if found is None:
+                return
+            workers.update(found)
+            time.sleep(0.2)
+            continue
+        gone = [r for r, pid in sorted(workers.items()) if not _pid_alive(pid)]
+        if gone:
+            if len(gone) == 1:
+                print(gone[0], flush=True)
+            return
+        time.sleep(0.01)
+
+
+class WorkerWatch:
+    """Started by msrun's scheduler process: remembers the first local rank whose worker
+    process vanished. msrun kills every other worker about a second after one exits, and
+    the scheduler reports only later (a heartbeat timeout naming whichever node lapsed
+    first), when no worker is alive any more. A child process watches, since the
+    scheduler's ``init()`` does not let a Python thread run."""
+
+    def __init__(self, expected: Optional[int] = None):
+        if expected is None:
+            expected = int(os.environ.get("MS_LOCAL_WORKER", os.environ.get("MS_WORKER_NUM", "0")) or 0)
+        code = f"from mindtrain.trainer.runtime import _watch; _watch({os.getppid()}, {os.getpid()}, {expected})"
+        self._proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                      stderr=subprocess.DEVNULL, text=True)
+
+    def first_gone(self, timeout: float = 2.0) -> Optional[int]:
+        """The first rank seen gone (waiting up to ``timeout`` s), else None; ends the watch."""
+        try:
+            out, _ = self._proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.communicate()
+            return None
+        out = out.strip()
+        return int(out) if out.isdigit() else None
 
 
 @dataclass
@@ -128,10 +208,12 @@ def start(device_target: Optional[str]) -> tuple[Runtime, str]:
     if os.environ.get("MS_ROLE") == "MS_SCHED":
         from mindspore.communication import init
 
+        watch = WorkerWatch()
         try:
             init()  # msrun's scheduler process serves the job here
         except RuntimeError as err:
-            raise UserError(scheduler_message(str(err))) from None
+            raise UserError(scheduler_message(str(err), watch.first_gone())) from None
+        watch.first_gone(timeout=0)
         raise SystemExit(0)
     from mindtrain.parallel import init_distributed
 

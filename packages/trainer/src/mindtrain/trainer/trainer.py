@@ -64,7 +64,6 @@ class Trainer:
         self.out = out if runtime.rank == 0 else (lambda _line: None)
         self.dims = resolve_parallelism(cfg.parallelism, runtime.world_size)
         self.accum = num_accumulation_steps(cfg, self.dims)
-        self._check_supported()
         t = cfg.training
         self.total_steps = t.steps
         # data first: a wrong data_path fails before the (slower) model build
@@ -121,14 +120,6 @@ class Trainer:
             self.metrics = MetricsWriter(run_dir)
 
     # ------------------------------------------------------------------ setup
-    def _check_supported(self) -> None:
-        d = self.dims
-        strategy = self.cfg.parallelism.data_parallel_sharding_strategy
-        if (d.pp > 1 or d.cp > 1) and d.dp_shard > 1 and strategy != "optim":
-            self.out(f"mindtrain: with pipeline_parallel={d.pp} / context_parallel={d.cp}, FSDP over the "
-                     f"{d.dp_shard} data-parallel ranks shards the optimizer state (ZeRO-1, 'optim'); "
-                     f"data_parallel_sharding_strategy '{strategy}' applies when both are 1")
-
     def _data_rank(self) -> int:
         """This rank's sample stream: its data_parallel_shard index (the TP, CP and pipeline
         ranks of one replica read the same samples)."""
