@@ -5,21 +5,24 @@ import subprocess
 import sys
 import textwrap
 
-LAUNCHER = textwrap.dedent("""
-    import os, signal, subprocess, sys, time
-    # like msrun: the workers and the scheduler are children of one launcher process
-    workers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                                env=dict(os.environ, MS_ROLE="MS_WORKER", RANK_ID=str(r))) for r in range(3)]
-    sched = subprocess.Popen([sys.executable, "-c", '''
+SCHEDULER = textwrap.dedent("""
     import time
     from mindtrain.trainer.runtime import WorkerWatch, scheduler_message
     w = WorkerWatch(expected=3)
-    time.sleep(5.0)
+    print("ready" if w.wait_watching(60) else "not watching", flush=True)
+    time.sleep(1.0)
     # by now every worker is gone: only what the watch saw can name the first
     text = "worker 0 is the first one timed out, please check its log."
-    print(scheduler_message(text, w.first_gone(timeout=30)))
-    '''], stdout=subprocess.PIPE, text=True)
-    time.sleep(2.0)
+    print(scheduler_message(text, w.first_gone(timeout=30)), flush=True)
+""")
+
+LAUNCHER = textwrap.dedent("""
+    import os, subprocess, sys, time
+    # like msrun: the workers and the scheduler are children of one launcher process
+    workers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                env=dict(os.environ, MS_ROLE="MS_WORKER", RANK_ID=str(r))) for r in range(3)]
+    sched = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdout=subprocess.PIPE, text=True)
+    assert sched.stdout.readline().strip() == "ready"
     workers[1].kill()
     workers[1].wait()
     time.sleep(0.1)       # msrun kills the rest well under a second later
@@ -31,7 +34,7 @@ LAUNCHER = textwrap.dedent("""
 
 
 def test_first_vanished_worker_is_named():
-    r = subprocess.run([sys.executable, "-c", LAUNCHER], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", LAUNCHER, SCHEDULER], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == ("msrun scheduler: worker rank 1 stopped responding (it died or hung), so the "
                                 "job is ending; see its log worker_1.log"), r.stdout + r.stderr

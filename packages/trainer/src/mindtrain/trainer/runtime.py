@@ -134,7 +134,10 @@ def _watch(launcher: int, watcher_parent: int, expected: int) -> None:
             if found is None:
                 return
             workers.update(found)
-            time.sleep(0.2)
+            if len(workers) >= expected:
+                print("watching", flush=True)
+            else:
+                time.sleep(0.2)
             continue
         gone = [r for r, pid in sorted(workers.items()) if not _pid_alive(pid)]
         if gone:
@@ -158,6 +161,13 @@ class WorkerWatch:
         self._proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                                       stderr=subprocess.DEVNULL, text=True)
 
+    def wait_watching(self, timeout: float) -> bool:
+        """Block until the watch has found every local worker (True), or ``timeout`` s."""
+        import select
+
+        ready, _, _ = select.select([self._proc.stdout], [], [], timeout)
+        return bool(ready) and self._proc.stdout.readline().strip() == "watching"
+
     def first_gone(self, timeout: float = 2.0) -> Optional[int]:
         """The first rank seen gone (waiting up to ``timeout`` s), else None; ends the watch."""
         try:
@@ -166,8 +176,8 @@ class WorkerWatch:
             self._proc.kill()
             self._proc.communicate()
             return None
-        out = out.strip()
-        return int(out) if out.isdigit() else None
+        last = out.strip().splitlines()[-1] if out.strip() else ""
+        return int(last) if last.isdigit() else None
 
 
 @dataclass
