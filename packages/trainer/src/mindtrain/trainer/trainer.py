@@ -21,7 +21,7 @@ from mindtrain.config import (
     resolve_parallelism,
 )
 from mindtrain.trainer import checkpoint as ckpt
-from mindtrain.trainer.log_line import format_step_line
+from mindtrain.trainer.log_line import format_step_line, mtp_fields
 from mindtrain.trainer.lr_schedule import LRSchedule
 from mindtrain.trainer.metrics import MetricsWriter, new_run_dir
 from mindtrain.trainer.monitor import format_train_state, parameter_norms
@@ -61,7 +61,9 @@ class Trainer:
 
         self.cfg = cfg
         self.rt = runtime
+        # start-up notes once (rank 0); the step line on every rank, into each worker's log
         self.out = out if runtime.rank == 0 else (lambda _line: None)
+        self.log = out
         self.dims = resolve_parallelism(cfg.parallelism, runtime.world_size)
         self.accum = num_accumulation_steps(cfg, self.dims)
         t = cfg.training
@@ -208,10 +210,10 @@ class Trainer:
             rec = self.train_step()
             history.append(rec)
             if self.step % cfg.training.log_interval == 0 or self.step == self.total_steps:
-                self.out(format_step_line(
+                self.log(format_step_line(
                     self.step, self.total_steps, rec["loss"], rec["per_step_time_ms"], rec["lr"], rec["grad_norm"],
                     rec["throughput_flops"], load_balancing_loss=rec["load_balancing_loss"] if has_moe else None,
-                    mtp_loss=rec["mtp_loss"] if m.num_nextn_predict_layers > 0 else None))
+                    mtp=mtp_fields(rec["mtp_loss"], m.num_nextn_predict_layers, m.mtp_loss_scaling_factor)))
                 if cfg.monitor.train_state:
                     norms = parameter_norms(list(self._full_params().items()))
                     for line in format_train_state(self.step, self.total_steps, rec["local_losses"],
