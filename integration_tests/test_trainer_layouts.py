@@ -33,7 +33,7 @@ TINY = os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml")
 STEPS = 5
 FIGURES = ("loss", "load_balancing_loss", "mtp_loss", "grad_norm")
 LAYOUTS = {  # name: (workers, overrides)
-    "zero3": (2, ["parallelism.data_parallel_sharding_strategy=optim_grads_params"]),
+    "zero3": (2, ["parallelism.data_parallel_shard_strategy=optim_grads_params"]),
     "tp2": (2, ["parallelism.tensor_parallel=2"]),
     "ep2": (2, ["parallelism.expert_parallel=2"]),
     # PP=2 x CP=2 x EP=2 (EP over the two context-parallel ranks), compiled layers off
@@ -48,7 +48,7 @@ def _args(tmp: str, name: str, extra=()) -> list[str]:
     items = [f"training.steps={STEPS}", "training.global_batch_size=4", "model.seq_length=32",
              "train_dataset.dataloader.config.seq_length=32", "model.num_hidden_layers=2",
              f"train_dataset.dataloader.config.data_path=['1', '{prefix}']",
-             "checkpoint.enable_save=true", f"checkpoint.save_interval={STEPS - 1}",
+             "checkpoint.enable_save=true", f"checkpoint.save_interleaved_steps={STEPS - 1}",
              f"checkpoint.save_path={os.path.join(tmp, name, 'ckpt')}",
              f"monitor.metrics_dir={os.path.join(tmp, name, 'metrics')}", *extra]
     return ["--config", TINY, "--mode", "1"] + [a for item in items for a in ("--override", item)]

@@ -2,9 +2,11 @@ import os
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from mindtrain.config import (
+    ConfigError,
     MindTrainConfig,
     dump_config,
     load_config,
@@ -55,12 +57,26 @@ def test_round_trip(tmp_path):
     assert load_config(str(out)) == cfg
 
 
-def test_defaults_match_seed():
+def test_defaults_match_mindformers():
+    # MindFormers' PyNative TrainConfig defaults (mindformers/pynative/config/config.py)
     cfg = MindTrainConfig()
     assert (cfg.training.steps, cfg.training.local_batch_size, cfg.training.global_batch_size,
-            cfg.training.max_norm, cfg.training.seed) == (10, 1, 2, 1.0, 42)
-    assert cfg.checkpoint.enable_save is False and cfg.checkpoint.save_path == "./output/ds3"
-    assert cfg.lr_scheduler.type == "ConstantWarmUpLR"
+            cfg.training.max_norm, cfg.training.seed, cfg.training.deterministic) == (1000, 1, 1, 1.0, 42, False)
+    ck = cfg.checkpoint
+    assert (ck.enable_save, ck.save_path, ck.save_max, ck.save_interleaved_steps, ck.prefix) == (
+        True, "", 5, 1000, "checkpoint")
+    assert cfg.parallelism.data_parallel_shard_strategy == "optim_grads_params"
+    assert cfg.monitor.tensorboard.queue_size == 1000
+
+
+def test_mindtrain_names_are_aliases():
+    raw = yaml.safe_load(open(os.path.join(CONFIGS, "pynative_ds3_tiny.yaml")))
+    cfg = parse_config(raw, ["checkpoint.keep_last=3", "checkpoint.save_interval=7", "checkpoint.load_optimizer=false",
+                             "parallelism.pipeline_schedule=gpipe"])
+    assert (cfg.checkpoint.save_max, cfg.checkpoint.save_interleaved_steps, cfg.checkpoint.no_load_optim) == (3, 7, True)
+    assert cfg.parallelism.pipeline_parallel_schedule == "gpipe"
+    with pytest.raises(ConfigError, match="checkpoint.keep_last: is another name for 'save_max'"):
+        parse_config(raw, ["checkpoint.keep_last=3", "checkpoint.save_max=2"])
 
 
 def test_derived_values():

@@ -43,7 +43,7 @@ def test_every_micro_batch_once_and_forward_before_backward(kind, stages, m):
 
 
 def test_unknown_schedule_names_the_field():
-    with pytest.raises(ConfigError, match="pipeline_schedule"):
+    with pytest.raises(ConfigError, match="pipeline_parallel_schedule"):
         stage_ops("zero-bubble", 2, 0, 2)
 
 
@@ -66,7 +66,7 @@ def test_partition_explicit_layers_per_stage():
 
 @pytest.mark.parametrize("per_stage", [[1, 1], [2, 2], [3], [4, -1]])
 def test_partition_bad_layers_per_stage(per_stage):
-    with pytest.raises(ConfigError, match="pipeline_layers_per_stage"):
+    with pytest.raises(ConfigError, match="pipeline_parallel_layers_per_stage"):
         partition_units(_units(3), 2, per_stage)
 
 
@@ -79,5 +79,5 @@ def test_unknown_dp_sharding_names_the_field():
     from mindtrain.parallel.pipeline_parallel import PipelineSchedule
 
     # checked before the model or mesh is touched
-    with pytest.raises(ConfigError, match="data_parallel_sharding_strategy.*optim_grads_params"):
+    with pytest.raises(ConfigError, match="data_parallel_shard_strategy.*optim_grads_params"):
         PipelineSchedule(None, {}, None, 16, dp_sharding="zero3")

@@ -23,9 +23,10 @@ def main(argv: list[str] | None = None) -> int:
         raw = read_yaml(args.old)
         if not legacy_problems(raw):
             print(f"{args.old}: already in the flat eager form; nothing to convert", file=sys.stderr)
-        fields = {f.name: {g.name for g in dataclasses.fields(f.type if isinstance(f.type, type) else
-                                                         getattr(MindTrainConfig(), f.name).__class__)}
-                  for f in dataclasses.fields(MindTrainConfig)}
+        defaults = MindTrainConfig()
+        fields = {f.name: {g.name for g in dataclasses.fields(getattr(defaults, f.name))}
+                  for f in dataclasses.fields(MindTrainConfig)
+                  if dataclasses.is_dataclass(getattr(defaults, f.name))}
         new, notes = convert_legacy(raw, fields)
         parse_config(new, validate=True)  # the result must load and validate
         with open(args.new, "w", encoding="utf-8") as f:

@@ -124,8 +124,19 @@ def convert_legacy(raw: dict, fields: dict[str, set[str]]) -> tuple[dict, list[s
               "parallel_config", notes)
     runner = raw.pop("runner_config", None)
     if isinstance(runner, dict) and "batch_size" in runner:
-        new.setdefault("training", {}).setdefault("local_batch_size", runner["batch_size"])
+        training = new.setdefault("training", {})
+        training.setdefault("local_batch_size", runner["batch_size"])
         notes.append("runner_config.batch_size -> training.local_batch_size")
+        # static graph: global batch = batch_size x data_parallel x micro_batch_num x accumulation
+        pcfg = par if isinstance(par, dict) else {}
+        dp = new.get("parallelism", {}).get("data_parallel_shard", pcfg.get("data_parallel", 1))
+        factor = runner.get("gradient_accumulation_steps", 1) or 1
+        if new.get("parallelism", {}).get("pipeline_parallel", 1) > 1:
+            factor *= pcfg.get("micro_batch_num", 1) or 1
+        if isinstance(dp, int) and dp > 0 and "global_batch_size" not in training:
+            training["global_batch_size"] = runner["batch_size"] * dp * factor
+            notes.append(f"training.global_batch_size = batch_size x data_parallel x accumulation = "
+                         f"{training['global_batch_size']}")
     if "seed" in raw and not isinstance(raw["seed"], dict):
         new.setdefault("training", {}).setdefault("seed", raw.pop("seed"))
         notes.append("seed -> training.seed")

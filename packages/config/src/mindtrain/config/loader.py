@@ -13,6 +13,7 @@ import yaml
 
 from mindtrain.config.errors import ConfigError
 from mindtrain.config.legacy import check_not_legacy
+from mindtrain.config import schema as S
 from mindtrain.config.schema import MindTrainConfig
 
 _MISSING = object()
@@ -43,13 +44,19 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
-        for arg in args:
-            if arg is type(None):
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:
+            return _convert(value, options[0], path)
+        for arg in options:  # the first member that takes the value as it is
+            try:
+                return _convert(value, arg, path)
+            except ConfigError:
                 continue
-            return _convert(value, arg, path)
+        raise ConfigError(path, f"must be {_type_name(tp)}, got {value!r}")
     if value is None:
         raise ConfigError(path, f"must be {_type_name(tp)}, got null")
     if dataclasses.is_dataclass(tp):
+        value = _special_forms(tp, value, path)
         if not isinstance(value, dict):
             raise ConfigError(path, f"must be a mapping of fields, got {value!r}")
         return from_dict(tp, value, path)
@@ -98,10 +105,56 @@ def _suggest(key: str, names: Iterable[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
+def _same(v):
+    return v
+
+
+def _negate(v):
+    return not v if isinstance(v, bool) else v
+
+
+# mindtrain's earlier field names -> (MindFormers name, value conversion). One schema: the
+# old name is read into the new field; giving both is an error.
+ALIASES: dict[type, dict[str, tuple[str, Any]]] = {
+    S.CheckpointConfig: {"keep_last": ("save_max", _same), "save_interval": ("save_interleaved_steps", _same),
+                         "load_optimizer": ("no_load_optim", _negate)},
+    S.ParallelismConfig: {"data_parallel_sharding_strategy": ("data_parallel_shard_strategy", _same),
+                          "pipeline_schedule": ("pipeline_parallel_schedule", _same),
+                          "pipeline_layers_per_stage": ("pipeline_parallel_layers_per_stage", _same)},
+    S.TensorboardConfig: {"tensorboard_dir": ("output_dir", _same)},
+}
+
+
+def _resolve_aliases(cls: type, data: dict, path: str) -> dict:
+    table = ALIASES.get(cls)
+    if not table:
+        return data
+    out = dict(data)
+    for old, (new, conv) in table.items():
+        if old in out:
+            where = f"{path}.{old}" if path else old
+            if new in out:
+                raise ConfigError(where, f"is another name for '{new}', which is also set; keep one of them")
+            out[new] = conv(out.pop(old))
+    return out
+
+
+def _special_forms(cls: type, data: Any, path: str) -> Any:
+    """Shorthands MindFormers configs use: ``train_state: true`` and callback entries whose
+    keys besides ``type`` are the callback's arguments."""
+    if cls is S.TrainStateConfig and isinstance(data, bool):
+        return {f.name: data for f in dataclasses.fields(cls)}
+    if cls is S.CallbackConfig and isinstance(data, dict) and "params" not in data:
+        rest = {k: v for k, v in data.items() if k != "type"}
+        return {"type": data.get("type"), "params": rest} if "type" in data else data
+    return data
+
+
 def from_dict(cls: type, data: dict, path: str = "") -> Any:
     """Build dataclass ``cls`` from a parsed-YAML mapping; unknown keys are errors."""
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
+    data = _resolve_aliases(cls, data, path)
     for key in data:
         if key not in names:
             where = f"{path}.{key}" if path else str(key)

@@ -1,45 +1,70 @@
-"""The YAML schema: one dataclass per section, field names as in the quick start.
+"""The YAML schema: one dataclass per section, field names and defaults as in MindFormers'
+PyNative TrainConfig (mindformers/pynative/config/config.py); mindtrain's earlier names are
+aliases (see ``loader.ALIASES``).
 
-Each field carries its documentation as an attribute docstring. Defaults are the quick
-start's. ``None`` marks a value that has no safe default and must be given where it is
+Each field carries its documentation as an attribute docstring. ``None`` marks a value that has no safe default and must be given where it is
 used (the validator says which).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 
 @dataclass
 class CheckpointConfig:
-    enable_save: bool = False
+    enable_save: bool = True
     """Write safetensors checkpoints under ``save_path``."""
-    save_path: str = "./output/ds3"
-    """Folder that receives one sub-folder per saved step and the tracker file."""
-    save_interval: int = 0
-    """Save every this many steps; 0 saves only at the end of training."""
-    keep_last: int = 0
-    """Keep only the newest this many checkpoints; 0 keeps all."""
+    save_path: str = ""
+    """Folder that receives one sub-folder per saved step and the tracker file; required
+    when enable_save is true (``--output_dir`` gives a default)."""
+    save_max: int = 5
+    """Keep only the newest this many checkpoints; 0 keeps all. (mindtrain alias: keep_last)"""
+    save_interleaved_steps: int = 1000
+    """Save every this many steps (and at the end); 0 saves only at the end.
+    (mindtrain alias: save_interval)"""
+    no_save_optim: bool = False
+    """Save the model weights only (no optimizer, scheduler, data and RNG state)."""
+    async_save: bool = False
+    """Write checkpoint files in a background thread while training goes on."""
+    prefix: Optional[str] = "checkpoint"
+    """File-name prefix of saved checkpoint files."""
+    remove_redundancy: bool = False
+    """Each replicated tensor is written by one rank only."""
     load_path: str = ""
     """Resume from this checkpoint folder (or the folder holding the tracker file), or
     start from the weights of a Hugging Face model directory (one with config.json)."""
-    load_optimizer: bool = True
-    """When resuming, also restore optimizer, scheduler, data position and RNG state."""
+    load_balanced: bool = False
+    """MindFormers: spread checkpoint reading over ranks (no effect on CPU; said at start-up)."""
+    no_load_optim: bool = False
+    """When resuming, load the model weights only, not optimizer, scheduler, data position
+    and RNG state. (mindtrain alias: load_optimizer, with the opposite meaning)"""
+    load_worker_number: int = 1
+    """Threads that read checkpoint files."""
+    save_global_layout_cache: bool = True
+    """MindFormers: cache the global sharding layout between saves."""
+    reshard_worker_num: int = 1
+    """MindFormers: threads that reshard a loaded checkpoint to this layout."""
 
 
 @dataclass
 class TrainingConfig:
-    steps: int = 10
+    steps: int = 1000
     """Number of optimizer steps."""
     local_batch_size: int = 1
     """Samples per device per forward pass (micro-batch size)."""
-    global_batch_size: int = 2
+    global_batch_size: int = 1
     """Samples per optimizer step over all data-parallel ranks, including accumulation."""
     max_norm: float = 1.0
     """Clip gradients to this global L2 norm; <= 0 disables clipping."""
     seed: int = 42
     """Seed for parameter initialisation and every other random draw."""
+    deterministic: bool = False
+    """Ask MindSpore for deterministic kernels (same results run after run)."""
+    rampup_batch_size: Optional[list[int]] = None
+    """MindFormers' batch-size ramp-up [start_gbs, increment, rampup_samples]; not built in
+    mindtrain yet (a value is refused)."""
     log_interval: int = 1
     """Print the step line every this many steps."""
     max_skipped_steps: int = 5
@@ -50,21 +75,71 @@ class TrainingConfig:
 class ParallelismConfig:
     data_parallel_shard: int = -1
     """FSDP degree; -1 takes all devices that the other degrees leave."""
-    expert_parallel: int = 1
-    """Expert-parallel degree; borrows ranks from data_parallel_shard x context_parallel."""
+    data_parallel_shard_strategy: str = "optim_grads_params"
+    """What FSDP shards: "optim" (optimizer state), "optim_grads", or
+    "optim_grads_params" (ZeRO-3, the default). (mindtrain alias: data_parallel_sharding_strategy)"""
+    reshard_after_forward_policy: str = "default"
+    """ZeRO-3: free gathered weights after forward: "always", "never" or "default"."""
+    cpu_offload: bool = False
+    """MindFormers: offload FSDP shards to host memory."""
+    disable_gradient_division: bool = True
+    """MindFormers: FSDP sums gradients instead of averaging (the loss is already scaled)."""
+    dense_fsdp_shard_size: Optional[int] = None
+    """MindFormers: shard dense weights over this many ranks only (HSDP)."""
     tensor_parallel: int = 1
     """Tensor-parallel degree; sequence parallelism is always on when this is > 1."""
     context_parallel: int = 1
     """Context-parallel degree (sequence split over ranks)."""
+    context_parallel_method: str = "colossal"
+    """How context parallelism splits attention; mindtrain implements "colossal" (load-balanced
+    causal chunks with all-gathered keys/values)."""
+    context_parallel_async: bool = False
+    """MindFormers: asynchronous context-parallel hooks."""
+    ulysses_degree_in_cp: Optional[int] = None
+    """MindFormers: Ulysses degree inside context parallelism (hybrid CP)."""
+    context_parallel_mask_type: str = "causal"
+    """Attention mask type of the context-parallel input preparation."""
     pipeline_parallel: int = 1
     """Pipeline-parallel degree (number of stages)."""
-    data_parallel_sharding_strategy: str = "optim_grads_params"
-    """What FSDP shards: "optim" (optimizer state), "optim_grads", or
-    "optim_grads_params" (ZeRO-3, the default)."""
-    pipeline_schedule: str = "1f1b"
-    """Pipeline schedule: "1f1b" or "gpipe"."""
-    pipeline_layers_per_stage: Optional[list[int]] = None
-    """Decoder layers on each stage; by default layers are balanced by count."""
+    pipeline_parallel_layers_per_stage: Optional[Any] = "auto"
+    """Decoder layers on each stage; "auto"/null balances layers by count.
+    (mindtrain alias: pipeline_layers_per_stage)"""
+    pipeline_parallel_schedule: str = "1f1b"
+    """Pipeline schedule: "1f1b", "interleaved_1f1b" or "gpipe". (mindtrain alias: pipeline_schedule)"""
+    pipeline_parallel_microbatch_size: int = 1
+    """MindFormers' pipeline micro-batch setting."""
+    pipeline_parallel_interleave_num: int = 1
+    """Model chunks per pipeline stage (virtual stages); > 1 runs interleaved 1F1B."""
+    pipeline_parallel_overlap_p2p: bool = False
+    """MindFormers: overlap pipeline send/receive with compute."""
+    pipeline_parallel_overlap_b_f: bool = False
+    """MindFormers: overlap one micro-batch's backward with another's forward."""
+    pipeline_parallel_enable_dxdw_split: bool = False
+    """MindFormers: split input and weight gradients in the pipeline backward."""
+    pipeline_parallel_p2p_transport: str = "plain"
+    """MindFormers: how pipeline send/receive are issued ("plain", "auto")."""
+    sequence_parallel: bool = False
+    """Sequence parallelism; mindtrain always runs it with tensor_parallel > 1."""
+    enable_mc2: bool = False
+    """MindFormers: fused matmul + communication kernels (Ascend)."""
+    enable_loss_parallel: bool = False
+    """Vocab-parallel loss: keep the logits split over tensor-parallel ranks."""
+    expert_parallel: int = 1
+    """Expert-parallel degree; borrows ranks from data_parallel_shard x context_parallel."""
+    expert_tensor_parallel: Optional[int] = None
+    """Tensor-parallel degree inside the experts; mindtrain uses tensor_parallel (or 1)."""
+    npu_nums_per_device: int = 8
+    """MindFormers: NPU ranks per device, for the deduplicating token dispatcher."""
+    moe_token_dispatcher_type: str = "alltoall"
+    """MoE token dispatcher: "alltoall" or "alltoall_deredundancy"."""
+    expert_parallel_async_d2h: bool = False
+    """MindFormers: overlap the expert-parallel count copy to host with compute."""
+    expert_parallel_use_safe_tokens: bool = True
+    """MindFormers: one zero-weight token per expert so no expert group is empty."""
+    param_dtype: Optional[str] = None
+    """FSDP mixed precision: dtype of the gathered weights used in compute."""
+    reduce_dtype: Optional[str] = None
+    """FSDP mixed precision: dtype of the gradient reduction."""
 
 
 @dataclass
@@ -77,6 +152,10 @@ class OptimizerConfig:
     """Adam epsilon."""
     weight_decay: float = 0.01
     """Decoupled weight decay."""
+    weight_decay_include: Optional[list[str]] = None
+    """Parameter-name patterns that get weight decay even if they would not."""
+    weight_decay_exclude: Optional[list[str]] = None
+    """Parameter-name patterns that get no weight decay."""
 
 
 @dataclass
@@ -155,7 +234,11 @@ class DataLoaderConfig:
     """Shuffle the order of samples handed to the loader (the dataset itself is already
     shuffled the way Megatron does)."""
     config: Optional[GPTDatasetConfig] = None
-    """The dataset's settings. Required."""
+    """The dataset's settings. Required for BlendedMegatronDatasetDataLoader."""
+    dataset_files: Optional[Any] = None
+    """MindDataset: a MindRecord file, a list of files, or a folder of them. Required there."""
+    python_multiprocessing: bool = False
+    """MindFormers: build samples in worker processes instead of threads."""
 
 
 @dataclass
@@ -166,6 +249,12 @@ class TrainDatasetConfig:
     """Drop a last global batch that is not full."""
     num_parallel_workers: int = 8
     """Background threads that prefetch batches."""
+    prefetch_size: int = 1
+    """Batches prepared ahead of the one in use."""
+    numa_enable: bool = False
+    """MindFormers: bind data workers to the device's NUMA node (no effect on CPU)."""
+    use_distribute_dataset: bool = False
+    """MindFormers: read on one rank per data-parallel group and broadcast the batch."""
 
 
 @dataclass
@@ -240,15 +329,144 @@ class ContextConfig:
     device_target: Optional[str] = None
     """"Ascend" or "CPU"; by default Ascend when present, else CPU."""
     max_device_memory: Optional[str] = None
-    """Cap on device memory, e.g. "58GB" (Ascend)."""
+    """Cap on device memory, e.g. "58GB" (applied on Ascend; no effect on CPU)."""
+
+
+@dataclass
+class HealthCheckpointConfig:
+    embedding_local_norm_threshold: float = 100.0
+    """Say so when the embedding weight's norm on a rank exceeds this."""
+    global_norm_skip_threshold: float = 100.0
+    """Skip the update of a step whose global gradient norm exceeds this."""
+    global_norm_skip_time: int = 10
+    """Stop when this many consecutive steps were skipped for their norm."""
+
+
+@dataclass
+class TrainStateConfig:
+    local_norm: Union[bool, str, list[str]] = ""
+    """Per-parameter gradient norms on this rank: true for all, or name patterns."""
+    local_loss: bool = False
+    """Each rank's own loss (on its own step line)."""
+    device_norm: Union[bool, str, list[str]] = False
+    """Per-parameter gradient norms of the whole model (all ranks): true or name patterns."""
+    device_loss: bool = False
+    """The loss of each data-parallel rank, gathered on rank 0."""
+
+
+@dataclass
+class TensorboardConfig:
+    output_dir: str = ""
+    """Folder of the TensorBoard event files; empty disables TensorBoard.
+    (alias: tensorboard_dir)"""
+    log_interval: int = 1
+    """Write scalars every this many steps."""
+    queue_size: int = 1000
+    """Events buffered before the writer flushes."""
+
+
+@dataclass
+class MoeMonitorConfig:
+    save_tokens_per_expert_interval: Optional[int] = None
+    """Log tokens routed to each expert every this many steps; null disables."""
+    target_layers: Optional[Union[int, list[int]]] = None
+    """Layers to report: the first N (an int) or these layer ids (a list)."""
 
 
 @dataclass
 class MonitorConfig:
-    train_state: bool = False
-    """Log per-parameter norms and local/device-level loss every log step."""
+    health_checkpoint: HealthCheckpointConfig = field(default_factory=HealthCheckpointConfig)
+    """Step skipping and weight health checks."""
+    train_state: TrainStateConfig = field(default_factory=TrainStateConfig)
+    """Per-parameter norms and local/device losses in the log (true turns all on)."""
+    tensorboard: TensorboardConfig = field(default_factory=TensorboardConfig)
+    """TensorBoard event files."""
+    moe_monitor: MoeMonitorConfig = field(default_factory=MoeMonitorConfig)
+    """Expert load reporting."""
     metrics_dir: str = "./output/metrics"
     """Folder for the per-run JSON-lines metrics file."""
+
+
+@dataclass
+class ProfilerConfig:
+    enable_profiling: bool = False
+    """Run MindSpore's profiler over steps start_step..end_step."""
+    start_step: int = 1
+    """First profiled step."""
+    end_step: int = 1
+    """Last profiled step."""
+    output_path: Optional[str] = None
+    """Folder of the profiler output; by default <output_dir>/profile."""
+    profiler_rank: Optional[list[int]] = None
+    """Ranks that profile; null profiles every rank."""
+    profiler_level: Optional[int] = 0
+    """Detail level 0, 1 or 2."""
+    mstx: bool = False
+    """Collect lightweight mstx markers (Ascend)."""
+    profile_memory: bool = False
+    """Record tensor memory."""
+    profile_cpu: bool = True
+    """Record host (CPU) activity."""
+    with_stack: bool = True
+    """Record Python stacks."""
+
+
+@dataclass
+class RecomputeConfig:
+    mode: str = "None"
+    """Activation recompute: "None", "full" or "select"."""
+    full_recompute_layer: Optional[Any] = None
+    """Layers to recompute in full: a list of ids or ranges like "0-3"."""
+    select_module: Optional[Any] = None
+    """Module paths (and their layers) to recompute selectively."""
+    exclude_op: Optional[list[str]] = None
+    """Operator names whose outputs are kept instead of recomputed."""
+
+
+@dataclass
+class RecomputeCommConfig:
+    enable: bool = False
+    """Recompute the tensor/expert-parallel communication regions."""
+    select_module: Optional[Any] = None
+    """Communication modules (and layers) to recompute."""
+
+
+@dataclass
+class SwapConfig:
+    enable: bool = False
+    """Offload activations to host memory."""
+    default_prefetch: int = 1
+    """Operators to prefetch ahead of the backward pass."""
+    layer_swap: Optional[Any] = None
+    """Per-layer swap entries."""
+    op_swap: Optional[Any] = None
+    """Per-operator swap entries."""
+
+
+@dataclass
+class CallbackConfig:
+    type: str = ""
+    """Registered callback class name."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """Every other key of the entry: keyword arguments of the callback."""
+
+
+@dataclass
+class LoraConfig:
+    target_modules: str = ""
+    """Regex of the Linear layers to adapt."""
+    exclude_layers: Optional[str] = None
+    """Regex of layers to leave alone."""
+    lora_rank: int = 8
+    """Adapter rank."""
+    lora_alpha: int = 16
+    """Scale numerator (scale = alpha / rank)."""
+    lora_dropout: float = 0.0
+    """Dropout on the adapter input."""
+    lora_a_std: float = 0.01
+    """Init std of lora_a."""
+    lora_b_std: float = 0.0
+    """Init std of lora_b."""
 
 
 @dataclass
@@ -260,5 +478,11 @@ class MindTrainConfig:
     lr_scheduler: LRSchedulerConfig = field(default_factory=LRSchedulerConfig)
     train_dataset: TrainDatasetConfig = field(default_factory=TrainDatasetConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    context: ContextConfig = field(default_factory=ContextConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    context: ContextConfig = field(default_factory=ContextConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
+    recompute_comm: RecomputeCommConfig = field(default_factory=RecomputeCommConfig)
+    swap: SwapConfig = field(default_factory=SwapConfig)
+    callbacks: list[CallbackConfig] = field(default_factory=list)
+    lora_config: Optional[LoraConfig] = None

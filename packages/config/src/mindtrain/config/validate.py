@@ -26,6 +26,7 @@ LR_SCHEDULES = {
 }
 BASE_COLUMNS = ["input_ids", "labels", "loss_mask", "position_ids"]
 DTYPES = ("float32", "float16", "bfloat16")
+PP_SCHEDULES = ("1f1b", "interleaved_1f1b", "gpipe")
 
 
 def _positive(value: int, path: str) -> None:
@@ -149,11 +150,12 @@ def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
     for name in ("expert_parallel", "tensor_parallel", "context_parallel", "pipeline_parallel"):
         _positive(getattr(p, name), f"{path}.{name}")
     strategies = ("optim", "optim_grads", "optim_grads_params")
-    if p.data_parallel_sharding_strategy not in strategies:
-        raise ConfigError(f"{path}.data_parallel_sharding_strategy",
-                          f"must be one of {', '.join(strategies)}, got {p.data_parallel_sharding_strategy!r}")
-    if p.pipeline_schedule not in ("1f1b", "gpipe"):
-        raise ConfigError(f"{path}.pipeline_schedule", f"must be '1f1b' or 'gpipe', got {p.pipeline_schedule!r}")
+    if p.data_parallel_shard_strategy not in strategies:
+        raise ConfigError(f"{path}.data_parallel_shard_strategy",
+                          f"must be one of {', '.join(strategies)}, got {p.data_parallel_shard_strategy!r}")
+    if p.pipeline_parallel_schedule not in PP_SCHEDULES:
+        raise ConfigError(f"{path}.pipeline_parallel_schedule",
+                          f"must be one of {', '.join(PP_SCHEDULES)}, got {p.pipeline_parallel_schedule!r}")
     tp = p.tensor_parallel
     if m.num_attention_heads % tp:
         raise ConfigError(f"{path}.tensor_parallel",
@@ -172,13 +174,16 @@ def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
         raise ConfigError(f"{path}.tensor_parallel",
                           f"{tp} must divide the per-rank sequence seq_length / context_parallel = {m.seq_length // cp}")
     pp = p.pipeline_parallel
-    if p.pipeline_layers_per_stage is not None:
-        layers = p.pipeline_layers_per_stage
+    if p.pipeline_parallel_layers_per_stage not in (None, "auto"):
+        layers = p.pipeline_parallel_layers_per_stage
+        if not isinstance(layers, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in layers):
+            raise ConfigError(f"{path}.pipeline_parallel_layers_per_stage",
+                              f"must be \"auto\", null or a list of layer counts per stage, got {layers!r}")
         if len(layers) != pp:
-            raise ConfigError(f"{path}.pipeline_layers_per_stage",
+            raise ConfigError(f"{path}.pipeline_parallel_layers_per_stage",
                               f"needs one entry per stage ({pp}), got {len(layers)}")
         if any(n < 1 for n in layers) or sum(layers) != m.num_hidden_layers:
-            raise ConfigError(f"{path}.pipeline_layers_per_stage",
+            raise ConfigError(f"{path}.pipeline_parallel_layers_per_stage",
                               f"entries must be >= 1 and sum to model.num_hidden_layers ({m.num_hidden_layers}), got {layers}")
     elif pp > m.num_hidden_layers:
         raise ConfigError(f"{path}.pipeline_parallel",
@@ -233,10 +238,8 @@ def validate_config(cfg: MindTrainConfig, world_size: Optional[int] = None) -> N
     for name in ("steps", "local_batch_size", "global_batch_size", "log_interval", "max_skipped_steps"):
         _positive(getattr(t, name), f"training.{name}")
     ck = cfg.checkpoint
-    _non_negative(ck.save_interval, "checkpoint.save_interval")
-    _non_negative(ck.keep_last, "checkpoint.keep_last")
-    if ck.enable_save and not ck.save_path:
-        raise ConfigError("checkpoint.save_path", "must be set when enable_save is true")
+    _non_negative(ck.save_interleaved_steps, "checkpoint.save_interleaved_steps")
+    _non_negative(ck.save_max, "checkpoint.save_max")
     o = cfg.optimizer
     if o.type != "AdamW":
         raise ConfigError("optimizer.type", f"only 'AdamW' is supported, got {o.type!r}")

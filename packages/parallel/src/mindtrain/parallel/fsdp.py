@@ -4,7 +4,7 @@ Every parameter is sharded on dim 0 over the shard group (padded to a multiple o
 group size), FSDP2-style, so a shard keeps its parameter's name and number of dims.
 The optimizer runs on the shards (:attr:`FSDP.params`) with :attr:`FSDP.grads`.
 
-Strategies (``parallelism.data_parallel_sharding_strategy``):
+Strategies (``parallelism.data_parallel_shard_strategy``):
 
 - ``"optim"`` (ZeRO-1): full parameters and full local gradients on every rank; local
   gradients are summed over micro-batches and reduce-scattered once per step.

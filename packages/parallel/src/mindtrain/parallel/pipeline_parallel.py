@@ -131,7 +131,7 @@ class PipelineSchedule:
                  schedule: str = "1f1b", layers_per_stage: Optional[Sequence[int]] = None,
                  dp_sharding: Optional[str] = None):
         if dp_sharding not in (None, "optim", "optim_grads", "optim_grads_params"):
-            raise ConfigError("parallelism.data_parallel_sharding_strategy",
+            raise ConfigError("parallelism.data_parallel_shard_strategy",
                               f"{dp_sharding!r} is not a sharding strategy; use optim, optim_grads or "
                               f"optim_grads_params")
         relax_receive_timeout()

@@ -13,45 +13,40 @@ single-process loss).
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
 import mindspore as ms
 from mindspore import Tensor, ops
 
-from mindtrain.config import ConfigError
+from mindtrain.config.pipeline_layers import layer_counts
 
 METRICS = ("lm_loss", "load_balancing_loss", "mtp_loss", "loss")
 """Order of the per-micro-batch figures a stage returns (each this rank's share)."""
 
 
-def partition_units(units: Sequence[dict], stages: int,
-                    layers_per_stage: Optional[Sequence[int]] = None) -> list[list[str]]:
-    """Unit names per stage: the embedding with the first stage, the head and MTP modules with
-    the last, decoder layers balanced by count (earlier stages take the remainder, since the
-    last one also holds the head and MTP) or as ``layers_per_stage`` says."""
+def partition_units(units: Sequence[dict], stages: int, layers_per_stage: Any = None,
+                    chunks: int = 1) -> list[list[str]]:
+    """Unit names per virtual stage (``stages x chunks`` lists; chunk ``c`` of rank ``r`` is
+    entry ``c * stages + r``): the embedding with the first, the head and MTP modules with
+    the last, decoder layers in order, balanced by count (earlier virtual stages take the
+    remainder, since the last one also holds the head and MTP) or as ``layers_per_stage``
+    says (any form of :func:`mindtrain.config.pipeline_layers.layer_counts`)."""
     decoders = [u["name"] for u in units if u["kind"] == "decoder"]
     n = len(decoders)
-    if layers_per_stage is None:
-        if stages > n + 1:
-            raise ConfigError("parallelism.pipeline_parallel",
-                              f"{stages} stages for {n} decoder layers; use at most {n + 1}")
-        base, extra = divmod(n, stages)
-        counts = [base + (1 if i < extra else 0) for i in range(stages)]
-    else:
-        counts = [int(c) for c in layers_per_stage]
-        if len(counts) != stages or sum(counts) != n or min(counts) < 0:
-            raise ConfigError("parallelism.pipeline_layers_per_stage",
-                              f"{list(layers_per_stage)} must have {stages} non-negative entries "
-                              f"summing to num_hidden_layers = {n}")
+    n_virtual = stages * chunks
+    counts = layer_counts(layers_per_stage, n, stages, chunks)
+    if counts is None:
+        base, extra = divmod(n, n_virtual)
+        counts = [base + (1 if i < extra else 0) for i in range(n_virtual)]
     out, start = [], 0
     for i, c in enumerate(counts):
         names = decoders[start:start + c]
         start += c
         if i == 0:
             names = [u["name"] for u in units if u["kind"] == "embedding"] + names
-        if i == stages - 1:
+        if i == n_virtual - 1:
             names = names + [u["name"] for u in units if u["kind"] in ("head", "mtp")]
         out.append(names)
     return out

@@ -43,7 +43,7 @@ class Engine:
         self.columns = list(columns)
         self.dims = dims
         self.accum = accumulation
-        self.strategy = cfg.parallelism.data_parallel_sharding_strategy
+        self.strategy = cfg.parallelism.data_parallel_shard_strategy
         self.mesh = DeviceMesh(dims, rank)
         if distributed:
             self.mesh.init_process_groups()
@@ -261,8 +261,9 @@ class PipelineEngine:
         p = cfg.parallelism
         self.plan = parallel_plan(model)
         self.sched = PipelineSchedule(model, self.plan, self.mesh, cfg.model.seq_length,
-                                      schedule=p.pipeline_schedule, layers_per_stage=p.pipeline_layers_per_stage,
-                                      dp_sharding=p.data_parallel_sharding_strategy if dims.dp_shard > 1 else None)
+                                      schedule=p.pipeline_parallel_schedule, layers_per_stage=(None if p.pipeline_parallel_layers_per_stage in (None, "auto")
+                                                        else p.pipeline_parallel_layers_per_stage),
+                                      dp_sharding=p.data_parallel_shard_strategy if dims.dp_shard > 1 else None)
         self.named_params = list(zip(self.sched.param_names, self.sched.params))
         self._grads: Optional[list[Tensor]] = None
         self._load: Optional[Tensor] = None

@@ -110,7 +110,8 @@ class Trainer:
         self.flops_per_token = self._flops_per_token()
         self.writer = None
         if cfg.checkpoint.enable_save:
-            self.writer = ckpt.CheckpointWriter(cfg.checkpoint.save_path, cfg.checkpoint.keep_last,
+            self.writer = ckpt.CheckpointWriter(cfg.checkpoint.save_path or os.path.join("output", "checkpoint"),
+                                                cfg.checkpoint.save_max,
                                                 rank=self.rt.rank, world_size=self.rt.world_size,
                                                 barrier=self.rt.barrier)
         if resume is not None:
@@ -205,7 +206,7 @@ class Trainer:
         m = cfg.model
         has_moe = m.first_k_dense_replace < m.num_hidden_layers or m.num_nextn_predict_layers > 0
         history = []
-        save_every = cfg.checkpoint.save_interval
+        save_every = cfg.checkpoint.save_interleaved_steps
         while self.step < self.total_steps:
             rec = self.train_step()
             history.append(rec)
@@ -214,7 +215,8 @@ class Trainer:
                     self.step, self.total_steps, rec["loss"], rec["per_step_time_ms"], rec["lr"], rec["grad_norm"],
                     rec["throughput_flops"], load_balancing_loss=rec["load_balancing_loss"] if has_moe else None,
                     mtp=mtp_fields(rec["mtp_loss"], m.num_nextn_predict_layers, m.mtp_loss_scaling_factor)))
-                if cfg.monitor.train_state:
+                ts = cfg.monitor.train_state
+                if ts.local_norm or ts.local_loss or ts.device_norm or ts.device_loss:
                     norms = parameter_norms(list(self._full_params().items()))
                     for line in format_train_state(self.step, self.total_steps, rec["local_losses"],
                                                    rec["device_losses"], norms):
@@ -279,8 +281,8 @@ class Trainer:
             self.out(f"mindtrain: started from the weights of HF model directory {folder}")
             return None
         load_hf_state_dict(self.model, ckpt.load_tensors(folder, MODEL_FILE), source=folder)
-        if not self.cfg.checkpoint.load_optimizer:
-            self.out(f"mindtrain: loaded model weights from {folder} (load_optimizer is false)")
+        if self.cfg.checkpoint.no_load_optim:
+            self.out(f"mindtrain: loaded model weights from {folder} (checkpoint.no_load_optim is true)")
             return None
         return folder
 

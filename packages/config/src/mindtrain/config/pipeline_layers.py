@@ -1,0 +1,94 @@
+"""``parallelism.pipeline_parallel_layers_per_stage`` in every form MindFormers accepts, as
+decoder-layer counts per virtual pipeline stage.
+
+With ``P = pipeline_parallel`` ranks and ``V = pipeline_parallel_interleave_num`` chunks per
+rank there are ``P x V`` virtual stages; chunk ``c`` of rank ``r`` is virtual stage
+``c * P + r``, and virtual stages take consecutive decoder layers in their order.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from mindtrain.config.errors import ConfigError
+
+FIELD = "parallelism.pipeline_parallel_layers_per_stage"
+
+
+def _int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _range(text: str) -> tuple[int, int]:
+    """``"a-b"`` (inclusive) or ``"a"`` -> ``(a, b)``."""
+    parts = text.strip().split("-")
+    try:
+        if len(parts) > 2:
+            raise ValueError
+        start, end = int(parts[0]), int(parts[-1])
+    except ValueError:
+        raise ConfigError(FIELD, f"{text.strip()!r} is not a layer range; write 'start-end' or one layer id") from None
+    if start > end:
+        raise ConfigError(FIELD, f"range {text.strip()!r} ends before it starts")
+    return start, end
+
+
+def layer_counts(value: Any, num_layers: int, stages: int, chunks: int = 1) -> Optional[list[int]]:
+    """Decoder layers of each virtual stage (``stages x chunks`` entries in virtual-stage
+    order), or ``None`` for the balanced split (``null`` / ``"auto"``).
+
+    Accepted, as in MindFormers: ``"auto"``/``null``; a list of one string per rank with
+    ``chunks`` comma-separated inclusive layer ranges (``["0-1,4-5", "2-3,6-7"]``: chunk ``c``
+    of rank ``r`` runs those layers); a list of one list of ``chunks`` layer counts per rank
+    (``[[2, 2], [2, 2]]``); and mindtrain's list of layer counts per virtual stage (``[2, 2]``
+    without interleaving). The ranges must cover layers 0..num_layers-1 once, in virtual-stage
+    order; only the first and last virtual stage (embedding; head and MTP) may have no layer.
+    """
+    if value is None or value == "auto":
+        if stages * chunks > num_layers + 1:
+            raise ConfigError("parallelism.pipeline_parallel",
+                              f"{stages} stages x {chunks} chunks is more than model.num_hidden_layers "
+                              f"({num_layers}) + 1 virtual stages")
+        return None
+    n_virtual = stages * chunks
+    if not isinstance(value, list) or not value:
+        raise ConfigError(FIELD, f"must be \"auto\", null or a list with one entry per pipeline stage, got {value!r}")
+    if all(_int(x) for x in value):
+        if len(value) != n_virtual:
+            raise ConfigError(FIELD, f"a list of layer counts needs one entry per virtual stage "
+                                     f"(pipeline_parallel x pipeline_parallel_interleave_num = {n_virtual}), "
+                                     f"got {len(value)}")
+        counts = list(value)
+    elif all(isinstance(x, list) for x in value):
+        if len(value) != stages or any(len(x) != chunks or not all(_int(c) for c in x) for x in value):
+            raise ConfigError(FIELD, f"a list of lists needs {stages} lists (one per pipeline stage) of "
+                                     f"{chunks} layer counts (one per chunk), got {value!r}")
+        counts = [value[v % stages][v // stages] for v in range(n_virtual)]
+    elif all(isinstance(x, str) for x in value):
+        if len(value) != stages:
+            raise ConfigError(FIELD, f"needs one string per pipeline stage ({stages}), got {len(value)}")
+        ranges = [[_range(r) for r in text.split(",")] for text in value]
+        for r, chunk_ranges in enumerate(ranges):
+            if len(chunk_ranges) != chunks:
+                raise ConfigError(FIELD, f"stage {r} ({value[r]!r}) has {len(chunk_ranges)} comma-separated "
+                                         f"range(s); pipeline_parallel_interleave_num is {chunks}")
+        spans = [ranges[v % stages][v // stages] for v in range(n_virtual)]
+        expected = 0
+        for v, (start, end) in enumerate(spans):
+            if start != expected:
+                raise ConfigError(FIELD, f"virtual stage {v} (stage {v % stages}, chunk {v // stages}) starts at "
+                                         f"layer {start}; it must start at {expected} (ranges cover the layers "
+                                         f"in order: chunk c of stage r is virtual stage c x {stages} + r)")
+            expected = end + 1
+        if expected != num_layers:
+            raise ConfigError(FIELD, f"the ranges end at layer {expected - 1}; model.num_hidden_layers is {num_layers}")
+        counts = [end - start + 1 for start, end in spans]
+    else:
+        raise ConfigError(FIELD, f"must be \"auto\", null, or a list of ints, of lists of ints or of strings, "
+                                 f"got {value!r}")
+    if sum(counts) != num_layers or min(counts) < 0:
+        raise ConfigError(FIELD, f"{value!r}: layer counts must be >= 0 and sum to model.num_hidden_layers "
+                                 f"({num_layers})")
+    if any(c == 0 for c in counts[1:-1]):
+        raise ConfigError(FIELD, f"{value!r}: only the first and last virtual stage may have no decoder layer")
+    return counts
