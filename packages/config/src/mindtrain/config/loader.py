@@ -13,6 +13,7 @@ import yaml
 
 from mindtrain.config.errors import ConfigError
 from mindtrain.config.legacy import check_not_legacy
+from mindtrain.config.model_names import to_canonical
 from mindtrain.config import schema as S
 from mindtrain.config.schema import MindTrainConfig
 
@@ -155,6 +156,8 @@ def from_dict(cls: type, data: dict, path: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     data = _resolve_aliases(cls, data, path)
+    if cls is S.ModelConfig:
+        data = to_canonical(data, path or "model")
     for key in data:
         if key not in names:
             where = f"{path}.{key}" if path else str(key)

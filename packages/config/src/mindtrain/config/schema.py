@@ -320,6 +320,36 @@ class ModelConfig:
     matmul, so bfloat16 runs as float32 there (said at start-up)."""
     param_init_dtype: str = "float32"
     """Master weight dtype (parameters, gradients, optimizer state); float32."""
+    # MindFormers-only switches (kernels, dtypes of parts of the compute): None = not set.
+    # The MindFormers names that rename a field above are read by model_names.to_canonical.
+    use_flash_attention: Optional[bool] = None
+    """MindFormers: FlashAttention kernel (Ascend, fp16/bf16); CPU runs the portable attention."""
+    moe_grouped_gemm: Optional[bool] = None
+    """MindFormers: grouped-matmul kernel for the routed experts (Ascend)."""
+    mla_qkv_concat: Optional[bool] = None
+    """MindFormers: one fused matmul for the MLA q/kv down-projections (same math)."""
+    bias_swiglu_fusion: Optional[bool] = None
+    """MindFormers: fused SwiGLU kernel (``hidden_act: fusedswiglu`` sets it)."""
+    apply_rope_fusion: Optional[bool] = None
+    """MindFormers: fused rotary-embedding kernel."""
+    use_fused_ops_topkrouter: Optional[bool] = None
+    """MindFormers: fused top-k router kernel."""
+    use_attn_mask_compression: Optional[bool] = None
+    """MindFormers: compressed causal mask for FlashAttention."""
+    layernorm_compute_dtype: Optional[str] = None
+    """MindFormers: dtype of the RMSNorm computation (mindtrain: float32 statistics)."""
+    softmax_compute_dtype: Optional[str] = None
+    """MindFormers: dtype of the attention softmax (mindtrain: float32)."""
+    rotary_dtype: Optional[str] = None
+    """MindFormers: dtype of the rotary cos/sin tables (mindtrain: float32)."""
+    router_dense_type: Optional[str] = None
+    """MindFormers: dtype of the router's matmul (mindtrain: float32)."""
+    hidden_dropout: float = 0.0
+    """Dropout on the residual branches; mindtrain builds none (0 only)."""
+    moe_token_drop_policy: Optional[Any] = None
+    """MindFormers: which tokens an over-full expert drops; mindtrain drops none (no capacity factor)."""
+    use_pad_tokens: Optional[bool] = None
+    """MindFormers: pad expert inputs to a fixed size (static shapes)."""
 
 
 @dataclass

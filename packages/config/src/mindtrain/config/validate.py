@@ -135,6 +135,14 @@ def validate_model(m: ModelConfig, path: str = "model") -> None:
     for name in ("compute_dtype", "param_init_dtype"):
         if getattr(m, name) not in DTYPES:
             raise ConfigError(f"{path}.{name}", f"must be one of {', '.join(DTYPES)}, got {getattr(m, name)!r}")
+    for name in ("layernorm_compute_dtype", "softmax_compute_dtype", "rotary_dtype", "router_dense_type"):
+        value = getattr(m, name)
+        if value is not None and value not in DTYPES:
+            raise ConfigError(f"{path}.{name}", f"must be one of {', '.join(DTYPES)}, got {value!r}")
+    for name in ("attention_dropout", "hidden_dropout"):
+        if getattr(m, name) != 0:
+            raise ConfigError(f"{path}.{name}", f"dropout is not built in mindtrain (DeepSeek-V3 pretrains "
+                                                f"without it); set it to 0.0, got {getattr(m, name)}")
     _non_negative(m.num_nextn_predict_layers, f"{path}.num_nextn_predict_layers")
     _non_negative(m.aux_loss_alpha, f"{path}.aux_loss_alpha")
     _non_negative(m.bias_update_speed, f"{path}.bias_update_speed")

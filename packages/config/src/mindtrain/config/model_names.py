@@ -1,0 +1,217 @@
+"""The model section in MindFormers' naming style, mapped onto mindtrain's (HF DeepSeek-V3) fields.
+
+MindFormers' DeepSeek-V3 YAMLs name the model with its TransformerConfig / MLATransformerConfig
+fields (``mindformers/parallel_core/transformer_config.py``, ``config_converter_deepseek_v3.py``):
+``params_dtype``, ``position_embedding_type: yarn`` with ``rotary_scaling_factor``,
+``moe_aux_loss_coeff``, ... . :func:`to_canonical` reads either style (or a mix) into the HF
+names the models package builds from; :func:`to_mindformers` writes the other way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from mindtrain.config.errors import ConfigError
+
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def norm_dtype(value: Any) -> Any:
+    """MindFormers' short dtype names (bf16, fp32, fp16) -> the long ones."""
+    return _DTYPES.get(value, value) if isinstance(value, str) else value
+
+
+def _same(v: Any) -> Any:
+    return v
+
+
+# MindFormers name -> (HF field, value conversion). Same-named fields (hidden_size, seq_length,
+# q_lora_rank, ...) need no entry.
+RENAMES: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "params_dtype": ("param_init_dtype", norm_dtype),
+    "num_layers": ("num_hidden_layers", _same),
+    "ffn_hidden_size": ("intermediate_size", _same),
+    "layernorm_epsilon": ("rms_norm_eps", _same),
+    "num_query_groups": ("num_key_value_heads", _same),
+    "mtp_num_layers": ("num_nextn_predict_layers", _same),
+    "mtp_loss_factor": ("mtp_loss_scaling_factor", _same),
+    "init_method_std": ("initializer_range", _same),
+    "moe_router_num_groups": ("n_group", _same),
+    "num_moe_experts": ("n_routed_experts", _same),
+    "moe_router_group_topk": ("topk_group", _same),
+    "shared_expert_num": ("n_shared_experts", _same),
+    "moe_router_topk": ("num_experts_per_tok", _same),
+    "moe_ffn_hidden_size": ("moe_intermediate_size", _same),
+    "moe_router_topk_scaling_factor": ("routed_scaling_factor", _same),
+    "rotary_base": ("rope_theta", _same),
+    "qk_head_dim": ("qk_nope_head_dim", _same),
+    "qk_pos_emb_head_dim": ("qk_rope_head_dim", _same),
+    "add_qkv_bias": ("attention_bias", _same),
+    "moe_aux_loss_coeff": ("aux_loss_alpha", _same),
+    "moe_router_bias_update_rate": ("bias_update_speed", _same),
+}
+
+# MindFormers names whose value must be this one for a DeepSeek-V3 (anything else is another
+# model): name -> (accepted values, what the value means in words).
+FIXED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "scoring_func": (("sigmoid",), "DeepSeek-V3 routes with sigmoid scores"),
+    "moe_router_score_function": (("sigmoid",), "DeepSeek-V3 routes with sigmoid scores"),
+    "multi_latent_attention": ((True,), "DeepSeek-V3 attention is multi-latent attention (MLA)"),
+    "gated_linear_unit": ((True,), "DeepSeek-V3 MLPs are gated (SwiGLU)"),
+    "add_bias_linear": ((False,), "DeepSeek-V3 linear layers have no bias"),
+    "qk_layernorm": ((True,), "DeepSeek-V3 MLA normalises the query and key/value latents"),
+    "normalization": (("RMSNorm",), "DeepSeek-V3 uses RMSNorm"),
+    "topk_method": (("noaux_tc",), "DeepSeek-V3 selects experts by group-limited top-k with the bias"),
+    "moe_router_load_balancing_type": (("seq_aux_loss", "none"),
+                                       "mindtrain builds DeepSeek-V3's sequence-wise auxiliary loss "
+                                       "(seq_aux_loss) or none"),
+    "moe_token_dispatcher_type": (("alltoall",), "mindtrain dispatches tokens with all-to-all; "
+                                  "alltoall_deredundancy is not supported yet"),
+    "moe_layer_freq": ((1,), "mindtrain places MoE layers after first_k_dense_replace dense layers"),
+}
+
+# YaRN parameters of MLATransformerConfig and their MindFormers defaults.
+YARN_DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707}
+YARN_FACTOR_NAMES = ("rotary_scaling_factor", "scaling_factor")
+# Accepted MindFormers-only switches kept as ModelConfig fields (kernels, dtypes): dtype-valued.
+DTYPE_SWITCHES = ("layernorm_compute_dtype", "softmax_compute_dtype", "rotary_dtype", "router_dense_type")
+
+MINDFORMERS_ONLY = (set(RENAMES) | set(FIXED) | set(YARN_DEFAULTS) | set(YARN_FACTOR_NAMES)
+                    | {"position_embedding_type", "moe_router_enable_expert_bias",
+                       "moe_shared_expert_intermediate_size"})
+
+
+def _set(out: dict, field: str, value: Any, source: str, path: str, origin: dict[str, str]) -> None:
+    """Put ``value`` into ``out[field]``; the same quantity given twice must agree."""
+    if field in out and out[field] != value:
+        first = origin.get(field, field)
+        raise ConfigError(f"{path}.{source}", f"gives {field} = {value!r}, but {first} already gives "
+                          f"{out[field]!r}; the two names are the same quantity, keep one")
+    out[field] = value
+    origin.setdefault(field, field if source == field else source)
+
+
+def to_canonical(data: dict, path: str = "model") -> dict:
+    """A model mapping in either naming style -> the HF (mindtrain) names.
+
+    Values that contradict a DeepSeek-V3 are one-line errors; the same quantity given in both
+    styles with different values is an error.
+    """
+    data = dict(data)
+    # HF's DeepseekV3Config: num_key_value_heads defaults to num_attention_heads (MLA has one per head).
+    if "num_key_value_heads" not in data and "num_query_groups" not in data and "num_attention_heads" in data:
+        data["num_key_value_heads"] = data["num_attention_heads"]
+    for key in ("compute_dtype",) + DTYPE_SWITCHES:
+        if key in data:
+            data[key] = norm_dtype(data[key])
+    if not any(k in MINDFORMERS_ONLY for k in data) and data.get("hidden_act") not in ("fusedswiglu", "swiglu"):
+        return data
+    out: dict = {}
+    origin: dict[str, str] = {}
+    rest = dict(data)
+    # HF names first, so a MindFormers name that disagrees is the one reported.
+    for key in [k for k in rest if k not in MINDFORMERS_ONLY]:
+        _set(out, key, rest.pop(key), key, path, origin)
+    for key, (allowed, why) in FIXED.items():
+        if key in rest:
+            value = rest.pop(key)
+            if value not in allowed:
+                shown = " or ".join(repr(a) for a in allowed)
+                raise ConfigError(f"{path}.{key}", f"{value!r} is not supported: {why}; set it to {shown}")
+    for key, (field, conv) in RENAMES.items():
+        if key in rest:
+            _set(out, field, conv(rest.pop(key)), key, path, origin)
+    act = out.get("hidden_act")
+    if act in ("fusedswiglu", "swiglu"):
+        # MindFormers' SwiGLU is silu(gate) * up, DeepSeek-V3's MLP; fusedswiglu picks the fused kernel.
+        out["hidden_act"] = "silu"
+        if act == "fusedswiglu" and out.get("bias_swiglu_fusion") is None:
+            out["bias_swiglu_fusion"] = True
+    if "moe_router_enable_expert_bias" in rest:
+        enabled = rest.pop("moe_router_enable_expert_bias")
+        if not isinstance(enabled, bool):
+            raise ConfigError(f"{path}.moe_router_enable_expert_bias", f"must be true or false, got {enabled!r}")
+        if not enabled:
+            _set(out, "bias_update_speed", 0.0, "moe_router_enable_expert_bias", path, origin)
+    if "moe_shared_expert_intermediate_size" in rest:
+        size = rest.pop("moe_shared_expert_intermediate_size")
+        shared, expert = out.get("n_shared_experts", 1), out.get("moe_intermediate_size", 2048)
+        if size is not None and shared and size != shared * expert:
+            raise ConfigError(f"{path}.moe_shared_expert_intermediate_size",
+                              f"{size} must equal n_shared_experts x moe_intermediate_size = {shared}x{expert}"
+                              f" = {shared * expert} (DeepSeek-V3's shared experts are one MLP of that size)")
+    _yarn(rest, out, origin, path)
+    assert not rest, rest
+    return out
+
+
+def _yarn(rest: dict, out: dict, origin: dict[str, str], path: str) -> None:
+    kind = rest.pop("position_embedding_type", None)
+    given = {k: rest.pop(k) for k in list(rest) if k in YARN_DEFAULTS or k in YARN_FACTOR_NAMES}
+    if kind is None and not given:
+        return
+    if kind not in (None, "yarn", "rope"):
+        raise ConfigError(f"{path}.position_embedding_type", f"{kind!r} is not supported; DeepSeek-V3 uses "
+                          "\"yarn\" (or \"rope\" without scaling)")
+    if kind == "rope" or kind is None:
+        if given:
+            name = next(iter(given))
+            raise ConfigError(f"{path}.{name}", "is a YaRN setting; it needs position_embedding_type: yarn")
+        _set(out, "rope_scaling", None, "position_embedding_type", path, origin)
+        return
+    factors = {given[n] for n in YARN_FACTOR_NAMES if n in given}
+    if len(factors) > 1:
+        raise ConfigError(f"{path}.scaling_factor", "and rotary_scaling_factor differ; they are the same "
+                          "quantity, keep one")
+    factor = factors.pop() if factors else 40.0
+    # MindFormers' YaRN takes max_position_embeddings as the original (pre-extension) length.
+    original = out.get("max_position_embeddings", 4096)
+    rope = {"type": "yarn", "factor": factor, "original_max_position_embeddings": original}
+    for k, default in YARN_DEFAULTS.items():
+        rope[k] = given.get(k, default)
+    source = "position_embedding_type"
+    if "rope_scaling" in out and out["rope_scaling"] is not None:
+        theirs = {k: v for k, v in out["rope_scaling"].items()}
+        theirs.setdefault("type", theirs.pop("rope_type", "yarn"))
+        if any(theirs.get(k) != v for k, v in rope.items()):
+            raise ConfigError(f"{path}.position_embedding_type",
+                              f"gives rope_scaling {rope}, but rope_scaling already gives {out['rope_scaling']}; "
+                              "the two are the same quantity, keep one")
+        return
+    out["rope_scaling"] = rope
+    origin["rope_scaling"] = source
+    out["max_position_embeddings"] = int(round(float(factor) * original))
+
+
+def to_mindformers(data: dict) -> dict:
+    """HF-named model mapping -> MindFormers' names (the inverse of :func:`to_canonical`)."""
+    back = {"param_init_dtype": "params_dtype", "aux_loss_alpha": "moe_aux_loss_coeff",
+            "bias_update_speed": "moe_router_bias_update_rate"}
+    # MindFormers' own DeepSeek-V3 YAMLs keep HF names for the structure (num_hidden_layers,
+    # n_routed_experts, ...) and use its names for the rest; write the same.
+    out: dict = {}
+    for key, value in data.items():
+        if key == "rope_scaling":
+            continue
+        if key == "bias_swiglu_fusion":
+            continue
+        out[back.get(key, key)] = value
+    if data.get("hidden_act") == "silu":
+        out["hidden_act"] = "fusedswiglu" if data.get("bias_swiglu_fusion") else "swiglu"
+    rope = data.get("rope_scaling")
+    if rope:
+        out["position_embedding_type"] = "yarn"
+        out["max_position_embeddings"] = rope.get("original_max_position_embeddings", data.get("max_position_embeddings"))
+        out["rotary_scaling_factor"] = rope.get("factor")
+        for k in YARN_DEFAULTS:
+            if k in rope:
+                out[k] = rope[k]
+    elif "rope_scaling" in data:
+        out["position_embedding_type"] = "rope"
+    if "bias_update_speed" in data:
+        out["moe_router_enable_expert_bias"] = bool(data["bias_update_speed"])
+    for key, value in (("multi_latent_attention", True), ("gated_linear_unit", True), ("add_bias_linear", False),
+                       ("qk_layernorm", True), ("scoring_func", "sigmoid"),
+                       ("moe_router_load_balancing_type", "seq_aux_loss" if data.get("aux_loss_alpha", 1) else "none")):
+        out.setdefault(key, value)
+    return out
