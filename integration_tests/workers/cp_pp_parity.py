@@ -2,10 +2,11 @@
 per-step figures and final parameters.
 
     python cp_pp_parity.py reference OUT.npz [--docs]          # the single-process run
-    msrun ... cp_pp_parity.py parallel OUT_DIR REF.npz NAME:pp:cp:schedule[:tp:ep:sharding:micro] ...
+    msrun ... cp_pp_parity.py parallel OUT_DIR REF.npz NAME:pp:cp:schedule[:tp:ep:sharding:micro:chunks] ...
 
 (data-parallel degree = workers / (pp x cp x tp); each data-parallel rank takes its share of
-every step's ``micro`` micro-batches (default CP_PP_MICRO); ``sharding`` is the stage's FSDP
+every step's ``micro`` micro-batches (default CP_PP_MICRO); ``chunks`` model chunks per
+pipeline stage (interleaved 1F1B when > 1, default 1); ``sharding`` is the stage's FSDP
 strategy over dp (optim / optim_grads / optim_grads_params) or "-" for none; a ``{micro}``
 in REF.npz is replaced by the spec's micro-batch count, so specs can use different references).
 
@@ -170,16 +171,16 @@ def parallel(out_dir: str, ref_path: str, specs: list[str], docs: bool) -> None:
     results = {}
     for spec in specs:
         fields = spec.split(":")
-        fields += ["1", "1", "-", str(MICRO)][len(fields) - 4:]
-        name, pp, cp, schedule, tp, ep, sharding, micro = fields
-        pp, cp, tp, ep, micro = int(pp), int(cp), int(tp), int(ep), int(micro)
+        fields += ["1", "1", "-", str(MICRO), "1"][len(fields) - 4:]
+        name, pp, cp, schedule, tp, ep, sharding, micro, chunks = fields
+        pp, cp, tp, ep, micro, chunks = int(pp), int(cp), int(tp), int(ep), int(micro), int(chunks)
         dp = world // (pp * cp * tp)
         dims = ParallelDims(world_size=world, pp=pp, dp_shard=dp, cp=cp, tp=tp, ep=ep)
         mesh = DeviceMesh(dims, rank).init_process_groups()
         model = fresh_model(jit=True)
         plan = parallel_plan(model)
         sched = PipelineSchedule(model, plan, mesh, SEQ, schedule=schedule,
-                                 dp_sharding=None if sharding == "-" else sharding)
+                                 dp_sharding=None if sharding == "-" else sharding, chunks=chunks)
         opt = make_optimizer(list(zip(sched.param_names, sched.params)))
         if name.startswith("fail") and sched.stage_index == 1:
             _inject_failure(sched.stage, at_call=micro // dp + 1)
@@ -197,8 +198,8 @@ def parallel(out_dir: str, ref_path: str, specs: list[str], docs: bool) -> None:
         rows = np.array(rows)
         # bytes of dense stage weights this rank keeps between steps (full weights + shards)
         full_bytes = sum(int(np.prod(sched.fsdp.slots[n].shape)) * 4 for n in sched.dense_names) \
-            if sched.fsdp is not None else sum(p.size * p.itemsize for p in sched.stage.params)
-        resident = sum(p.size * p.itemsize for p in sched.stage.params)
+            if sched.fsdp is not None else sum(p.size * p.itemsize for p in sched.stage_params)
+        resident = sum(p.size * p.itemsize for p in sched.stage_params)
         if sched.fsdp is not None:
             resident += sum(p.size * p.itemsize for p in sched.fsdp.params)
         state = sched.full_state_dict()

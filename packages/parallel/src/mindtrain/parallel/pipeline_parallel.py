@@ -1,4 +1,4 @@
-"""Pipeline parallelism (1F1B and GPipe) with context parallelism inside each stage.
+"""Pipeline parallelism (1F1B, interleaved 1F1B and GPipe) with context parallelism inside each stage.
 
 Every rank builds the whole model with the same seed and runs only its stage's units
 (:class:`~mindtrain.parallel.pipeline_stage.ModelStage`); activations go forward and their
@@ -12,7 +12,11 @@ forward without a graph and the backward recomputes that forward inside
 activation recomputation. The last stage skips the separate forward.
 
 Sends are non-blocking (``isend``, waited at the end of the step) and receives blocking, so
-neighbours never wait on each other's sends. The CPU backend has no batched send/recv, and
+neighbours never wait on each other's sends.
+With interleaving (``chunks > 1``) a rank holds several non-contiguous model chunks
+(virtual stages, see :mod:`~mindtrain.parallel.pipeline_schedule`) and the tensors of
+chunk ``c`` go to and come from the ranks before and after it in virtual-stage order
+(rank ``P - 1``'s chunk ``c`` feeds rank 0's chunk ``c + 1``). The CPU backend has no batched send/recv, and
 :mod:`mindtrain.parallel.collectives` only has a blocking send, hence :func:`_isend` here.
 
 The other dimensions of the mesh compose inside each stage: tensor (+ sequence) parallelism
@@ -43,7 +47,7 @@ from mindtrain.parallel.expert_parallel import apply_expert_parallel
 from mindtrain.parallel.fsdp import FSDP
 from mindtrain.parallel.mesh import DeviceMesh, Group
 from mindtrain.parallel.tensor_parallel import apply_tensor_parallel
-from mindtrain.parallel.pipeline_schedule import stage_ops
+from mindtrain.parallel.pipeline_schedule import op_messages, resolve_schedule, stage_ops
 from mindtrain.parallel.pipeline_stage import METRICS, ModelStage, partition_units
 
 
@@ -128,12 +132,13 @@ class PipelineSchedule:
     """
 
     def __init__(self, model, plan: Mapping[str, Any], mesh: DeviceMesh, seq_length: int,
-                 schedule: str = "1f1b", layers_per_stage: Optional[Sequence[int]] = None,
-                 dp_sharding: Optional[str] = None):
+                 schedule: str = "1f1b", layers_per_stage: Any = None,
+                 dp_sharding: Optional[str] = None, chunks: int = 1):
         if dp_sharding not in (None, "optim", "optim_grads", "optim_grads_params"):
             raise ConfigError("parallelism.data_parallel_shard_strategy",
                               f"{dp_sharding!r} is not a sharding strategy; use optim, optim_grads or "
                               f"optim_grads_params")
+        self.schedule = resolve_schedule(schedule, chunks)
         relax_receive_timeout()
         self.model = model
         self.plan = plan
@@ -142,10 +147,17 @@ class PipelineSchedule:
         self.cp = mesh.group("cp")
         self.dp = mesh.group("dp")
         self.seq_length = seq_length
-        self.schedule = schedule
-        self.parts = partition_units(plan["units"], self.pp.size, layers_per_stage)
+        if chunks > 1 and self.pp.size == 1:
+            raise ConfigError("parallelism.pipeline_parallel_interleave_num",
+                              f"{chunks} chunks need pipeline_parallel > 1; set it to 1")
+        self.num_chunks = chunks
+        self.virtual_parts = partition_units(plan["units"], self.pp.size, layers_per_stage, chunks)
+        """Unit names per virtual stage (chunk ``c`` of rank ``r`` is entry ``c * pp + r``)."""
         self.stage_index = self.pp.index
         self.num_stages = self.pp.size
+        self.parts = [[u for c in range(chunks) for u in self.virtual_parts[c * self.num_stages + r]]
+                      for r in range(self.num_stages)]
+        """Unit names per rank of the ``pp`` group (its chunks in order)."""
         # Compiled (ms.jit) layers stay compiled when nothing patches them: CP, TP and EP
         # replace layer forwards with collective-calling code, and ZeRO-3 swaps the weights'
         # storage (set_data), which a compiled graph never sees.
@@ -156,10 +168,21 @@ class PipelineSchedule:
         self.tp = apply_tensor_parallel(model, plan, mesh)
         self.ep = apply_expert_parallel(model, plan, mesh)
         apply_context_parallel(model, self.cp, seq_length)
-        self.stage = ModelStage(model, plan, self.parts[self.stage_index])
+        self.chunks = [ModelStage(model, plan, self.virtual_parts[c * self.num_stages + self.stage_index])
+                       for c in range(chunks)]
+        self.stage = self.chunks[0]
+        """This rank's first (without interleaving: only) chunk."""
+        # this rank's dense weights over all its chunks, each once
+        named: dict[str, Any] = {}
+        for ch in self.chunks:
+            named.update((n, p) for n, p in zip(ch.param_names, ch.params) if n not in named)
+        self.stage_params = list(named.values())
+        """The dense weights of all this rank's chunks (full, as the model holds them)."""
+        order = {n: i for i, n in enumerate(named)}
+        self._chunk_index = [[order[n] for n in ch.param_names] for ch in self.chunks]
         self.last_timing: dict[str, float] = {}
         """``step_s`` (wall time of the last :meth:`step`) and ``busy_s`` (its stage compute)."""
-        self.dense_names = list(self.stage.param_names)
+        self.dense_names = list(named)
         # Weights used on two stages (the embedding by the MTP modules): their gradients are
         # summed over the stages that hold them, so each holder updates them identically.
         self._tied = self._tied_group(plan)
@@ -173,11 +196,11 @@ class PipelineSchedule:
                              for n in _unit_params(plan, u) if n in self.ep.slots]
         self.fsdp: Optional[FSDP] = None
         if dp_sharding is not None and self.dp.size > 1:
-            self.fsdp = FSDP(_StageParameters(self.stage.params), self.dp, strategy=dp_sharding)
+            self.fsdp = FSDP(_StageParameters(self.stage_params), self.dp, strategy=dp_sharding)
         # ZeRO-2/3: every micro-batch's gradients are reduced at once and only the shard kept
         self._shard_each = self.fsdp is not None and self.fsdp.strategy != "optim"
         self._zero3 = self.fsdp is not None and self.fsdp.strategy == "optim_grads_params"
-        dense = self.fsdp.params if self.fsdp is not None else self.stage.params
+        dense = self.fsdp.params if self.fsdp is not None else self.stage_params
         self.param_names = self.dense_names + self.expert_names
         """Names of :attr:`params`: the stage's dense weights, then its expert weights."""
         self.params = list(dense) + [self.ep.slots[n].param for n in self.expert_names]
@@ -212,8 +235,9 @@ class PipelineSchedule:
     # ---------------------------------------------------------------- step
     def split(self, batch: Mapping[str, Any]) -> dict:
         """This rank's CP part of one micro-batch (see :func:`split_batch`)."""
-        return split_batch(batch, self.cp.size, self.cp.index, self.stage.num_heads, len(self.stage.mtp_ids)
-                           if self.stage.is_last else 0)
+        last = self.chunks[-1]  # the last virtual stage is the last rank's last chunk
+        return split_batch(batch, self.cp.size, self.cp.index, last.num_heads, len(last.mtp_ids)
+                           if last.is_last else 0)
 
     def step(self, micro_batches: Sequence[Mapping[str, Any]]):
         """Forward and backward of this rank's micro-batches (whole sequences; CP splits them).
@@ -234,41 +258,51 @@ class PipelineSchedule:
             self.fsdp._materialize(self.fsdp.root)
         mbs = [self.split(b) for b in micro_batches]
         m = len(mbs)
-        st = self.stage
-        first, last = st.is_first, st.is_last
         b, s_local = mbs[0]["input_ids"].shape
         # sequence parallelism: between layers each TP rank holds 1/tp of the local sequence
-        act_shape = (b, s_local // self.tp.size, st.hidden_size)
-        inputs: dict[int, Optional[Tensor]] = {}
+        act_shape = (b, s_local // self.tp.size, self.stage.hidden_size)
+        inputs: dict[tuple[int, int], Optional[Tensor]] = {}
+        partial: dict[int, list] = {}  # micro-batch -> this rank's dense gradients so far
         pending = []
         acc: Optional[list[Tensor]] = None
         figures = []
         load = None
-        me = self.stage_index
-        for kind, i in stage_ops(self.schedule, self.num_stages, me, m):
-            if kind == "F":
-                h = None if first else C.recv(act_shape, ms.float32, me - 1, self.pp)
-                inputs[i] = h
-                if not last:
+        me, n_dense = self.stage_index, len(self.dense_names)
+        for op in stage_ops(self.schedule, self.num_stages, me, m, self.num_chunks):
+            i, c = op.micro, op.chunk
+            st = self.chunks[c]
+            recv, send = op_messages(op, me, self.num_stages, self.num_chunks)
+            if op.kind == "F":
+                h = None if recv is None else C.recv(act_shape, ms.float32, recv[0], self.pp)
+                inputs[(c, i)] = h
+                if send is not None:  # the last virtual stage's forward runs inside its backward
                     t = time.perf_counter()
                     out = st.forward_only(h, mbs[i])
                     out.asnumpy()  # the CPU runs ops asynchronously; wait so the time is the compute
                     busy += time.perf_counter() - t
-                    pending.append(_isend(out, me + 1, self.pp))
+                    pending.append(_isend(out, send[0], self.pp))
                 continue
-            sens = None if last else C.recv(act_shape, ms.float32, me + 1, self.pp)
+            sens = None if recv is None else C.recv(act_shape, ms.float32, recv[0], self.pp)
             t = time.perf_counter()
-            gh, grads, fig, count = st.backward(inputs.pop(i), sens, mbs[i])
+            gh, grads, fig, count = st.backward(inputs.pop((c, i)), sens, mbs[i])
             fig.asnumpy()
             busy += time.perf_counter() - t
-            if not first:
-                pending.append(_isend(gh, me - 1, self.pp))
-            if self._shard_each:
-                grads = self._reduce_micro(grads)
-            acc = grads if acc is None else [a + g for a, g in zip(acc, grads)]
+            if send is not None:
+                pending.append(_isend(gh, send[0], self.pp))
+            mine = partial.setdefault(i, [None] * n_dense)
+            for k, g in zip(self._chunk_index[c], grads):
+                mine[k] = g if mine[k] is None else mine[k] + g
             figures.append(fig)
             rows = st.load_rows(count)
             load = rows if load is None else load + rows
+            if c > 0:
+                continue
+            # chunk 0's backward is the micro-batch's last on this rank: its gradients are complete
+            grads = [ops.zeros(p.shape, p.dtype) if g is None else g
+                     for g, p in zip(partial.pop(i), self.stage_params)]
+            if self._shard_each:
+                grads = self._reduce_micro(grads)
+            acc = grads if acc is None else [a + g for a, g in zip(acc, grads)]
         for work, _ in pending:
             work.wait()
         if self._zero3:
@@ -287,7 +321,8 @@ class PipelineSchedule:
     def _finish(self, acc, figures, load, m):
         reduced = self._shard_each  # the gradients are already reduced shards
         sizes = [int(np.prod(g.shape)) for g in acc] if not reduced else []
-        fig = ops.stack(figures).mean(0)
+        # every chunk's figures are its share of a micro-batch: sum them, average over micro-batches
+        fig = ops.stack(figures).sum(0) / float(m)
         n_load = int(np.prod(load.shape))
         # One all-reduce over dp x cp carries gradient shares, figures and expert load: CP
         # shares add up, data-parallel ranks are averaged (load: summed) below.
