@@ -69,6 +69,12 @@ def test_config_errors(data, overrides, needle):
     assert needle in line
 
 
+def test_token_ids_beyond_vocab(data):
+    tmp, good = data
+    line = _one_line(_run(tmp, f"train_dataset.dataloader.config.data_path=['1', '{good}']", "model.vocab_size=64"))
+    assert f"{good}.bin: largest token id " in line and "does not fit model.vocab_size 64" in line
+
+
 def test_missing_config_file(data):
     tmp, _ = data
     line = _one_line(_run(tmp, config=str(tmp / "missing.yaml")))

@@ -137,6 +137,7 @@ class IndexedDataset:
             self._tokens = np.fromfile(bpath, dtype=self.dtype)
         # Element (not byte) offsets make every read one slice of the token array.
         self._starts = pointers // self._itemsize if len(pointers) else pointers
+        self._id_range = None
 
     def __getstate__(self):  # re-open the files in the receiving process instead of copying them
         return {"path_prefix": self.path_prefix, "mmap": isinstance(self._tokens, np.memmap)}
@@ -192,6 +193,19 @@ class IndexedDataset:
     @property
     def num_tokens(self) -> int:
         return int(self.index.sequence_lengths.sum(dtype=np.int64))
+
+    def token_id_range(self) -> tuple:
+        """(smallest, largest) token id in the .bin, or None when it holds no token.
+
+        One pass over the memory-mapped file in bounded chunks (a few GB/s), remembered
+        for this object.
+        """
+        if self._id_range is None and len(self._tokens):
+            chunk = 1 << 26
+            parts = [(int(c.min()), int(c.max()))
+                     for c in (self._tokens[i:i + chunk] for i in range(0, len(self._tokens), chunk))]
+            self._id_range = (min(p[0] for p in parts), max(p[1] for p in parts))
+        return self._id_range
 
     @staticmethod
     def exists(path_prefix: str) -> bool:

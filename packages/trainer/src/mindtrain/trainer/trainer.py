@@ -56,7 +56,7 @@ class Trainer:
     """
 
     def __init__(self, cfg: MindTrainConfig, runtime: Runtime, out: Callable[[str], None] = print):
-        from mindtrain.data import PretrainingLoader, build_dataset
+        from mindtrain.data import PretrainingLoader, build_dataset, check_token_ids
         from mindtrain.models import build_model
 
         self.cfg = cfg
@@ -71,12 +71,19 @@ class Trainer:
         # data first: a wrong data_path fails before the (slower) model build
         dl = cfg.train_dataset.dataloader
         self.columns = list(dl.column_names)
-        dataset = build_dataset(cfg.train_dataset)
-        self.loader = PretrainingLoader(
-            dataset, micro_batch_size=t.local_batch_size, global_batch_size=t.global_batch_size,
-            dp_rank=self._data_rank(), dp_size=self.dims.dp,
-            drop_remainder=cfg.train_dataset.drop_remainder,
-            num_workers=cfg.train_dataset.num_parallel_workers, shuffle=dl.shuffle, seed=t.seed)
+        if dl.type == "MindDataset":
+            from mindtrain.trainer.mind_dataset import build_mind_loader
+
+            self.loader = build_mind_loader(cfg, self._data_rank(), self.dims.dp)
+            self.columns = self.loader.dataset.columns
+        else:
+            dataset = build_dataset(cfg.train_dataset)
+            check_token_ids(dataset, cfg.model.vocab_size)  # one line here, not a gather-kernel trace later
+            self.loader = PretrainingLoader(
+                dataset, micro_batch_size=t.local_batch_size, global_batch_size=t.global_batch_size,
+                dp_rank=self._data_rank(), dp_size=self.dims.dp,
+                drop_remainder=cfg.train_dataset.drop_remainder,
+                num_workers=cfg.train_dataset.num_parallel_workers, shuffle=dl.shuffle, seed=t.seed)
         self._seed(t.seed)
         # The model's default path: each decoder layer compiled with ms.jit. Everything that
         # changes weights afterwards (optimizer, expert-bias update, checkpoint load) writes
