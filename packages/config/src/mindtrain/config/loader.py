@@ -228,11 +228,35 @@ def read_yaml(path: str) -> dict:
     return raw
 
 
+# The seed's dataset section lists every field of BlendedMegatronDatasetDataLoader's ``config``
+# as required ("缺一不可"), so a config file must write each one out; the library's own
+# GPTDatasetConfig keeps defaults for programmatic use.
+REQUIRED_DATASET_FIELDS = ("seed", "seq_length", "split", "eod", "pad", "eod_mask_loss", "reset_position_ids",
+                           "create_attention_mask", "reset_attention_mask", "create_compressed_eod_mask",
+                           "eod_pad_length", "data_path")
+
+
+def check_dataset_fields_given(raw: dict) -> None:
+    """A one-line error naming the first dataset ``config`` field missing from a config file."""
+    loader = (raw.get("train_dataset") or {}).get("dataloader") if isinstance(raw.get("train_dataset"), dict) else None
+    if not isinstance(loader, dict) or loader.get("type", "BlendedMegatronDatasetDataLoader") != \
+            "BlendedMegatronDatasetDataLoader" or not isinstance(loader.get("config"), dict):
+        return  # a missing config section, or another loader type, is the validator's to report
+    given = loader["config"]
+    defaults = S.GPTDatasetConfig()
+    for name in REQUIRED_DATASET_FIELDS:
+        if name not in given:
+            example = "" if name in ("split", "data_path") else f" (e.g. {name}: {getattr(defaults, name)})"
+            raise ConfigError(f"train_dataset.dataloader.config.{name}",
+                              f"is required: every field of the dataset config must be given{example}")
+
+
 def parse_config(raw: dict, overrides: Iterable[str] = (), validate: bool = True,
                  world_size: Optional[int] = None) -> MindTrainConfig:
     """Build and (by default) validate a config from a raw mapping."""
     raw = apply_overrides(raw, overrides)
     check_not_legacy(raw)
+    check_dataset_fields_given(raw)
     cfg = from_dict(MindTrainConfig, raw)
     if validate:
         from mindtrain.config.validate import validate_config
