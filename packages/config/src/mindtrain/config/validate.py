@@ -198,11 +198,29 @@ def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
                           f"{pp} stages exceed model.num_hidden_layers ({m.num_hidden_layers})")
 
 
+def _validate_mind_dataset(dl, path: str) -> None:
+    """MindDataset reads MindRecord files: dataset_files is required; the Megatron loader's
+    datasets_type, sizes and config are not used."""
+    files = dl.dataset_files
+    if isinstance(files, str):
+        files = [files]
+    if not files or not isinstance(files, list) or not all(isinstance(f, str) and f for f in files):
+        raise ConfigError(f"{path}.dataset_files", "is required for MindDataset: a .mindrecord file, a list of them, "
+                          f"or a folder holding them; got {dl.dataset_files!r}")
+    if not dl.column_names or "input_ids" not in dl.column_names:
+        raise ConfigError(f"{path}.column_names", f"must name the MindRecord columns to read, starting with "
+                          f"input_ids; got {dl.column_names}")
+
+
 def validate_dataset(d: TrainDatasetConfig, m: ModelConfig) -> None:
     path = "train_dataset.dataloader"
     dl = d.dataloader
+    if dl.type == "MindDataset":
+        _validate_mind_dataset(dl, path)
+        _non_negative(d.num_parallel_workers, "train_dataset.num_parallel_workers")
+        return
     if dl.type != "BlendedMegatronDatasetDataLoader":
-        raise ConfigError(f"{path}.type", f"must be 'BlendedMegatronDatasetDataLoader', got {dl.type!r}")
+        raise ConfigError(f"{path}.type", f"must be 'BlendedMegatronDatasetDataLoader' or 'MindDataset', got {dl.type!r}")
     if dl.datasets_type is None:
         raise ConfigError(f"{path}.datasets_type", "is required for BlendedMegatronDatasetDataLoader; set it to \"GPTDataset\"")
     if dl.datasets_type != "GPTDataset":
