@@ -28,6 +28,7 @@ from mindtrain.config.schema import (
     TrainDatasetConfig,
     TrainingConfig,
 )
+from mindtrain.config.startup_notes import startup_notes
 from mindtrain.config.validate import parse_data_path, parse_split, validate_config, validate_model
 
 __all__ = [
@@ -37,6 +38,6 @@ __all__ = [
     "ParallelDims", "ParallelismConfig", "TrainDatasetConfig", "TrainingConfig", "UserError",
     "convert_legacy", "dump_config", "from_dict", "legacy_problems", "load_config",
     "num_accumulation_steps", "parse_config", "parse_data_path", "parse_split",
-    "resolve_parallelism", "to_dict", "total_lr_steps", "validate_config", "validate_model",
+    "resolve_parallelism", "startup_notes", "to_dict", "total_lr_steps", "validate_config", "validate_model",
     "warmup_steps",
 ]

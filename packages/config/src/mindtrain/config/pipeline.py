@@ -1,5 +1,9 @@
-"""``parallelism.pipeline_parallel_layers_per_stage`` in every form MindFormers accepts, as
-decoder-layer counts per virtual pipeline stage.
+"""The pipeline fields of ``parallelism`` with MindFormers' meaning, as plain values.
+
+``pipeline_parallel_layers_per_stage`` in every form MindFormers accepts becomes decoder-layer
+counts per virtual stage; ``pipeline_parallel_schedule`` with ``pipeline_parallel_interleave_num``
+becomes the schedule to run; ``pipeline_parallel_microbatch_size`` is the number of
+micro-batches per step.
 
 With ``P = pipeline_parallel`` ranks and ``V = pipeline_parallel_interleave_num`` chunks per
 rank there are ``P x V`` virtual stages; chunk ``c`` of rank ``r`` is virtual stage
@@ -13,6 +17,50 @@ from typing import Any, Optional
 from mindtrain.config.errors import ConfigError
 
 FIELD = "parallelism.pipeline_parallel_layers_per_stage"
+SCHEDULES = ("1f1b", "interleaved_1f1b", "gpipe")
+
+
+def resolve_schedule(schedule: str, chunks: int) -> str:
+    """The schedule to run: ``"1f1b"`` with ``chunks > 1`` becomes ``"interleaved_1f1b"``
+    (MindFormers infers it the same way); the combinations that cannot run raise."""
+    kind = schedule.lower() if isinstance(schedule, str) else schedule
+    if kind not in SCHEDULES:
+        raise ConfigError("parallelism.pipeline_parallel_schedule",
+                          f"must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    if not _int(chunks) or chunks < 1:
+        raise ConfigError("parallelism.pipeline_parallel_interleave_num", f"must be an integer >= 1, got {chunks!r}")
+    if kind == "1f1b" and chunks > 1:
+        return "interleaved_1f1b"
+    if kind == "interleaved_1f1b" and chunks == 1:
+        raise ConfigError("parallelism.pipeline_parallel_schedule",
+                          "interleaved_1f1b needs pipeline_parallel_interleave_num > 1; use 1f1b or raise it")
+    if kind == "gpipe" and chunks > 1:
+        raise ConfigError("parallelism.pipeline_parallel_schedule",
+                          "gpipe runs one model chunk per stage; use interleaved_1f1b or "
+                          "pipeline_parallel_interleave_num: 1")
+    return kind
+
+
+def check_micro_batches(schedule: str, stages: int, micro_batches: int) -> None:
+    """Interleaved 1F1B needs the micro-batches of a step to be a multiple of the stages."""
+    if schedule == "interleaved_1f1b" and micro_batches % stages:
+        raise ConfigError("training.global_batch_size",
+                          f"interleaved_1f1b needs the micro-batches per step and data-parallel rank "
+                          f"(global_batch_size / (data parallel x local_batch_size) = {micro_batches}) to be a "
+                          f"multiple of pipeline_parallel ({stages})")
+
+
+def microbatch_note(value: int, stages: int, micro_batches: int) -> Optional[str]:
+    """``pipeline_parallel_microbatch_size`` is, in MindFormers, the number of micro-batches a
+    pipeline step runs, and its trainer sets it to the gradient-accumulation count
+    ``global_batch_size / (data parallel x local_batch_size)`` whatever the YAML says. mindtrain
+    does the same and says so (a start-up line) when a pipeline runs with a different value."""
+    if not _int(value) or value < 1:
+        raise ConfigError("parallelism.pipeline_parallel_microbatch_size", f"must be an integer >= 1, got {value!r}")
+    if stages > 1 and value != micro_batches:
+        return (f"parallelism.pipeline_parallel_microbatch_size: {value} is replaced by {micro_batches}, the "
+                f"micro-batches per step (global_batch_size / (data parallel x local_batch_size)), as MindFormers does")
+    return None
 
 
 def _int(x: Any) -> bool:

@@ -118,8 +118,10 @@ class ParallelismConfig:
     """MindFormers: split input and weight gradients in the pipeline backward."""
     pipeline_parallel_p2p_transport: str = "plain"
     """MindFormers: how pipeline send/receive are issued ("plain", "auto")."""
-    sequence_parallel: bool = False
-    """Sequence parallelism; mindtrain always runs it with tensor_parallel > 1."""
+    sequence_parallel: Optional[bool] = None
+    """Sequence parallelism; on whenever tensor_parallel > 1 (null: follow tensor_parallel;
+    false with tensor_parallel > 1 is refused, as MindFormers' PyNative trainer does).
+    MindFormers' default: false."""
     enable_mc2: bool = False
     """MindFormers: fused matmul + communication kernels (Ascend)."""
     enable_loss_parallel: bool = False
@@ -217,6 +219,8 @@ class GPTDatasetConfig:
     """Read seq_length + 1 tokens per sample so labels are the inputs shifted by one."""
     mmap_bin_files: bool = True
     """Memory-map the .bin files (zero-copy reads)."""
+    num_dataset_builder_threads: int = 1
+    """MindFormers: threads that build the index arrays (mindtrain: one; said at start-up)."""
 
 
 @dataclass

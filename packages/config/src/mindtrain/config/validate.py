@@ -6,6 +6,7 @@ from typing import Optional
 
 from mindtrain.config.derived import num_accumulation_steps, resolve_parallelism, total_lr_steps, warmup_steps
 from mindtrain.config.errors import ConfigError
+from mindtrain.config.pipeline import check_micro_batches, layer_counts, microbatch_note, resolve_schedule
 from mindtrain.config.schema import (
     GPTDatasetConfig,
     MindTrainConfig,
@@ -26,7 +27,6 @@ LR_SCHEDULES = {
 }
 BASE_COLUMNS = ["input_ids", "labels", "loss_mask", "position_ids"]
 DTYPES = ("float32", "float16", "bfloat16")
-PP_SCHEDULES = ("1f1b", "interleaved_1f1b", "gpipe")
 
 
 def _positive(value: int, path: str) -> None:
@@ -161,9 +161,6 @@ def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
     if p.data_parallel_shard_strategy not in strategies:
         raise ConfigError(f"{path}.data_parallel_shard_strategy",
                           f"must be one of {', '.join(strategies)}, got {p.data_parallel_shard_strategy!r}")
-    if p.pipeline_parallel_schedule not in PP_SCHEDULES:
-        raise ConfigError(f"{path}.pipeline_parallel_schedule",
-                          f"must be one of {', '.join(PP_SCHEDULES)}, got {p.pipeline_parallel_schedule!r}")
     tp = p.tensor_parallel
     if m.num_attention_heads % tp:
         raise ConfigError(f"{path}.tensor_parallel",
@@ -181,21 +178,18 @@ def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
     if cp > 1 and tp > 1 and (m.seq_length // cp) % tp:
         raise ConfigError(f"{path}.tensor_parallel",
                           f"{tp} must divide the per-rank sequence seq_length / context_parallel = {m.seq_length // cp}")
-    pp = p.pipeline_parallel
-    if p.pipeline_parallel_layers_per_stage not in (None, "auto"):
-        layers = p.pipeline_parallel_layers_per_stage
-        if not isinstance(layers, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in layers):
-            raise ConfigError(f"{path}.pipeline_parallel_layers_per_stage",
-                              f"must be \"auto\", null or a list of layer counts per stage, got {layers!r}")
-        if len(layers) != pp:
-            raise ConfigError(f"{path}.pipeline_parallel_layers_per_stage",
-                              f"needs one entry per stage ({pp}), got {len(layers)}")
-        if any(n < 1 for n in layers) or sum(layers) != m.num_hidden_layers:
-            raise ConfigError(f"{path}.pipeline_parallel_layers_per_stage",
-                              f"entries must be >= 1 and sum to model.num_hidden_layers ({m.num_hidden_layers}), got {layers}")
-    elif pp > m.num_hidden_layers:
-        raise ConfigError(f"{path}.pipeline_parallel",
-                          f"{pp} stages exceed model.num_hidden_layers ({m.num_hidden_layers})")
+    validate_pipeline(p, m)
+
+
+def validate_pipeline(p: ParallelismConfig, m: ModelConfig) -> None:
+    """Schedule, interleave count, layers per stage and micro-batch field (MindFormers' forms)."""
+    resolve_schedule(p.pipeline_parallel_schedule, p.pipeline_parallel_interleave_num)
+    layer_counts(p.pipeline_parallel_layers_per_stage, m.num_hidden_layers, p.pipeline_parallel,
+                 p.pipeline_parallel_interleave_num)
+    if p.pipeline_parallel_interleave_num > 1 and p.pipeline_parallel == 1:
+        raise ConfigError("parallelism.pipeline_parallel_interleave_num",
+                          f"{p.pipeline_parallel_interleave_num} chunks need pipeline_parallel > 1; set it to 1")
+    microbatch_note(p.pipeline_parallel_microbatch_size, 1, 1)  # its type; the count needs the world size
 
 
 def _validate_mind_dataset(dl, path: str) -> None:
@@ -295,6 +289,158 @@ def validate_config(cfg: MindTrainConfig, world_size: Optional[int] = None) -> N
     validate_model(cfg.model)
     validate_parallelism(cfg.parallelism, cfg.model)
     validate_dataset(cfg.train_dataset, cfg.model)
+    validate_mindformers_sections(cfg)
     if world_size is not None:
         dims = resolve_parallelism(cfg.parallelism, world_size)
-        num_accumulation_steps(cfg, dims)
+        p = cfg.parallelism
+        check_micro_batches(resolve_schedule(p.pipeline_parallel_schedule, p.pipeline_parallel_interleave_num),
+                            dims.pp, num_accumulation_steps(cfg, dims))
+
+
+# ------------------------------------------------------------------ MindFormers' other sections
+RECOMPUTE_MODES = ("None", "full", "select")
+
+
+def _layer_ranges(value, path: str) -> None:
+    """Layer selections as MindFormers writes them: ids and "a-b" ranges, e.g. [0, "2-3"] or [0-3]."""
+    if isinstance(value, bool):
+        return  # true/false: all layers or none
+    if isinstance(value, (int, str)):
+        value = [value]
+    if not isinstance(value, list):
+        raise ConfigError(path, f"must be a list of layer ids and \"a-b\" ranges, got {value!r}")
+    for i, item in enumerate(value):
+        if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+            continue
+        if isinstance(item, list):  # per-stage lists (pipeline) of ids/ranges
+            _layer_ranges(item, f"{path}[{i}]")
+            continue
+        text = str(item).replace(" ", "") if isinstance(item, str) else None
+        parts = text.split("-") if text else []
+        if len(parts) in (1, 2) and all(p.isdigit() for p in parts) and int(parts[0]) <= int(parts[-1]):
+            continue
+        raise ConfigError(f"{path}[{i}]", f"must be a layer id or a range \"a-b\" with a <= b, got {item!r}")
+
+
+def _select_module(value, path: str) -> None:
+    if value is None:
+        return
+    if isinstance(value, dict):
+        for module, layers in value.items():
+            if not isinstance(module, str) or not module:
+                raise ConfigError(path, f"keys must be module paths like \"layers.*.mlp\", got {module!r}")
+            if layers is not None:
+                _layer_ranges(layers, f"{path}.{module}")
+        return
+    if isinstance(value, list) and all(isinstance(m, str) and m for m in value):
+        return
+    raise ConfigError(path, "must map module paths to layer ranges ({\"layers.*.mlp\": [0-3]}) or list module "
+                            f"paths, got {value!r}")
+
+
+def _swap_entries(value, path: str, key: str) -> None:
+    if value is None:
+        return
+    entries = value if isinstance(value, list) else [value]
+    for i, entry in enumerate(entries):
+        where = f"{path}[{i}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(where, f"must be a mapping like {{{key}: ..., layers: [0-3], backward_prefetch: 1}}, "
+                                     f"got {entry!r}")
+        if key == "op_name" and not entry.get("op_name"):
+            raise ConfigError(f"{where}.op_name", "is required: the operator (or list of them) to swap")
+        if "layers" not in entry:
+            raise ConfigError(f"{where}.layers", "is required: the layer ids or ranges to swap, or true for all")
+        _layer_ranges(entry["layers"], f"{where}.layers")
+        prefetch = entry.get("backward_prefetch", 1)
+        if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
+            raise ConfigError(f"{where}.backward_prefetch", f"must be an integer >= 0, got {prefetch!r}")
+
+
+def validate_mindformers_sections(cfg: MindTrainConfig) -> None:
+    """recompute, recompute_comm, swap, profiler, monitor and callbacks forms; and MindFormers
+    fields whose feature mindtrain does not have and that change the training itself (refused)."""
+    r = cfg.recompute
+    if r.mode not in RECOMPUTE_MODES:
+        raise ConfigError("recompute.mode", f"must be one of {', '.join(RECOMPUTE_MODES)}, got {r.mode!r}")
+    if r.full_recompute_layer is not None:
+        _layer_ranges(r.full_recompute_layer, "recompute.full_recompute_layer")
+    _select_module(r.select_module, "recompute.select_module")
+    if r.exclude_op is not None and not all(isinstance(o, str) and o for o in r.exclude_op):
+        raise ConfigError("recompute.exclude_op", f"must be a list of operator names, got {r.exclude_op!r}")
+    _select_module(cfg.recompute_comm.select_module, "recompute_comm.select_module")
+    sw = cfg.swap
+    _non_negative(sw.default_prefetch, "swap.default_prefetch")
+    _swap_entries(sw.layer_swap, "swap.layer_swap", "layers")
+    _swap_entries(sw.op_swap, "swap.op_swap", "op_name")
+    pr = cfg.profiler
+    _positive(pr.start_step, "profiler.start_step")
+    _positive(pr.end_step, "profiler.end_step")
+    if pr.start_step > pr.end_step:
+        raise ConfigError("profiler.start_step", f"{pr.start_step} must be <= profiler.end_step ({pr.end_step})")
+    if pr.profiler_level not in (None, 0, 1, 2):
+        raise ConfigError("profiler.profiler_level", f"must be 0, 1 or 2, got {pr.profiler_level!r}")
+    if pr.profiler_rank is not None and any(r_ < 0 for r_ in pr.profiler_rank):
+        raise ConfigError("profiler.profiler_rank", f"must list ranks >= 0, got {pr.profiler_rank}")
+    mon = cfg.monitor
+    hc = mon.health_checkpoint
+    for name in ("embedding_local_norm_threshold", "global_norm_skip_threshold"):
+        if getattr(hc, name) <= 0:
+            raise ConfigError(f"monitor.health_checkpoint.{name}", f"must be > 0, got {getattr(hc, name)}")
+    _positive(hc.global_norm_skip_time, "monitor.health_checkpoint.global_norm_skip_time")
+    ts = mon.train_state
+    for name in ("local_norm", "device_norm"):
+        value = getattr(ts, name)
+        if isinstance(value, list) and not all(isinstance(v, str) and v for v in value):
+            raise ConfigError(f"monitor.train_state.{name}", f"must be true/false, a name pattern or a list of "
+                                                            f"them, got {value!r}")
+    mm = mon.moe_monitor
+    if mm.save_tokens_per_expert_interval is not None:
+        _positive(mm.save_tokens_per_expert_interval, "monitor.moe_monitor.save_tokens_per_expert_interval")
+    if isinstance(mm.target_layers, int):
+        _positive(mm.target_layers, "monitor.moe_monitor.target_layers")
+    elif isinstance(mm.target_layers, list) and any(x < 0 for x in mm.target_layers):
+        raise ConfigError("monitor.moe_monitor.target_layers", f"layer ids must be >= 0, got {mm.target_layers}")
+    _positive(mon.tensorboard.log_interval, "monitor.tensorboard.log_interval")
+    _positive(mon.tensorboard.queue_size, "monitor.tensorboard.queue_size")
+    for i, cb in enumerate(cfg.callbacks):
+        if not isinstance(cb.type, str) or not cb.type:
+            raise ConfigError(f"callbacks[{i}].type", "is required: the registered callback class name")
+    _refuse_unsupported(cfg)
+
+
+def _refuse(path: str, what: str, instead: str) -> None:
+    raise ConfigError(path, f"{what} is not supported yet; {instead}")
+
+
+def _refuse_unsupported(cfg: MindTrainConfig) -> None:
+    t, p = cfg.training, cfg.parallelism
+    if t.rampup_batch_size is not None:
+        _refuse("training.rampup_batch_size", "batch-size ramp-up",
+                "remove it (or set null) and train with the fixed training.global_batch_size")
+    if cfg.lora_config is not None:
+        _refuse("lora_config", "LoRA fine-tuning", "remove the lora_config section to train every weight")
+    if p.cpu_offload:
+        _refuse("parallelism.cpu_offload", "offloading FSDP shards to host memory", "set it to false")
+    if p.dense_fsdp_shard_size is not None:
+        _refuse("parallelism.dense_fsdp_shard_size", "sharding dense weights over a subgroup (HSDP)",
+                "remove it; FSDP shards over all data_parallel_shard ranks")
+    if p.context_parallel_method != "colossal":
+        _refuse("parallelism.context_parallel_method", f"{p.context_parallel_method!r}",
+                "set it to colossal (load-balanced causal chunks with all-gathered keys/values)")
+    if p.ulysses_degree_in_cp is not None:
+        _refuse("parallelism.ulysses_degree_in_cp", "Ulysses (hybrid) context parallelism",
+                "remove it; context_parallel uses the colossal method")
+    if p.context_parallel_mask_type != "causal":
+        _refuse("parallelism.context_parallel_mask_type", f"{p.context_parallel_mask_type!r}",
+                "set it to causal")
+    if p.moe_token_dispatcher_type != "alltoall":
+        _refuse("parallelism.moe_token_dispatcher_type", f"{p.moe_token_dispatcher_type!r}", "set it to alltoall")
+    if p.tensor_parallel > 1 and p.sequence_parallel is False:
+        raise ConfigError("parallelism.sequence_parallel", f"must be true when tensor_parallel > 1 "
+                          f"({p.tensor_parallel}), as in MindFormers' PyNative trainer; set it to true")
+    etp = p.expert_tensor_parallel
+    if etp is not None and etp != p.tensor_parallel:
+        raise ConfigError("parallelism.expert_tensor_parallel",
+                          f"must equal tensor_parallel ({p.tensor_parallel}) or be null: mindtrain's experts use "
+                          f"the tensor-parallel split, got {etp}")

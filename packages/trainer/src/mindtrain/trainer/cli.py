@@ -21,7 +21,7 @@ import sys
 import traceback
 from typing import Any, Optional, Sequence
 
-from mindtrain.config import UserError, num_accumulation_steps, parse_config, resolve_parallelism
+from mindtrain.config import UserError, num_accumulation_steps, parse_config, resolve_parallelism, startup_notes
 from mindtrain.config.loader import apply_overrides, read_yaml
 
 PROG = "run_mindformer.py"
@@ -278,6 +278,8 @@ def main(argv: Optional[Sequence[str]] = None, base_dir: Optional[str] = None) -
         num_accumulation_steps(cfg, dims)
         if rank == 0:
             print(f"mindtrain: {note}")
+            for line in startup_notes(cfg, rt.device):  # fields with no effect here, said once
+                print(f"mindtrain: {line}")
             ignored = ignored_flags(args)
             if ignored:
                 print(f"mindtrain: no effect in eager mode (--mode 1), ignored: {', '.join(ignored)}")
