@@ -57,7 +57,7 @@ CASES = [
     ("ep-vs-dp", ["parallelism.expert_parallel=4"], None, 2, "parallelism.expert_parallel: 4 must divide data_parallel_shard"),
     ("heads-vs-tp", ["parallelism.tensor_parallel=3"], None, None, "parallelism.tensor_parallel: 3 must divide model.num_attention_heads (4)"),
     ("cp-seq", ["parallelism.context_parallel=3"], None, None, "parallelism.context_parallel: model.seq_length (256) must be divisible by 2 x context_parallel = 6"),
-    ("pp-layers", ["parallelism.pipeline_parallel=2", "parallelism.pipeline_layers_per_stage=[1, 1]"], None, None, "parallelism.pipeline_parallel_layers_per_stage: entries must be >= 1 and sum to"),
+    ("pp-layers", ["parallelism.pipeline_parallel=2", "parallelism.pipeline_layers_per_stage=[1, 1]"], None, None, "parallelism.pipeline_parallel_layers_per_stage: [1, 1]: layer counts must be >= 0 and sum to"),
     ("pp-schedule", ["parallelism.pipeline_schedule=interleaved"], None, None, "parallelism.pipeline_parallel_schedule: must be one of 1f1b, interleaved_1f1b, gpipe"),
     ("optimizer-type", ["optimizer.type=Lion"], None, None, "optimizer.type: only 'AdamW' is supported"),
     ("betas", ["optimizer.betas=[0.9, 1.5]"], None, None, "optimizer.betas: must be two numbers in [0, 1)"),

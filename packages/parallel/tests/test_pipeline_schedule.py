@@ -119,7 +119,7 @@ def test_interleave_schedule_choice():
         stage_ops("interleaved_1f1b", 2, 0, 2)
     with pytest.raises(ConfigError, match="pipeline_parallel_schedule: gpipe runs one model chunk"):
         stage_ops("gpipe", 2, 0, 2, chunks=2)
-    with pytest.raises(ConfigError, match="pipeline_parallel_interleave_num: must be >= 1"):
+    with pytest.raises(ConfigError, match="pipeline_parallel_interleave_num: must be an integer >= 1"):
         stage_ops("1f1b", 2, 0, 2, chunks=0)
 
 

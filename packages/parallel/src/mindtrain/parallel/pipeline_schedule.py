@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Iterator, NamedTuple, Optional
 
-from mindtrain.config import ConfigError
+from mindtrain.config.pipeline import SCHEDULES, check_micro_batches, resolve_schedule
 
-SCHEDULES = ("1f1b", "interleaved_1f1b", "gpipe")
+__all__ = ["SCHEDULES", "Message", "Op", "bubble_fraction", "op_messages", "resolve_schedule", "sent_messages",
+           "stage_ops"]
 
 
 class Op(NamedTuple):
@@ -32,27 +33,6 @@ class Message(NamedTuple):
     kind: str
     stage: int
     micro: int
-
-
-def resolve_schedule(schedule: str, chunks: int) -> str:
-    """The schedule to run: ``"1f1b"`` with ``chunks > 1`` becomes ``"interleaved_1f1b"``
-    (MindFormers infers it the same way); the other combinations that cannot run raise."""
-    kind = schedule.lower()
-    if kind not in SCHEDULES:
-        raise ConfigError("parallelism.pipeline_parallel_schedule",
-                          f"{schedule!r} is not one of {', '.join(SCHEDULES)}")
-    if chunks < 1:
-        raise ConfigError("parallelism.pipeline_parallel_interleave_num", f"must be >= 1, got {chunks}")
-    if kind == "1f1b" and chunks > 1:
-        return "interleaved_1f1b"
-    if kind == "interleaved_1f1b" and chunks == 1:
-        raise ConfigError("parallelism.pipeline_parallel_schedule",
-                          "interleaved_1f1b needs pipeline_parallel_interleave_num > 1; use 1f1b or raise it")
-    if kind == "gpipe" and chunks > 1:
-        raise ConfigError("parallelism.pipeline_parallel_schedule",
-                          "gpipe runs one model chunk per stage; use interleaved_1f1b or "
-                          "pipeline_parallel_interleave_num: 1")
-    return kind
 
 
 def stage_ops(schedule: str, stages: int, stage: int, micro_batches: int, chunks: int = 1) -> list[Op]:
@@ -80,11 +60,7 @@ def stage_ops(schedule: str, stages: int, stage: int, micro_batches: int, chunks
         for i in range(m - warmup):
             ops += [Op("F", warmup + i), Op("B", i)]
         return ops + [Op("B", i) for i in range(m - warmup, m)]
-    if m % stages:
-        raise ConfigError("training.global_batch_size",
-                          f"interleaved_1f1b needs the micro-batches per step and data-parallel rank "
-                          f"(global_batch_size / (data parallel x local_batch_size) = {m}) to be a "
-                          f"multiple of pipeline_parallel ({stages})")
+    check_micro_batches(kind, stages, m)
     total = m * chunks
 
     def nth(k: int, kind: str) -> Op:

@@ -20,7 +20,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, ops
 
-from mindtrain.config.pipeline_layers import layer_counts
+from mindtrain.config.pipeline import layer_counts
 
 METRICS = ("lm_loss", "load_balancing_loss", "mtp_loss", "loss")
 """Order of the per-micro-batch figures a stage returns (each this rank's share)."""
@@ -32,7 +32,7 @@ def partition_units(units: Sequence[dict], stages: int, layers_per_stage: Any = 
     entry ``c * stages + r``): the embedding with the first, the head and MTP modules with
     the last, decoder layers in order, balanced by count (earlier virtual stages take the
     remainder, since the last one also holds the head and MTP) or as ``layers_per_stage``
-    says (any form of :func:`mindtrain.config.pipeline_layers.layer_counts`)."""
+    says (any form of :func:`mindtrain.config.pipeline.layer_counts`)."""
     decoders = [u["name"] for u in units if u["kind"] == "decoder"]
     n = len(decoders)
     n_virtual = stages * chunks

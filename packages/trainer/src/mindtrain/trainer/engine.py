@@ -261,9 +261,10 @@ class PipelineEngine:
         p = cfg.parallelism
         self.plan = parallel_plan(model)
         self.sched = PipelineSchedule(model, self.plan, self.mesh, cfg.model.seq_length,
-                                      schedule=p.pipeline_parallel_schedule, layers_per_stage=(None if p.pipeline_parallel_layers_per_stage in (None, "auto")
-                                                        else p.pipeline_parallel_layers_per_stage),
-                                      dp_sharding=p.data_parallel_shard_strategy if dims.dp_shard > 1 else None)
+                                      schedule=p.pipeline_parallel_schedule,
+                                      layers_per_stage=p.pipeline_parallel_layers_per_stage,
+                                      dp_sharding=p.data_parallel_shard_strategy if dims.dp_shard > 1 else None,
+                                      chunks=p.pipeline_parallel_interleave_num)
         self.named_params = list(zip(self.sched.param_names, self.sched.params))
         self._grads: Optional[list[Tensor]] = None
         self._load: Optional[Tensor] = None
@@ -320,7 +321,7 @@ class PipelineEngine:
 
     def memory_bytes(self) -> int:
         s = self.sched
-        resident = sum(q.size * q.itemsize for q in s.stage.params)  # full stage weights stay resident
+        resident = sum(q.size * q.itemsize for q in s.stage_params)  # full stage weights stay resident
         shards = sum(q.size * q.itemsize for q in s.fsdp.params) if s.fsdp is not None else 0
         experts = sum(s.ep.slots[n].param.size * s.ep.slots[n].param.itemsize for n in s.expert_names)
         return int(resident + shards + experts)

@@ -66,6 +66,11 @@ class Trainer:
         self.log = out
         self.dims = resolve_parallelism(cfg.parallelism, runtime.world_size)
         self.accum = num_accumulation_steps(cfg, self.dims)
+        from mindtrain.config.pipeline import microbatch_note
+
+        note = microbatch_note(cfg.parallelism.pipeline_parallel_microbatch_size, self.dims.pp, self.accum)
+        if note:
+            self.out(f"mindtrain: {note}")
         t = cfg.training
         self.total_steps = t.steps
         # data first: a wrong data_path fails before the (slower) model build
