@@ -2,8 +2,9 @@
 
 Two single-process reference runs (the model's own forward in the trainer's loop; 2 and 4
 micro-batches per step) beside one 2-worker msrun job that trains 5 steps of 2 micro-batches
-under CP=2, PP=2 with 1F1B and PP=2 with GPipe (packed documents with reset positions and EOD
-masks; the PP runs keep the model's compiled layers), then lets a stage fail. A 4-worker job
+under CP=2, PP=2 with 1F1B, PP=2 with GPipe and PP=2 with interleaved 1F1B over 2 chunks per
+stage (packed documents with reset positions and EOD masks; the PP runs keep the model's
+compiled layers), then lets a stage fail. A 4-worker job
 then trains the combinations PP=2 x FSDP=2 with ZeRO-3 per stage (4 micro-batches per step,
 so each data-parallel pipeline runs 2), PP=2 x EP=2 x FSDP=2 with ZeRO-1 per stage (EP
 borrows the 2 data-parallel ranks) and CP=2 x TP=2 (2 micro-batches per step).
@@ -26,7 +27,9 @@ from pathlib import Path
 import pytest
 
 WORKER = Path(__file__).parent / "workers" / "cp_pp_parity.py"
-CONFIGS = {"cp2": "1:2:1f1b", "pp2_1f1b": "2:1:1f1b", "pp2_gpipe": "2:1:gpipe"}
+CONFIGS = {"cp2": "1:2:1f1b", "pp2_1f1b": "2:1:1f1b", "pp2_gpipe": "2:1:gpipe",
+           # 2 chunks per stage (4 virtual stages): rank 0 runs layers 0 and 2, rank 1 layer 1 and the head
+           "pp2_interleaved": "2:1:interleaved_1f1b:1:1:-:2:2"}
 # name -> pp:cp:schedule:tp:ep:dp_sharding:micro-batches per step on 4 workers. PP x FSDP
 # (ZeRO-3) takes 4 micro-batches per step, so each of its 2 data-parallel pipelines runs 2;
 # ZeRO-2 is ZeRO-3's gradient path without the weight gathering, ZeRO-1 runs under PP x EP.
@@ -137,6 +140,8 @@ def test_equal_to_single_process(run, name):
     if name.startswith("pp2"):
         assert results[0][name]["stage_units"][0] == "embedding"
         assert results[1][name]["stage_units"][-2:] == ["head", "mtp.0"]
+    if name == "pp2_interleaved":
+        assert results[0][name]["stage_units"] == ["embedding", "layers.0", "layers.2"]
 
 
 def test_failing_stage_ends_the_pipeline_with_its_error(run):
