@@ -114,7 +114,7 @@ def test_convert_cli_rewrites_legacy_and_result_validates(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "mindtrain.config.convert", legacy, str(out)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert "model.model_config.mtp_depth -> num_nextn_predict_layers" in proc.stdout
+    assert "model.model_config.mtp_depth -> model.num_nextn_predict_layers" in proc.stdout
     cfg = load_config(str(out), world_size=2)
     assert cfg.model.architectures == "DeepseekV3ForCausalLM"
     assert cfg.model.n_routed_experts == 8 and cfg.model.num_experts_per_tok == 2
