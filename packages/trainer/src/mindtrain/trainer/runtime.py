@@ -232,3 +232,23 @@ def start(device_target: Optional[str]) -> tuple[Runtime, str]:
     world, rank = init_distributed()
     rt = Runtime(device=device, rank=rank, world_size=world, distributed=True)
     return rt, f"device: {device} ({why}); msrun worker {rt.rank} of {rt.world_size}"
+
+
+def apply_context(cfg, device: str) -> list[str]:
+    """``training.deterministic`` and ``context.max_device_memory`` for this process;
+    returns start-up notes for what has no effect on this device."""
+    import mindspore as ms
+
+    if cfg.training.deterministic:
+        # MindFormers' PyNative trainer calls the same switch (mindspore.set_deterministic)
+        ms.set_deterministic(True)
+    notes = []
+    limit = cfg.context.max_device_memory
+    if limit:
+        if not re.fullmatch(r"\d+(\.\d+)?GB", str(limit)):
+            raise ConfigError("context.max_device_memory", f"is {limit!r}; give a size like \"58GB\"")
+        if device == "Ascend":
+            ms.runtime.set_memory(max_size=str(limit))
+        else:
+            notes.append(f"context.max_device_memory={limit} has no effect on {device} (applied on Ascend only)")
+    return notes

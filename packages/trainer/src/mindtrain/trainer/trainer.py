@@ -24,9 +24,9 @@ from mindtrain.trainer import checkpoint as ckpt
 from mindtrain.trainer.log_line import format_step_line, mtp_fields
 from mindtrain.trainer.lr_schedule import LRSchedule
 from mindtrain.trainer.metrics import MetricsWriter, new_run_dir
-from mindtrain.trainer.monitor import format_train_state, parameter_norms
 from mindtrain.trainer.optimizer import AdamW
-from mindtrain.trainer.runtime import Runtime
+from mindtrain.trainer.runtime import Runtime, apply_context
+from mindtrain.trainer.step_hooks import StepHooks
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -64,6 +64,8 @@ class Trainer:
         # start-up notes once (rank 0); the step line on every rank, into each worker's log
         self.out = out if runtime.rank == 0 else (lambda _line: None)
         self.log = out
+        for note in apply_context(cfg, runtime.device):
+            self.out(f"mindtrain: {note}")
         self.dims = resolve_parallelism(cfg.parallelism, runtime.world_size)
         self.accum = num_accumulation_steps(cfg, self.dims)
         from mindtrain.config.pipeline import microbatch_note
@@ -128,6 +130,8 @@ class Trainer:
                                                 barrier=self.rt.barrier)
         if resume is not None:
             self._load_state(resume)
+        self.hooks = StepHooks(cfg, runtime.rank, runtime.device, self.total_steps, self.step, self.accum,
+                               log=self.log, out=self.out, model=self.model, optimizer=self.optimizer)
         self.metrics: Optional[MetricsWriter] = None
         if self.rt.rank == 0:
             run_dir = new_run_dir(cfg.monitor.metrics_dir)
@@ -186,7 +190,13 @@ class Trainer:
         lr = self.schedule(self.step + 1)
         finite = math.isfinite(grad_norm) and bool(np.all(np.isfinite(dp_losses)))
         max_norm = self.cfg.training.max_norm
-        if finite:
+        norm_skip = self.hooks.after_gradients(self.step + 1, [(n, g) for (n, _), g in zip(self.params, grads)],
+                                               grad_norm, self.engine.to_full, [m[0] for m in micro_losses],
+                                               list(device_losses[:, 0]))
+        if norm_skip:  # monitor.health_checkpoint: no update of weights or optimizer state
+            self.skipped_total += 1
+            self.skipped_in_row = 0
+        elif finite:
             self.skipped_in_row = 0
             coef = max_norm / (grad_norm + 1e-6)
             if max_norm > 0 and coef < 1.0:
@@ -207,7 +217,7 @@ class Trainer:
                 "tokens_per_s": tokens_per_device * self.dims.dp / elapsed,
                 "throughput_flops": self.flops_per_token * tokens_per_device / elapsed,
                 "max_rss_mb": _max_rss_mb(), "param_bytes": self.engine.memory_bytes(),
-                "optimizer_bytes": self.optimizer.state_bytes(), "skipped": not finite, "skipped_total": self.skipped_total,
+                "optimizer_bytes": self.optimizer.state_bytes(), "skipped": not finite or norm_skip, "skipped_total": self.skipped_total,
                 "consumed_samples": self.consumed_samples,
                 "local_losses": [m[0] for m in micro_losses], "device_losses": list(device_losses[:, 0])}
 
@@ -219,7 +229,9 @@ class Trainer:
         has_moe = m.first_k_dense_replace < m.num_hidden_layers or m.num_nextn_predict_layers > 0
         history = []
         save_every = cfg.checkpoint.save_interleaved_steps
+        self.hooks.train_begin(self.consumed_samples)
         while self.step < self.total_steps:
+            self.hooks.step_begin()
             rec = self.train_step()
             history.append(rec)
             if self.step % cfg.training.log_interval == 0 or self.step == self.total_steps:
@@ -227,12 +239,7 @@ class Trainer:
                     self.step, self.total_steps, rec["loss"], rec["per_step_time_ms"], rec["lr"], rec["grad_norm"],
                     rec["throughput_flops"], load_balancing_loss=rec["load_balancing_loss"] if has_moe else None,
                     mtp=mtp_fields(rec["mtp_loss"], m.num_nextn_predict_layers, m.mtp_loss_scaling_factor)))
-                ts = cfg.monitor.train_state
-                if ts.local_norm or ts.local_loss or ts.device_norm or ts.device_loss:
-                    norms = parameter_norms(list(self._full_params().items()))
-                    for line in format_train_state(self.step, self.total_steps, rec["local_losses"],
-                                                   rec["device_losses"], norms):
-                        self.out(line)
+            self.hooks.step_end(rec)  # train_state lines, TensorBoard, callbacks, profiler
             if self.metrics is not None:
                 self.metrics.write({k: v for k, v in rec.items() if k not in ("local_losses",)})
             if self.skipped_in_row >= cfg.training.max_skipped_steps:
@@ -243,6 +250,7 @@ class Trainer:
             if self.writer is not None and ((save_every and self.step % save_every == 0)
                                             or self.step == self.total_steps):
                 self.save()
+        self.hooks.train_end()
         if self.metrics is not None:
             self.metrics.close()
         return history

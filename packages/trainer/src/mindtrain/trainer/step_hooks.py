@@ -1,0 +1,92 @@
+"""What runs around each training step besides the step itself: ``monitor.train_state``,
+``monitor.health_checkpoint``, ``monitor.tensorboard``, ``callbacks`` and ``profiler``.
+The Trainer calls :class:`StepHooks` at five points of its loop; each feature lives in its
+own module (monitor, health, tensorboard, callbacks, profiler)."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+from mindtrain.trainer.callbacks import CallbackHandler, TrainerState, build_callbacks
+from mindtrain.trainer.health import HealthCheck
+from mindtrain.trainer.log_line import mtp_fields
+from mindtrain.trainer.monitor import TrainStateMonitor, TrainStateRecord
+from mindtrain.trainer.profiler import StepProfiler
+from mindtrain.trainer.tensorboard import TensorBoardWriter
+
+
+class StepHooks:
+    """``log`` prints into this rank's log, ``out`` on rank 0 only."""
+
+    def __init__(self, cfg, rank: int, device: str, total_steps: int, first_step: int, accumulation: int,
+                 log: Callable[[str], None], out: Callable[[str], None], model=None, optimizer=None):
+        self.cfg = cfg
+        self.log = log
+        self.out = out
+        self.total_steps = total_steps
+        m = cfg.model
+        self.moe = m.first_k_dense_replace < m.num_hidden_layers or m.num_nextn_predict_layers > 0
+        self.train_state = TrainStateMonitor.from_config(cfg.monitor.train_state)
+        self.health = HealthCheck.from_config(cfg.monitor.health_checkpoint, log=log, rank=rank)
+        self.callbacks = CallbackHandler(build_callbacks(cfg.callbacks), model=model, optimizer=optimizer)
+        self.tensorboard: Optional[TensorBoardWriter] = TensorBoardWriter.from_config(cfg) if rank == 0 else None
+        self.profiler = StepProfiler(cfg.profiler, rank, device, first_step=first_step)
+        self.state = TrainerState(global_step=first_step, max_steps=total_steps,
+                                  global_batch_size=cfg.training.global_batch_size,
+                                  num_accumulation_steps=accumulation)
+        self._record: Optional[TrainStateRecord] = None
+
+    def _logged(self, step: int) -> bool:
+        return step % self.cfg.training.log_interval == 0 or step == self.total_steps
+
+    # ------------------------------------------------------------------ loop points
+    def train_begin(self, consumed_samples: int) -> None:
+        self.state.consumed_samples = consumed_samples
+        self.state.is_train_begin = True
+        self.callbacks.call("on_train_begin", self.cfg, self.state)
+        self.profiler.start()
+
+    def step_begin(self) -> None:
+        self.callbacks.call("on_step_begin", self.cfg, self.state)
+
+    def after_gradients(self, step: int, named_grads: Sequence, grad_norm: float, to_full,
+                        micro_losses: Sequence[float], device_losses: Sequence[float]) -> bool:
+        """Called with the step's gradients before clipping and the update; True when the
+        update is to be skipped for its global norm (raises after too many in a row)."""
+        self._record = None
+        due = self._logged(step) or (self.tensorboard is not None and self.tensorboard.due(step))
+        if self.train_state.active and due:
+            self._record = self.train_state.observe(step, named_grads, to_full, micro_losses, device_losses)
+        self.health.check_embedding(step, named_grads)
+        return self.health.skip(step, grad_norm)
+
+    def step_end(self, rec: dict) -> None:
+        """After the step line: train_state lines, TensorBoard, callbacks, profiler."""
+        step = rec["step"]
+        self.state.global_step = step
+        self.state.consumed_samples = rec["consumed_samples"]
+        if self._record is not None and self._logged(step):
+            for line in self._record.local_lines():
+                self.log(line)
+            for line in self._record.rank0_lines():
+                self.out(line)
+        if self.tensorboard is not None:
+            m = self.cfg.model
+            self.tensorboard.write(step, dict(rec, global_batch_size=self.cfg.training.global_batch_size),
+                                   mtp=mtp_fields(rec["mtp_loss"], m.num_nextn_predict_layers,
+                                                  m.mtp_loss_scaling_factor),
+                                   moe=self.moe, train_state=self._record)
+        self.callbacks.call("on_step_end", self.cfg, self.state, loss=rec["loss"], grad_norm=rec["grad_norm"],
+                            lr=rec["lr"], skipped=rec["skipped"], record=rec)
+        self.profiler.step()
+
+    def train_end(self) -> None:
+        self.state.is_train_end = True
+        self.callbacks.call("on_train_end", self.cfg, self.state)
+        self.close()
+
+    def close(self) -> None:
+        self.profiler.stop()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None

@@ -1,0 +1,53 @@
+"""monitor.health_checkpoint: a step over the global-norm threshold leaves weights and
+optimizer state alone, the next one trains; too many in a row stop the run."""
+
+import numpy as np
+import pytest
+
+from mindtrain.trainer.health import GlobalNormSkipError
+from mindtrain.trainer.runtime import Runtime
+from mindtrain.trainer.trainer import Trainer
+
+
+def _weights(trainer):
+    return {n: p.asnumpy().copy() for n, p in trainer.params}
+
+
+def test_step_over_the_norm_threshold_is_skipped_and_the_next_one_trains(tiny_config):
+    lines = []
+    cfg = tiny_config("monitor.health_checkpoint.global_norm_skip_threshold=1e-6",
+                      "monitor.health_checkpoint.global_norm_skip_time=2",
+                      "monitor.health_checkpoint.embedding_local_norm_threshold=1e-6")
+    trainer = Trainer(cfg, Runtime(device="CPU"), out=lines.append)
+    before = _weights(trainer)
+    rec = trainer.train_step()
+    assert rec["skipped"] and rec["grad_norm"] > 1e-6 and trainer.step == 1
+    after = _weights(trainer)
+    for name, value in before.items():
+        np.testing.assert_array_equal(after[name], value, err_msg=name)
+    assert trainer.optimizer.step_count == 0
+    assert all(not np.any(m.asnumpy()) for m in trainer.optimizer.exp_avg)
+    skip_line = [x for x in lines if "update skipped" in x]
+    assert len(skip_line) == 1 and skip_line[0].startswith("mindtrain: step 1: global norm ")
+    assert "global_norm_skip_threshold 1e-06" in skip_line[0]
+    emb = [x for x in lines if "embedding_local_norm" in x]
+    assert len(emb) == 1 and "step 1" in emb[0] and "(rank 0)" in emb[0]
+
+    trainer.hooks.health.skip_threshold = 1e9  # the next step is under the threshold
+    rec2 = trainer.train_step()
+    assert not rec2["skipped"] and trainer.optimizer.step_count == 1
+    moved = _weights(trainer)
+    assert any(not np.array_equal(moved[n], before[n]) for n in before)
+
+
+def test_consecutive_skips_stop_the_run(tiny_config):
+    lines = []
+    cfg = tiny_config("monitor.health_checkpoint.global_norm_skip_threshold=1e-6",
+                      "monitor.health_checkpoint.global_norm_skip_time=2")
+    trainer = Trainer(cfg, Runtime(device="CPU"), out=lines.append)
+    with pytest.raises(GlobalNormSkipError) as err:
+        trainer.train()
+    msg = str(err.value)
+    assert msg.startswith("monitor.health_checkpoint.global_norm_skip_time: ") and "2 consecutive steps" in msg
+    assert "\n" not in msg and trainer.step == 1  # the second skip raised inside step 2
+    assert len([x for x in lines if "update skipped" in x]) == 1

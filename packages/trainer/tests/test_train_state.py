@@ -1,0 +1,54 @@
+"""monitor.train_state: per-parameter gradient norms and each rank's losses in the log."""
+
+import json
+import math
+import re
+
+import pytest
+
+from mindtrain.config import ConfigError
+from mindtrain.trainer.monitor import TrainStateMonitor
+from mindtrain.trainer.runtime import Runtime
+from mindtrain.trainer.trainer import Trainer
+
+NORM = re.compile(r'^\{ "(local_norm|device_norm)": (\S+):\s+(\S+) \}$')
+
+
+def _norms(lines, kind):
+    return {m.group(2): float(m.group(3)) for m in map(NORM.match, lines) if m and m.group(1) == kind}
+
+
+def test_train_state_lines_hold_the_step_gradient_norms_and_losses(tiny_config):
+    lines = []
+    cfg = tiny_config("training.steps=2", "monitor.train_state.local_norm=true", "monitor.train_state.local_loss=true",
+                      "monitor.train_state.device_norm=['embed_tokens', 'model.norm']",
+                      "monitor.train_state.device_loss=true")
+    trainer = Trainer(cfg, Runtime(device="CPU"), out=lines.append)
+    history = trainer.train()
+    last = lines[lines.index(next(x for x in lines if x.startswith("{ step:[    2/"))):]
+    local, device = _norms(last, "local_norm"), _norms(last, "device_norm")
+    # every trainable parameter, and together they make the step's global norm (one process)
+    assert set(local) == {n for n, _ in trainer.params}
+    total = math.sqrt(sum(v * v for v in local.values()))
+    assert math.isclose(total, history[1]["grad_norm"], rel_tol=1e-5), (total, history[1]["grad_norm"])
+    assert set(device) == {"model.embed_tokens.weight", "model.norm.weight"}
+    for name, v in device.items():  # one process: the whole model's gradient is this rank's
+        assert math.isclose(v, local[name], rel_tol=1e-5), name
+    records = [json.loads(x) for x in last if x.startswith('{"step"')]
+    micro = [r for r in records if "local_loss" in r]
+    assert [r["micro_step"] for r in micro] == [1, 2]  # global batch 2 = 2 micro-batches of 1
+    assert math.isclose(sum(r["local_loss"] for r in micro) / 2, history[1]["loss"], rel_tol=1e-6)
+    dev = [r for r in records if "device_loss" in r]
+    assert len(dev) == 1 and dev[0]["ranks"] == [dev[0]["device_loss"]]
+    assert math.isclose(dev[0]["device_loss"], history[1]["loss"], rel_tol=1e-6)
+
+
+def test_norm_settings():
+    on = TrainStateMonitor(local_norm=True)
+    assert on.active and on._selected(on.local_norm, "a.b") and on.device_norm is None
+    pat = TrainStateMonitor(local_norm="", device_norm=["experts", ""])
+    assert pat.local_norm is None and pat._selected(pat.device_norm, "layers.1.mlp.experts.0.w")
+    assert not pat._selected(pat.device_norm, "layers.1.attn.w")
+    assert not TrainStateMonitor().active
+    with pytest.raises(ConfigError, match="monitor.train_state.local_norm"):
+        TrainStateMonitor(local_norm=[1])
