@@ -412,19 +412,28 @@ def _context(c: _Conversion, context: Any, known: set[str]) -> None:
 def _recompute(c: _Conversion, rc: Any) -> None:
     if not isinstance(rc, dict):
         return
+    present = {k for k in ("recompute", "select_recompute") if k in rc}
     full, select = rc.pop("recompute", False), rc.pop("select_recompute", False)
     if full:
         c.put("recompute.mode", "full", "recompute_config.recompute")
         if isinstance(full, list):
             c.drop("recompute_config.recompute (per-stage layer counts)", "recompute.full_recompute_layer takes "
                    "layer ids; every layer is recomputed")
+        if select:
+            c.drop("recompute_config.select_recompute", "whole layers are recomputed (recompute: true)")
     elif select:
         c.put("recompute.mode", "select", "recompute_config.select_recompute")
         if isinstance(select, (list, dict)):
             c.put("recompute.select_module", select, "recompute_config.select_recompute")
-    comm = rc.pop("mp_comm_recompute", False) or rc.pop("select_comm_recompute", False)
-    if comm:
-        c.put("recompute_comm.enable", True, "recompute_config.mp_comm_recompute")
+    for key, value in ((k, v) for k, v in (("recompute", full), ("select_recompute", select))
+                       if not v and k in present):
+        c.drop(f"recompute_config.{key}", f"{value!r} (off)")
+    for key in ("mp_comm_recompute", "select_comm_recompute"):
+        if key in rc:
+            if rc.pop(key):
+                c.put("recompute_comm.enable", True, f"recompute_config.{key}")
+            else:
+                c.drop(f"recompute_config.{key}", "false (off)")
     for key in list(rc):
         rc.pop(key)
         c.drop(f"recompute_config.{key}", _GRAPH_ONLY)

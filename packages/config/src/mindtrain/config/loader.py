@@ -145,6 +145,8 @@ def _special_forms(cls: type, data: Any, path: str) -> Any:
     keys besides ``type`` are the callback's arguments."""
     if cls is S.TrainStateConfig and isinstance(data, bool):
         return {f.name: data for f in dataclasses.fields(cls)}
+    if cls is S.CallbackConfig and isinstance(data, dict) and "type" not in data:
+        raise ConfigError(f"{path}.type", "is required: the registered callback class name ({type: Name, ...})")
     if cls is S.CallbackConfig and isinstance(data, dict) and "params" not in data:
         rest = {k: v for k, v in data.items() if k != "type"}
         return {"type": data.get("type"), "params": rest} if "type" in data else data
