@@ -48,6 +48,11 @@ RULES: list[_Rule] = [
     ("parallelism", "expert_parallel_async_d2h", _set, "the expert token counts are copied to host synchronously"),
     ("parallelism", "expert_parallel_use_safe_tokens", lambda v, d: v is False,
      "mindtrain needs no safe tokens (empty expert groups are handled), so this has no effect"),
+    ("parallelism", "param_dtype", _not_f32,
+     "FSDP gathers the weights in their stored dtype (float32); compute runs in model.compute_dtype, "
+     "and on CPU only float32 computes"),
+    ("parallelism", "reduce_dtype", _not_f32,
+     "gradients are reduced in float32 (as MindFormers' PyNative FSDP always does)"),
     ("parallelism", "npu_nums_per_device", lambda v, d: v != 8,
      "used only by the alltoall_deredundancy dispatcher, which is not built"),
     ("train_dataset", "numa_enable", _set, "data workers are not bound to a NUMA node"),

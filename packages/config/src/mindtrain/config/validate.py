@@ -6,6 +6,7 @@ from typing import Optional
 
 from mindtrain.config.derived import num_accumulation_steps, resolve_parallelism, total_lr_steps, warmup_steps
 from mindtrain.config.errors import ConfigError
+from mindtrain.config.fsdp_policy import reshard_after_forward
 from mindtrain.config.pipeline import check_micro_batches, layer_counts, microbatch_note, resolve_schedule
 from mindtrain.config.schema import (
     GPTDatasetConfig,
@@ -161,6 +162,7 @@ def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
     if p.data_parallel_shard_strategy not in strategies:
         raise ConfigError(f"{path}.data_parallel_shard_strategy",
                           f"must be one of {', '.join(strategies)}, got {p.data_parallel_shard_strategy!r}")
+    reshard_after_forward(p.reshard_after_forward_policy, p.data_parallel_shard_strategy, p.pipeline_parallel > 1)
     tp = p.tensor_parallel
     if m.num_attention_heads % tp:
         raise ConfigError(f"{path}.tensor_parallel",

@@ -94,7 +94,8 @@ class _Unit(nn.Cell):
         fsdp, bucket, module = self._ctx
         fsdp._materialize(bucket)
         out = module(*args)
-        fsdp._release(bucket)
+        if fsdp.reshard_after_forward:
+            fsdp._release(bucket)  # else the backward finds the weights still gathered
         return out
 
     def bprop(self, *args_out_dout):
@@ -107,7 +108,8 @@ class FSDP:
 
     def __init__(self, model: nn.Cell, group: Group, units: Sequence[str] = (),
                  strategy: str = "optim_grads_params", shared: Optional[Mapping[str, Sequence[str]]] = None,
-                 reduce_op: str = "avg", param_groups: Optional[Mapping[str, Group]] = None):
+                 reduce_op: str = "avg", param_groups: Optional[Mapping[str, Group]] = None,
+                 reshard_after_forward: bool = True):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
         if reduce_op not in ("avg", "sum"):
@@ -116,7 +118,12 @@ class FSDP:
         self.group = group
         self.strategy = strategy
         self.reduce_op = reduce_op
+        self.reshard_after_forward = reshard_after_forward
+        """ZeRO-3: free a unit's gathered weights after its forward (and gather them again for
+        its backward); ``False`` keeps them from the forward to the end of the backward."""
         self.peak_gathered_bytes = 0
+        self.gather_count = 0
+        """Bucket all-gathers run so far (ZeRO-3 forward and backward, ZeRO-1/2 refreshes)."""
         self._gathered_bytes = 0
         self._pending_root: dict[str, Tensor] = {}
         self._reduced = True
@@ -230,6 +237,8 @@ class FSDP:
                 grads = ()
             if zero3:
                 self._release(self.root)
+                for bucket in self.units:  # without reshard: a unit whose backward did not run
+                    self._release(bucket)
             self._accumulate(self.root.slots if zero3 else list(self.slots.values()), list(grads))
             return value
 
@@ -343,6 +352,7 @@ class FSDP:
         if bucket.gathered and not force:
             return
         fulls = self._all_gather(bucket.slots, [s.shard for s in bucket.slots])
+        self.gather_count += 1
         for s, full in zip(bucket.slots, fulls):
             if bucket.gathered and tuple(s.param.shape) == s.shape:
                 # a resident full parameter (ZeRO-1/2): write its buffer in place, which
@@ -455,7 +465,7 @@ def _nbytes(t: Optional[Tensor]) -> int:
 def fully_shard(model: nn.Cell, mesh_or_group, units: Sequence[str] = (),
                 strategy: str = "optim_grads_params", shared: Optional[Mapping[str, Sequence[str]]] = None,
                 reduce_op: str = "avg", dim: str = "dp",
-                param_groups: Optional[Mapping[str, Any]] = None) -> FSDP:
+                param_groups: Optional[Mapping[str, Any]] = None, reshard_after_forward: bool = True) -> FSDP:
     """Shard ``model``'s trainable parameters over the mesh's ``dim`` group (or a Group).
 
     ``units``: sub-Cell paths (as in ``model.cells_and_names()``, e.g. ``"model.layers.0"``)
@@ -469,6 +479,9 @@ def fully_shard(model: nn.Cell, mesh_or_group, units: Sequence[str] = (),
     resident and refresh them in place, so compiled layers work there.
     ``param_groups``: parameter name -> Group (or mesh dimension name) to shard that
     parameter over instead, e.g. routed experts over ``"edp"`` when EP splits them.
+    ``reshard_after_forward`` (ZeRO-3): ``True`` frees each unit's weights after its forward
+    and gathers them again for its backward (less memory, twice the all-gathers); ``False``
+    keeps them gathered until the unit's backward (MindFormers' ``"never"`` policy).
     """
     mesh = mesh_or_group if isinstance(mesh_or_group, DeviceMesh) else None
     group = mesh.group(dim) if mesh is not None else mesh_or_group
@@ -479,4 +492,4 @@ def fully_shard(model: nn.Cell, mesh_or_group, units: Sequence[str] = (),
                 raise ValueError("fully_shard: param_groups by dimension name need a DeviceMesh")
             g = mesh.group(g)
         overrides[name] = g
-    return FSDP(model, group, units, strategy, shared, reduce_op, overrides)
+    return FSDP(model, group, units, strategy, shared, reduce_op, overrides, reshard_after_forward)

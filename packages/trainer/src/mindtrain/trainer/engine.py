@@ -76,7 +76,11 @@ class Engine:
             units, shared = (), None
             if zero3 and self.tp is None and self.ep is None:
                 units, shared = _zero3_units(model, plan)
-            self.fsdp = fully_shard(model, self.mesh, units=units, strategy=self.strategy, shared=shared)
+            from mindtrain.config.fsdp_policy import reshard_after_forward
+
+            reshard, _ = reshard_after_forward(cfg.parallelism.reshard_after_forward_policy, self.strategy, dims.pp > 1)
+            self.fsdp = fully_shard(model, self.mesh, units=units, strategy=self.strategy, shared=shared,
+                                    reshard_after_forward=reshard)
             self.named_dense = self.fsdp.named_parameters()
             self._step = self.fsdp.value_and_grad(scaled, has_aux=True)
         else:

@@ -68,10 +68,14 @@ class Trainer:
             self.out(f"mindtrain: {note}")
         self.dims = resolve_parallelism(cfg.parallelism, runtime.world_size)
         self.accum = num_accumulation_steps(cfg, self.dims)
+        from mindtrain.config.fsdp_policy import reshard_after_forward
         from mindtrain.config.pipeline import microbatch_note
 
-        note = microbatch_note(cfg.parallelism.pipeline_parallel_microbatch_size, self.dims.pp, self.accum)
-        if note:
+        p = cfg.parallelism
+        notes = [microbatch_note(p.pipeline_parallel_microbatch_size, self.dims.pp, self.accum),
+                 reshard_after_forward(p.reshard_after_forward_policy, p.data_parallel_shard_strategy,
+                                       self.dims.pp > 1)[1]]
+        for note in filter(None, notes):
             self.out(f"mindtrain: {note}")
         t = cfg.training
         self.total_steps = t.steps
