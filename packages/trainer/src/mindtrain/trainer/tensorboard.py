@@ -4,7 +4,7 @@ MindFormers imports), on rank 0, every ``log_interval`` steps.
 Scalar tags are MindFormers' (its LossCallback's monitor names): ``loss``,
 ``learning-rate``, ``grad-norm``, ``throughput`` (TFLOP/s per device), ``iteration-time``
 (ms), ``batch-size``, ``load-balancing-loss`` (MoE), ``mtp-1-loss`` (or ``mtp-loss`` for
-deeper MTP), each also as ``<tag> vs samples`` over consumed samples; plus
+deeper MTP), each also as ``<tag>_vs_samples`` over consumed samples; plus
 ``device-loss/rank<R>``, ``local-norm/<param>`` and ``device-norm/<param>`` when
 ``monitor.train_state`` asks for them, and the config as text at step 0.
 """
@@ -68,7 +68,7 @@ class TensorBoardWriter:
                 continue
             self._writer.add_scalar(tag, float(value), global_step=step)
             if samples is not None:
-                self._writer.add_scalar(f"{tag} vs samples", float(value), global_step=samples)
+                self._writer.add_scalar(f"{tag}_vs_samples", float(value), global_step=samples)
         if train_state is not None:
             for r, v in enumerate(train_state.device_losses):
                 self._writer.add_scalar(f"device-loss/rank{r}", float(v), global_step=step)
