@@ -57,6 +57,7 @@ RENAMED = [
     ("moe_router_enable_expert_bias", False, "bias_update_speed", 0.0),
     ("hidden_act", "swiglu", "hidden_act", "silu"),
     ("compute_dtype", "bf16", "compute_dtype", "bfloat16"),
+    ("moe_router_load_balancing_type", "none", "aux_loss_alpha", 0.0),
 ]
 
 

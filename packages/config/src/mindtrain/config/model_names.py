@@ -118,6 +118,8 @@ def to_canonical(data: dict, path: str = "model") -> dict:
             if value not in allowed:
                 shown = " or ".join(repr(a) for a in allowed)
                 raise ConfigError(f"{path}.{key}", f"{value!r} is not supported: {why}; set it to {shown}")
+            if key == "moe_router_load_balancing_type" and value == "none":
+                _set(out, "aux_loss_alpha", 0.0, key, path, origin)
     for key, (field, conv) in RENAMES.items():
         if key in rest:
             _set(out, field, conv(rest.pop(key)), key, path, origin)
