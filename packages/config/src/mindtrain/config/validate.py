@@ -262,6 +262,8 @@ def validate_config(cfg: MindTrainConfig, world_size: Optional[int] = None) -> N
     ck = cfg.checkpoint
     _non_negative(ck.save_interleaved_steps, "checkpoint.save_interleaved_steps")
     _non_negative(ck.save_max, "checkpoint.save_max")
+    if ck.layout not in ("mindtrain", "mindformers"):
+        raise ConfigError("checkpoint.layout", f"must be 'mindtrain' or 'mindformers', got {ck.layout!r}")
     o = cfg.optimizer
     if o.type != "AdamW":
         raise ConfigError("optimizer.type", f"only 'AdamW' is supported, got {o.type!r}")

@@ -21,6 +21,7 @@ from mindtrain.config import (
     resolve_parallelism,
 )
 from mindtrain.trainer import checkpoint as ckpt
+from mindtrain.trainer import mindformers_checkpoint as mfc
 from mindtrain.trainer.log_line import format_step_line, mtp_fields
 from mindtrain.trainer.lr_schedule import LRSchedule
 from mindtrain.trainer.metrics import MetricsWriter, new_run_dir
@@ -131,7 +132,10 @@ class Trainer:
             self.writer = ckpt.CheckpointWriter(cfg.checkpoint.save_path or os.path.join("output", "checkpoint"),
                                                 cfg.checkpoint.save_max,
                                                 rank=self.rt.rank, world_size=self.rt.world_size,
-                                                barrier=self.rt.barrier)
+                                                barrier=self.rt.barrier, layout=cfg.checkpoint.layout,
+                                                async_save=cfg.checkpoint.async_save)
+            for note in ckpt.save_notes(cfg.checkpoint):
+                self.out(f"mindtrain: {note}")
         if resume is not None:
             self._load_state(resume)
         self.hooks = StepHooks(cfg, runtime.rank, runtime.device, self.total_steps, self.step, self.accum,
@@ -254,6 +258,8 @@ class Trainer:
             if self.writer is not None and ((save_every and self.step % save_every == 0)
                                             or self.step == self.total_steps):
                 self.save()
+        if self.writer is not None:
+            self.writer.wait()  # an asynchronous save finishes before training returns
         self.hooks.train_end()
         if self.metrics is not None:
             self.metrics.close()
@@ -274,24 +280,37 @@ class Trainer:
 
     def save(self) -> str:
         rank = self.rt.rank
+        ck = self.cfg.checkpoint
         full = self._full_params()
-        optimizer_state = self._full_optimizer_state()
+        # checkpoint.no_save_optim: weights only (no optimizer, data or RNG state)
+        optimizer_state = None if ck.no_save_optim else self._full_optimizer_state()
         tensors: dict[str, dict[str, np.ndarray]] = {}
-        files: dict[str, object] = {_rank_file(rank): {
-            "loader": self.loader.state_dict(),
-            "rng": {"numpy": _numpy_rng_state(), "python": _python_rng_state()}}}
+        files: dict[str, object] = {}
+        if optimizer_state is not None:
+            files[_rank_file(rank)] = {"loader": self.loader.state_dict(),
+                                       "rng": {"numpy": _numpy_rng_state(), "python": _python_rng_state()}}
         if rank == 0:
             from mindtrain.models import config_to_hf, hf_state_dict
 
-            tensors[MODEL_FILE] = hf_state_dict(_FullView(self.model, self._model_params, full))
-            tensors[OPTIMIZER_FILE] = optimizer_state
             files["config.json"] = config_to_hf(self.cfg.model)
             files[ckpt.STATE_FILE] = {
                 "step": self.step, "consumed_samples": self.consumed_samples, "skipped_total": self.skipped_total,
                 "skipped_in_row": self.skipped_in_row, "world_size": self.rt.world_size, "dp": self.dims.dp,
                 "lr_schedule": {"kind": self.schedule.kind, "peak": self.schedule.peak, "total": self.schedule.total,
                                 "warmup": self.schedule.warmup},
-                "seed": self.cfg.training.seed}
+                "seed": self.cfg.training.seed, "weights_only": optimizer_state is None}
+            if ck.layout == "mindformers":
+                weights = {p.name: full[p.name] if p.name in full else p.asnumpy() for p in self._model_params}
+                mf_tensors, mf_json = mfc.checkpoint_files(
+                    weights, optimizer_state, ck.prefix, self.rt.world_size,
+                    mfc.common_info(self.step, self.total_steps, self.cfg.training.global_batch_size,
+                                    self.consumed_samples))
+                tensors.update(mf_tensors)
+                files.update(mf_json)
+            else:
+                tensors[MODEL_FILE] = hf_state_dict(_FullView(self.model, self._model_params, full))
+                if optimizer_state is not None:
+                    tensors[OPTIMIZER_FILE] = optimizer_state
         return self.writer.save(self.step, tensors, files)
 
     def _load_weights(self, load_path: str) -> Optional[str]:
@@ -299,20 +318,42 @@ class Trainer:
         when the rest of the training state should be restored too."""
         from mindtrain.models import load_hf_state_dict
 
+        ck = self.cfg.checkpoint
         kind, folder = ckpt.resolve_checkpoint(load_path)
         if kind == "hf":
             load_hf_state_dict(self.model, _read_hf_weights(folder), source=folder)
             self.out(f"mindtrain: started from the weights of HF model directory {folder}")
             return None
-        load_hf_state_dict(self.model, ckpt.load_tensors(folder, MODEL_FILE), source=folder)
-        if self.cfg.checkpoint.no_load_optim:
+        self._mf_state = None
+        if kind == "mindformers":
+            weights, opt, common = mfc.read_checkpoint(folder, ck.load_worker_number)
+            names = {p.name for p in self.model.get_parameters()}
+            if names <= set(weights):  # the network's own names (as mindtrain writes them): to HF names
+                weights = _hf_names(self.model, weights)
+            self._mf_state = (opt, common)
+            has_optimizer = bool(opt)
+        else:
+            weights = ckpt.load_tensors(folder, MODEL_FILE)
+            has_optimizer = os.path.isfile(os.path.join(folder, OPTIMIZER_FILE))
+        load_hf_state_dict(self.model, weights, source=folder)
+        if ck.no_load_optim:
             self.out(f"mindtrain: loaded model weights from {folder} (checkpoint.no_load_optim is true)")
+            return None
+        if not has_optimizer:
+            self.out(f"mindtrain: {folder} holds model weights only (saved with checkpoint.no_save_optim); "
+                     "training starts from them at step 0 with fresh optimizer state")
             return None
         return folder
 
     def _load_state(self, folder: str) -> None:
-        state = ckpt.load_json(folder)
-        saved = ckpt.load_tensors(folder, OPTIMIZER_FILE)
+        if self._mf_state is not None:
+            saved, state = mfc.to_mindtrain_state(*self._mf_state, [n for n, _ in self.params],
+                                                  self.cfg.training.global_batch_size, folder)
+            if os.path.isfile(os.path.join(folder, ckpt.STATE_FILE)):  # written by mindtrain: exact resume
+                state = ckpt.load_json(folder)
+        else:
+            state = ckpt.load_json(folder)
+            saved = ckpt.load_tensors(folder, OPTIMIZER_FILE)
         local = {"step": saved["step"]} if "step" in saved else {}
         for kind in ("exp_avg", "exp_avg_sq"):
             full = {n: saved[f"{kind}.{n}"] for n, _ in self.params if f"{kind}.{n}" in saved}
@@ -327,7 +368,8 @@ class Trainer:
         if self.step >= self.total_steps:
             raise UserError(f"checkpoint.load_path: the checkpoint is at step {self.step}, but training.steps is "
                             f"{self.total_steps}; raise training.steps to train further")
-        if int(state["dp"]) == self.dims.dp:
+        rank_file = os.path.join(folder, _rank_file(self.rt.rank))
+        if state.get("dp") == self.dims.dp and os.path.isfile(rank_file):
             rank_state = ckpt.load_json(folder, _rank_file(self.rt.rank))
             self.loader.load_state_dict(rank_state["loader"])
             _set_numpy_rng_state(rank_state["rng"]["numpy"])
@@ -335,6 +377,14 @@ class Trainer:
         else:
             self.loader.load_state_dict({"consumed_samples": self.consumed_samples})
         self.out(f"mindtrain: resumed from {folder} at step {self.step}")
+
+
+def _hf_names(model, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Arrays under the model's own parameter names, renamed as hf_state_dict names them."""
+    from mindtrain.models import hf_state_dict
+
+    params = list(model.get_parameters())
+    return hf_state_dict(_FullView(model, params, {p.name: weights[p.name] for p in params}))
 
 
 class _Array:
