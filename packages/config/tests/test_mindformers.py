@@ -150,12 +150,11 @@ def test_startup_notes_name_what_has_no_effect():
     assert all("\n" not in line for line in cpu)
     named = [line.split("=")[0] for line in cpu]
     for field in ("model.use_flash_attention", "model.moe_grouped_gemm", "model.bias_swiglu_fusion",
-                  "model.mla_qkv_concat", "model.moe_token_drop_policy", "context.max_device_memory",
-                  "recompute.mode"):
+                  "model.mla_qkv_concat", "model.moe_token_drop_policy", "recompute.mode"):
         assert field in named, (field, cpu)
     assert any("activations are not recomputed yet (#16)" in line for line in cpu)
     ascend = [line.split("=")[0] for line in startup_notes(mf, "Ascend")]
-    assert "model.use_flash_attention" not in ascend and "context.max_device_memory" not in ascend
+    assert "model.use_flash_attention" not in ascend and "model.mla_qkv_concat" in ascend
     assert startup_notes(load_config(TINY_PATH), "CPU") == []  # nothing set that has no effect
 
 

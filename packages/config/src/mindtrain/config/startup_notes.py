@@ -75,7 +75,7 @@ RULES: list[_Rule] = [
     ("model", "router_dense_type", _not_f32, "the router's matmul runs in float32"),
     ("model", "moe_token_drop_policy", _set, "mindtrain drops no tokens (no expert capacity factor)"),
     ("model", "use_pad_tokens", _set, "expert inputs are not padded to a fixed size"),
-    ("context", "max_device_memory", _on_cpu, "applied on Ascend only; CPU memory is not capped"),
+    # context.max_device_memory on CPU: the runtime says so when it starts (mindtrain.trainer.runtime)
     ("profiler", "mstx", lambda v, d: v is True and d.upper() != "ASCEND", "mstx markers need Ascend"),
     ("profiler", "profile_memory", lambda v, d: v is True and d.upper() == "CPU",
      "the CPU profiler records no device memory"),
