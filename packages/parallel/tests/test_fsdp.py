@@ -31,3 +31,9 @@ def test_fsdp_matches_single_process(msrun, tmp_path, workers, port):
         if n == 2:
             for key in ("loss_rel", "norm_rel", "param_rel", "adam_m_rel"):
                 assert res["param_groups"][key] < 1e-5, (rank, key)
+                assert res["no_reshard"][key] < 1e-5, (rank, key)
+            # without reshard after forward: one all-gather per unit and micro-batch instead of
+            # two (forward, backward), and every unit held at once at the end of the forward
+            saved = z3["gathers"] - res["no_reshard"]["gathers"]
+            assert saved == res["units"] * res["micro_steps"], (saved, res["units"], res["micro_steps"])
+            assert res["no_reshard"]["peak_gathered_bytes"] > z3["peak_gathered_bytes"]

@@ -63,13 +63,15 @@ for step in range(STEPS):
 ref_state = {n: p.asnumpy() for n, p in ref_named}
 ref_m = {n: m for (n, _), m in zip(ref_named, ref_opt.m)}
 
-results = {"world": world, "ref_bytes": ref_bytes, "ref_losses": ref_losses}
+results = {"world": world, "ref_bytes": ref_bytes, "ref_losses": ref_losses, "units": len(UNITS),
+           "micro_steps": STEPS * ACCUM}
 micro = GLOBAL // (world * ACCUM)
 
 
-def train(strategy, param_groups=None):
+def train(strategy, param_groups=None, reshard_after_forward=True):
     model = TinyLM()
-    fsdp = fully_shard(model, mesh, units=UNITS, strategy=strategy, shared=SHARED, param_groups=param_groups)
+    fsdp = fully_shard(model, mesh, units=UNITS, strategy=strategy, shared=SHARED, param_groups=param_groups,
+                       reshard_after_forward=reshard_after_forward)
     opt = AdamW(fsdp.named_parameters())
 
     def loss_fn(ids, labels):
@@ -101,7 +103,7 @@ def train(strategy, param_groups=None):
         "adam_m_rel": max(rel(m_full[n], ref_m[n]) for n in ref_state),
         "clipped": int(ref_norms[0] > MAX_NORM),
         "bytes": held, "bytes_ratio": held / ref_bytes,
-        "peak_gathered_bytes": fsdp.peak_gathered_bytes,
+        "peak_gathered_bytes": fsdp.peak_gathered_bytes, "gathers": fsdp.gather_count,
         "full_param_bytes": tensor_bytes([p for _, p in ref_named]),
         "losses": losses,
     }, state
@@ -115,6 +117,8 @@ if world == 2:
     # unit, the path expert weights take when sharded over "edp".
     mlp = {f"blocks.{i}.{w}": "dp_cp" for i in range(2) for w in ("w1", "w2", "b1")}
     results["param_groups"], _ = train("optim_grads_params", mlp)
+    # reshard_after_forward_policy "never": each unit stays gathered from forward to backward
+    results["no_reshard"], _ = train("optim_grads_params", reshard_after_forward=False)
 
 # Full-state import into another data-parallel degree: the N-way ZeRO-3 export into a
 # 1-rank FSDP, and the single-process weights into an N-way ZeRO-3 model.
