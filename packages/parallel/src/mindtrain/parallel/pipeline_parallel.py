@@ -112,6 +112,10 @@ class PipelineSchedule:
     returned :class:`~mindtrain.parallel.tensor_parallel.TensorParallel` /
     :class:`~mindtrain.parallel.expert_parallel.ExpertParallel`.
 
+    ``chunks`` > 1 gives this rank that many model chunks (virtual stages ``c * pp + rank``)
+    and runs interleaved 1F1B; ``layers_per_stage`` takes every form of
+    :func:`mindtrain.config.pipeline.layer_counts`.
+
     ``dp_sharding``: ``None`` keeps the stage's gradients and optimizer state whole on every
     data-parallel rank. The FSDP strategies shard the dense ones on dim 0 over ``dp`` and
     :attr:`params` are then the shards: ``"optim"`` (ZeRO-1) sums each micro-batch's full
