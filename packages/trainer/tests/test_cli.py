@@ -34,6 +34,7 @@ def run(*args, cwd=ROOT):
     (["--config", TINY, "--mode", "1", "--options", "training.stepz=3"], "training.stepz: unknown key (did you mean 'steps'?)"),
     (["--config", TINY, "--mode", "1", "--options", "training.steps"], "--options 'training.steps' must look like section.field=value"),
     (["--config", TINY, "--mode", "1", "--training.stepz", "3"], "training.stepz: unknown key"),
+    (["--config", TINY, "--mode", "1", "--resume_training", "True"], "--resume_training True: there is no checkpoint to load"),
 ])
 def test_one_line_and_status_2(args, needle):
     r = run(*args)
@@ -93,8 +94,9 @@ def test_acting_flags_set_the_config():
     cfg = _load("--seed", "7", "--load_checkpoint", "/ck/iter_0000002", "--device_target", "CPU")
     assert (cfg.training.seed, cfg.checkpoint.load_path, cfg.context.device_target) == (7, "/ck/iter_0000002", "CPU")
     assert cfg.checkpoint.no_load_optim is False
-    assert _load("--resume_training", "False").checkpoint.no_load_optim is True  # weights only
-    assert _load("--resume_training", "true").checkpoint.no_load_optim is False
+    ck = ("--load_checkpoint", "/ck")
+    assert _load(*ck, "--resume_training", "False").checkpoint.no_load_optim is True  # weights only
+    assert _load(*ck, "--resume_training", "true").checkpoint.no_load_optim is False
 
 
 def test_options_as_mindformers_reads_them_then_override_then_pairs():

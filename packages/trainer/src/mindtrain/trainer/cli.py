@@ -231,7 +231,10 @@ def load_with_flags(args: argparse.Namespace, base_dir: Optional[str] = None):
     if args.train_dataset_dir is not None:
         raw = apply_overrides(raw, dataset_dir_overrides(args.train_dataset_dir, raw))
     if args.output_dir is not None:
-        raw = apply_overrides(raw, output_dir_overrides(args.output_dir, raw))
+        raw = apply_overrides(raw, output_dir_overrides(os.path.expanduser(args.output_dir), raw))
+    if args.resume_training is not None and not _get(raw, "checkpoint.load_path"):
+        raise UsageError(f"--resume_training {args.resume_training}: there is no checkpoint to load; pass "
+                         "--load_checkpoint FOLDER or set checkpoint.load_path")
     return parse_config(raw)
 
 
