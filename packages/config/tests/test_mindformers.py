@@ -161,7 +161,6 @@ def test_startup_notes_name_what_has_no_effect():
 @pytest.mark.parametrize("override, field", [
     ("train_dataset.numa_enable=true", "train_dataset.numa_enable"),
     ("checkpoint.load_balanced=true", "checkpoint.load_balanced"),
-    ("checkpoint.load_worker_number=4", "checkpoint.load_worker_number"),
     ("parallelism.pipeline_parallel_overlap_p2p=true", "parallelism.pipeline_parallel_overlap_p2p"),
     ("parallelism.pipeline_parallel_p2p_transport=auto", "parallelism.pipeline_parallel_p2p_transport"),
     ("parallelism.enable_mc2=true", "parallelism.enable_mc2"),

@@ -32,7 +32,6 @@ def _not_f32(value: Any, device: str) -> bool:
 
 RULES: list[_Rule] = [
     ("checkpoint", "load_balanced", _set, "every rank reads its own shards; balanced reading is not built"),
-    ("checkpoint", "load_worker_number", lambda v, d: v != 1, "each rank reads its checkpoint files in one thread"),
     ("checkpoint", "save_global_layout_cache", lambda v, d: v is False,
      "no global layout is cached (mindtrain writes the layout with every checkpoint)"),
     ("checkpoint", "reshard_worker_num", lambda v, d: v != 1, "resharding at load runs in one thread"),
