@@ -239,8 +239,9 @@ def apply_context(cfg, device: str) -> list[str]:
     returns start-up notes for what has no effect on this device."""
     import mindspore as ms
 
-    if cfg.training.deterministic:
-        # MindFormers' PyNative trainer calls the same switch (mindspore.set_deterministic)
+    if cfg.training.deterministic and ms.get_context("deterministic") != "ON":
+        # MindFormers' PyNative trainer calls the same switch; MindSpore refuses a second
+        # call in one process (a second Trainer in the same process finds it on)
         ms.set_deterministic(True)
     notes = []
     limit = cfg.context.max_device_memory

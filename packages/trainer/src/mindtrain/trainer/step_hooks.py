@@ -18,8 +18,10 @@ from mindtrain.trainer.tensorboard import TensorBoardWriter
 class StepHooks:
     """``log`` prints into this rank's log, ``out`` on rank 0 only."""
 
-    def __init__(self, cfg, rank: int, device: str, total_steps: int, first_step: int, accumulation: int,
-                 log: Callable[[str], None], out: Callable[[str], None], model=None, optimizer=None):
+    def __init__(self, cfg, rank: int, device: str, total_steps: int, accumulation: int,
+                 log: Callable[[str], None], out: Callable[[str], None]):
+        """Built before the model, so that a config mistake here fails fast; :meth:`bind`
+        adds the model and optimizer once they exist."""
         self.cfg = cfg
         self.log = log
         self.out = out
@@ -28,13 +30,19 @@ class StepHooks:
         self.moe = m.first_k_dense_replace < m.num_hidden_layers or m.num_nextn_predict_layers > 0
         self.train_state = TrainStateMonitor.from_config(cfg.monitor.train_state)
         self.health = HealthCheck.from_config(cfg.monitor.health_checkpoint, log=log, rank=rank)
-        self.callbacks = CallbackHandler(build_callbacks(cfg.callbacks), model=model, optimizer=optimizer)
-        self.tensorboard: Optional[TensorBoardWriter] = TensorBoardWriter.from_config(cfg) if rank == 0 else None
-        self.profiler = StepProfiler(cfg.profiler, rank, device, first_step=first_step)
-        self.state = TrainerState(global_step=first_step, max_steps=total_steps,
-                                  global_batch_size=cfg.training.global_batch_size,
+        self.callbacks = CallbackHandler(build_callbacks(cfg.callbacks))
+        self.profiler = StepProfiler(cfg.profiler, rank, device)
+        self.state = TrainerState(max_steps=total_steps, global_batch_size=cfg.training.global_batch_size,
                                   num_accumulation_steps=accumulation)
+        self.tensorboard: Optional[TensorBoardWriter] = TensorBoardWriter.from_config(cfg) if rank == 0 else None
         self._record: Optional[TrainStateRecord] = None
+
+    def bind(self, model, optimizer, first_step: int) -> None:
+        """The built model and optimizer (passed to callbacks) and the step training starts
+        after (a resumed run's)."""
+        self.callbacks.objects.update(model=model, optimizer=optimizer)
+        self.state.global_step = first_step
+        self.profiler.first_step = first_step
 
     def _logged(self, step: int) -> bool:
         return step % self.cfg.training.log_interval == 0 or step == self.total_steps

@@ -69,6 +69,7 @@ class Trainer:
             self.out(f"mindtrain: {note}")
         self.dims = resolve_parallelism(cfg.parallelism, runtime.world_size)
         self.accum = num_accumulation_steps(cfg, self.dims)
+        self.hooks = StepHooks(cfg, runtime.rank, runtime.device, cfg.training.steps, self.accum, log=out, out=self.out)
         from mindtrain.config.fsdp_policy import reshard_after_forward
         from mindtrain.config.pipeline import microbatch_note
 
@@ -138,8 +139,7 @@ class Trainer:
                 self.out(f"mindtrain: {note}")
         if resume is not None:
             self._load_state(resume)
-        self.hooks = StepHooks(cfg, runtime.rank, runtime.device, self.total_steps, self.step, self.accum,
-                               log=self.log, out=self.out, model=self.model, optimizer=self.optimizer)
+        self.hooks.bind(self.model, self.optimizer, self.step)
         self.metrics: Optional[MetricsWriter] = None
         if self.rt.rank == 0:
             run_dir = new_run_dir(cfg.monitor.metrics_dir)
