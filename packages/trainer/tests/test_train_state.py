@@ -1,4 +1,5 @@
-"""monitor.train_state: per-parameter gradient norms and each rank's losses in the log."""
+"""monitor.train_state (per-parameter gradient norms and each rank's losses) and
+monitor.moe_monitor (tokens per expert) in the log."""
 
 import json
 import math
@@ -22,7 +23,8 @@ def test_train_state_lines_hold_the_step_gradient_norms_and_losses(tiny_config):
     lines = []
     cfg = tiny_config("training.steps=2", "monitor.train_state.local_norm=true", "monitor.train_state.local_loss=true",
                       "monitor.train_state.device_norm=['embed_tokens', 'model.norm']",
-                      "monitor.train_state.device_loss=true")
+                      "monitor.train_state.device_loss=true", "monitor.moe_monitor.save_tokens_per_expert_interval=2",
+                      "monitor.moe_monitor.target_layers=[0, 1]")
     trainer = Trainer(cfg, Runtime(device="CPU"), out=lines.append)
     history = trainer.train()
     last = lines[lines.index(next(x for x in lines if x.startswith("{ step:[    2/"))):]
@@ -41,6 +43,14 @@ def test_train_state_lines_hold_the_step_gradient_norms_and_losses(tiny_config):
     dev = [r for r in records if "device_loss" in r]
     assert len(dev) == 1 and dev[0]["ranks"] == [dev[0]["device_loss"]]
     assert math.isclose(dev[0]["device_loss"], history[1]["loss"], rel_tol=1e-6)
+    # moe_monitor: every 2nd step, target layer 1 (layer 0 is dense: said once at start-up)
+    assert [x for x in lines if "target_layers" in x] == [
+        "mindtrain: monitor.moe_monitor.target_layers: decoder layer 0 is not a MoE layer (no tokens per expert)"]
+    tpe = [json.loads(x) for x in lines if '"tpe"' in x]
+    assert [(r["step"], r["block"], r["layer"]) for r in tpe] == [(2, "decoder", 1)]
+    m = cfg.model
+    assert len(tpe[0]["tpe"][0]) == m.n_routed_experts
+    assert sum(tpe[0]["tpe"][0]) == 2 * 32 * m.num_experts_per_tok  # every token of the global batch, top-k
 
 
 def test_norm_settings():

@@ -10,6 +10,7 @@ from typing import Callable, Optional, Sequence
 from mindtrain.trainer.callbacks import CallbackHandler, TrainerState, build_callbacks
 from mindtrain.trainer.health import HealthCheck
 from mindtrain.trainer.log_line import mtp_fields
+from mindtrain.trainer.moe_monitor import MoeMonitor
 from mindtrain.trainer.monitor import TrainStateMonitor, TrainStateRecord
 from mindtrain.trainer.profiler import StepProfiler
 from mindtrain.trainer.tensorboard import TensorBoardWriter
@@ -36,11 +37,18 @@ class StepHooks:
                                   num_accumulation_steps=accumulation)
         self.tensorboard: Optional[TensorBoardWriter] = TensorBoardWriter.from_config(cfg) if rank == 0 else None
         self._record: Optional[TrainStateRecord] = None
+        mm = cfg.monitor.moe_monitor
+        self.moe_monitor = MoeMonitor(mm.save_tokens_per_expert_interval, mm.target_layers, [], 0)
 
     def bind(self, model, optimizer, first_step: int) -> None:
         """The built model and optimizer (passed to callbacks) and the step training starts
         after (a resumed run's)."""
         self.callbacks.objects.update(model=model, optimizer=optimizer)
+        mm = self.cfg.monitor.moe_monitor
+        self.moe_monitor = MoeMonitor(mm.save_tokens_per_expert_interval, mm.target_layers,
+                                      list(getattr(model, "moe_layer_ids", [])), self.cfg.model.num_hidden_layers)
+        for note in self.moe_monitor.notes():
+            self.out(f"mindtrain: {note}")
         self.state.global_step = first_step
         self.profiler.first_step = first_step
 
@@ -58,10 +66,14 @@ class StepHooks:
         self.callbacks.call("on_step_begin", self.cfg, self.state)
 
     def after_gradients(self, step: int, named_grads: Sequence, grad_norm: float, to_full,
-                        micro_losses: Sequence[float], device_losses: Sequence[float]) -> bool:
+                        micro_losses: Sequence[float], device_losses: Sequence[float], expert_load=None) -> bool:
         """Called with the step's gradients before clipping and the update; True when the
-        update is to be skipped for its global norm (raises after too many in a row)."""
+        update is to be skipped for its global norm (raises after too many in a row).
+        ``expert_load``: the step's tokens per expert [MoE layers, experts], all ranks."""
         self._record = None
+        if expert_load is not None:
+            for line in self.moe_monitor.lines(step, expert_load):
+                self.out(line)
         due = self._logged(step) or (self.tensorboard is not None and self.tensorboard.due(step))
         if self.train_state.active and due:
             self._record = self.train_state.observe(step, named_grads, to_full, micro_losses, device_losses)

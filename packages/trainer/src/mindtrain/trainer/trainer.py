@@ -200,7 +200,7 @@ class Trainer:
         max_norm = self.cfg.training.max_norm
         norm_skip = self.hooks.after_gradients(self.step + 1, [(n, g) for (n, _), g in zip(self.params, grads)],
                                                grad_norm, self.engine.to_full, [m[0] for m in micro_losses],
-                                               list(device_losses[:, 0]))
+                                               list(device_losses[:, 0]), total_load)
         if norm_skip:  # monitor.health_checkpoint: no update of weights or optimizer state
             self.skipped_total += 1
             self.skipped_in_row = 0
