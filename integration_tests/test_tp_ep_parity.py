@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.msrun
+
 WORKER = Path(__file__).parent / "workers" / "tp_ep_parity.py"
 ROOT = Path(__file__).resolve().parent.parent
 LOSS_RTOL = 1e-5

@@ -2,6 +2,8 @@
 
 import pytest
 
+pytestmark = pytest.mark.msrun
+
 
 @pytest.mark.parametrize("workers,port", [(2, 8201), (4, 8202)])
 def test_collectives_match_numpy(msrun, tmp_path, workers, port):

@@ -2,6 +2,10 @@
 
 import time
 
+import pytest
+
+pytestmark = pytest.mark.msrun
+
 
 def test_raising_rank_ends_job(msrun, tmp_path):
     # msrun kills the peer blocked in all_reduce at once, but its scheduler only exits when

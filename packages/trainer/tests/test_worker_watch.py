@@ -5,6 +5,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = pytest.mark.msrun  # several processes
+
 SCHEDULER = textwrap.dedent("""
     import time
     from mindtrain.trainer.runtime import WorkerWatch, scheduler_message

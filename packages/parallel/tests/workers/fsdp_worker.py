@@ -1,19 +1,25 @@
 """msrun worker: FSDP (three strategies) against the single-process run of the same model.
 
-Every rank first trains the reference itself (one process, full global batch, no
-sharding), then each strategy with the global batch split over ranks and over two
-accumulation micro-batches, global-norm clipping on. Writes <out>/fsdp_<rank>.json.
+    python fsdp_worker.py reference REF.npz     # the single-process run, once per test module
+    msrun ... fsdp_worker.py OUT_DIR REF.npz    # every rank compares against REF.npz
+
+The reference trains one process on the full global batch, no sharding; each rank then
+trains each strategy with the global batch split over ranks and over two accumulation
+micro-batches, global-norm clipping on. Writes <out>/fsdp_<rank>.json.
 """
 
 import os
 
 # Before mindspore starts its threads (they inherit the mask): its runtime threads otherwise
 # spread over every core and, with more ranks than cores, burn about a third more CPU time.
+# msrun rank r takes core r mod #cores, the plain reference process the last one.
 _cpus = sorted(os.sched_getaffinity(0))
-os.sched_setaffinity(0, {_cpus[int(os.environ.get("RANK_ID", 0)) % len(_cpus)]})
+_rank_id = os.environ.get("RANK_ID")
+os.sched_setaffinity(0, {_cpus[int(_rank_id) % len(_cpus)] if _rank_id is not None else _cpus[-1]})
 
 import json
 import sys
+import time
 
 import numpy as np
 
@@ -25,10 +31,6 @@ from mindtrain.parallel import DeviceMesh, Group, collectives as C, fully_shard,
 from tiny_lm import SHARED, UNITS, AdamW, TinyLM, batch
 
 ms.set_device("CPU")
-world, rank = init_distributed()
-mesh = DeviceMesh.from_config(ParallelismConfig(), world, rank).init_process_groups()
-dp = mesh.group("dp")
-out_dir = sys.argv[1]
 STEPS, ACCUM, MAX_NORM, GLOBAL = 2, 2, 1.0, 8
 
 
@@ -42,26 +44,65 @@ def tensor_bytes(ts):
 
 
 # ---- single-process reference -----------------------------------------------------------
-ref = TinyLM()
-ref_named = [(p.name, p) for p in ref.trainable_params()]
-ref_opt = AdamW(ref_named)
-ref_grad = ms.value_and_grad(ref, None, weights=[p for _, p in ref_named])
-ref_losses, ref_norms = [], []
-for step in range(STEPS):
-    ids, labels = batch(step, GLOBAL)
-    loss, grads = ref_grad(Tensor(ids), Tensor(labels))
-    norm = float(np.sqrt(sum((g.asnumpy().astype(np.float64) ** 2).sum() for g in grads)))
-    coef = MAX_NORM / (norm + 1e-6)
-    if coef < 1:
-        grads = [g * coef for g in grads]
-    if step == 0:
-        ref_bytes = (tensor_bytes([p for _, p in ref_named]) + tensor_bytes(grads)
-                     + ref_opt.state_bytes())
-    ref_opt.step(grads)
-    ref_losses.append(float(loss.asnumpy()))
-    ref_norms.append(norm)
-ref_state = {n: p.asnumpy() for n, p in ref_named}
-ref_m = {n: m for (n, _), m in zip(ref_named, ref_opt.m)}
+def reference(path):
+    """Train one process on the full batch; save per-step losses and norms, the bytes it
+    holds, its final weights and AdamW first moments, and its loss on the next batch."""
+    ref = TinyLM()
+    ref_named = [(p.name, p) for p in ref.trainable_params()]
+    ref_opt = AdamW(ref_named)
+    ref_grad = ms.value_and_grad(ref, None, weights=[p for _, p in ref_named])
+    ref_losses, ref_norms = [], []
+    for step in range(STEPS):
+        ids, labels = batch(step, GLOBAL)
+        loss, grads = ref_grad(Tensor(ids), Tensor(labels))
+        norm = float(np.sqrt(sum((g.asnumpy().astype(np.float64) ** 2).sum() for g in grads)))
+        coef = MAX_NORM / (norm + 1e-6)
+        if coef < 1:
+            grads = [g * coef for g in grads]
+        if step == 0:
+            ref_bytes = (tensor_bytes([p for _, p in ref_named]) + tensor_bytes(grads)
+                         + ref_opt.state_bytes())
+        ref_opt.step(grads)
+        ref_losses.append(float(loss.asnumpy()))
+        ref_norms.append(norm)
+    ids, labels = batch(STEPS, GLOBAL)
+    ref_next = float(ref(Tensor(ids), Tensor(labels)).asnumpy())
+    arrays = {f"state/{n}": p.asnumpy() for n, p in ref_named}
+    arrays.update({f"m/{n}": m for (n, _), m in zip(ref_named, ref_opt.m)})
+    tmp = path + ".tmp.npz"
+    np.savez(tmp, losses=np.array(ref_losses), norms=np.array(ref_norms), bytes=np.array(ref_bytes),
+             full_param_bytes=np.array(tensor_bytes([p for _, p in ref_named])), next_loss=np.array(ref_next),
+             **arrays)
+    os.replace(tmp, path)  # the msrun ranks wait for this file
+
+
+def load_reference(path):
+    """The reference's results (it runs beside the msrun job: wait for its file)."""
+    deadline = time.monotonic() + 1200
+    while not os.path.exists(path):
+        if os.path.exists(path + ".error") or time.monotonic() > deadline:
+            raise RuntimeError(f"no single-process reference at {path}")
+        time.sleep(0.5)
+    return np.load(path)
+
+
+if sys.argv[1] == "reference":
+    try:
+        reference(sys.argv[2])
+    except BaseException:
+        open(sys.argv[2] + ".error", "w").close()
+        raise
+    sys.exit(0)
+
+world, rank = init_distributed()
+mesh = DeviceMesh.from_config(ParallelismConfig(), world, rank).init_process_groups()
+dp = mesh.group("dp")
+out_dir = sys.argv[1]
+_ref = load_reference(sys.argv[2])
+ref_losses, ref_norms = _ref["losses"].tolist(), _ref["norms"].tolist()
+ref_bytes, full_param_bytes = int(_ref["bytes"]), int(_ref["full_param_bytes"])
+ref_state = {k[len("state/"):]: _ref[k] for k in _ref.files if k.startswith("state/")}
+ref_m = {k[len("m/"):]: _ref[k] for k in _ref.files if k.startswith("m/")}
 
 results = {"world": world, "ref_bytes": ref_bytes, "ref_losses": ref_losses, "units": len(UNITS),
            "micro_steps": STEPS * ACCUM}
@@ -104,7 +145,7 @@ def train(strategy, param_groups=None, reshard_after_forward=True):
         "clipped": int(ref_norms[0] > MAX_NORM),
         "bytes": held, "bytes_ratio": held / ref_bytes,
         "peak_gathered_bytes": fsdp.peak_gathered_bytes, "gathers": fsdp.gather_count,
-        "full_param_bytes": tensor_bytes([p for _, p in ref_named]),
+        "full_param_bytes": full_param_bytes,
         "losses": losses,
     }, state
 
@@ -132,8 +173,7 @@ ids, labels = batch(STEPS, GLOBAL)
 rows = slice(rank * (GLOBAL // world), (rank + 1) * (GLOBAL // world))
 loss = wide.value_and_grad(lambda i, t: wide.model(i, t))(Tensor(ids[rows]), Tensor(labels[rows]))
 loss = float(C.all_reduce(Tensor([float(loss.asnumpy())]), dp, op="avg").asnumpy()[0])
-ref_next = float(ref(Tensor(ids), Tensor(labels)).asnumpy())
-results["import_into_dpN_loss_rel"] = rel(loss, ref_next)
+results["import_into_dpN_loss_rel"] = rel(loss, float(_ref["next_loss"]))
 results["import_shards_rel"] = max(rel(wide.full_state_dict()[n], ref_state[n]) for n in ref_state)
 
 with open(f"{out_dir}/fsdp_{rank}.json", "w") as f:
