@@ -18,6 +18,10 @@ Two stages, two environments (mindformers is never a package dependency):
            rouge_chinese datasets sentencepiece mindpet opencv-python-headless
        /tmp/mfvenv/bin/python tools/make_mindformers_checkpoint.py mindformers /tmp/mf_src
 
+3. optional: MindFormers' own load_checkpoint reads a checkpoint mindtrain wrote with
+   checkpoint.layout: mindformers (same venv):
+       /tmp/mfvenv/bin/python tools/make_mindformers_checkpoint.py check <save_path>
+
 Stage 2 saves twice (iterations 1 and 2, keep_max_num=1, user_prefix "tiny") so MindFormers'
 own retention and tracker are exercised: the fixture holds iteration_00000002 only. The
 model's HF config goes beside it, to mindformers_ckpt_model.json.
@@ -111,7 +115,38 @@ def mindformers(src: str) -> None:
             print(os.path.relpath(os.path.join(d, f), OUT), os.path.getsize(os.path.join(d, f)))
 
 
+def check(save_path: str) -> None:
+    """MindFormers' own load_checkpoint on a checkpoint mindtrain wrote with
+    checkpoint.layout: mindformers (tracker, metadata.json, model and optimizer files): it
+    must put every tensor, moments and global_step into Cells holding those names."""
+    from mindspore import Parameter, Tensor, nn
+    from safetensors.numpy import load_file
+
+    from mindformers.checkpoint.checkpoint import get_checkpoint_path, load_checkpoint
+    from mindformers.core.context.build_context import build_context
+
+    build_context({"context": {"mode": "GRAPH_MODE", "device_target": "CPU"}, "parallel": {}})
+    folder = get_checkpoint_path(save_path)  # MindFormers' tracker resolution
+    files = {kind: [f for f in os.listdir(folder) if f"-{kind}-" in f] for kind in ("model", "opt")}
+    want = {kind: {k: v for f in fs for k, v in load_file(os.path.join(folder, f)).items()}
+            for kind, fs in files.items()}
+
+    class Holder(nn.Cell):
+        def __init__(self, arrays):
+            super().__init__(auto_prefix=False)
+            for i, (name, a) in enumerate(sorted(arrays.items())):
+                setattr(self, f"p{i}", Parameter(Tensor(np.zeros_like(a)), name=name))
+
+    network, optimizer = Holder(want["model"]), Holder(want["opt"])
+    load_checkpoint(checkpoint=save_path, network=network, optimizer=optimizer)
+    bad = [p.name for cell, kind in ((network, "model"), (optimizer, "opt")) for p in cell.get_parameters()
+           if not np.array_equal(p.asnumpy(), want[kind][p.name])]
+    print(f"MindFormers loaded {folder}: {len(want['model'])} model and {len(want['opt'])} optimizer tensors, "
+          f"{len(bad)} differ {bad[:3]}")
+    sys.exit(1 if bad else 0)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in ("weights", "mindformers"):
+    if len(sys.argv) != 3 or sys.argv[1] not in ("weights", "mindformers", "check"):
         sys.exit(__doc__)
-    {"weights": weights, "mindformers": mindformers}[sys.argv[1]](sys.argv[2])
+    {"weights": weights, "mindformers": mindformers, "check": check}[sys.argv[1]](sys.argv[2])
