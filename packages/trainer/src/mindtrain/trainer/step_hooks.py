@@ -74,7 +74,10 @@ class StepHooks:
         if expert_load is not None:
             for line in self.moe_monitor.lines(step, expert_load):
                 self.out(line)
-        due = self._logged(step) or (self.tensorboard is not None and self.tensorboard.due(step))
+        # the same decision on every rank (device_norm gathers over all of them), though only
+        # rank 0 writes TensorBoard
+        tb = self.cfg.monitor.tensorboard
+        due = self._logged(step) or bool(tb.output_dir and step % tb.log_interval == 0)
         if self.train_state.active and due:
             self._record = self.train_state.observe(step, named_grads, to_full, micro_losses, device_losses)
         self.health.check_embedding(step, named_grads)
