@@ -9,8 +9,8 @@ CP=2 x EP=2 on 4 workers (EP over the context-parallel ranks). Each run's per-st
 figures and grad norm (from its metrics file) and its final checkpoint (full weights with HF
 names and full AdamW moments) must equal the single process within 1e-5 relative; ZeRO-3
 must hold half the parameter and optimizer bytes per rank. A single process then resumes
-from the ZeRO-3 run's step-4 checkpoint (sharded state saved at full shape) and must
-reproduce step 5. The other combinations are proven against the model itself in
+from the ZeRO-3 run's step-4 checkpoint (sharded state saved at full shape, in MindFormers'
+layout: checkpoint.layout=mindformers) and must reproduce step 5. The other combinations are proven against the model itself in
 test_cp_pp_parity.py and test_tp_ep_parity.py.
 """
 
@@ -33,7 +33,9 @@ TINY = os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml")
 STEPS = 5
 FIGURES = ("loss", "load_balancing_loss", "mtp_loss", "grad_norm")
 LAYOUTS = {  # name: (workers, overrides)
-    "zero3": (2, ["parallelism.data_parallel_shard_strategy=optim_grads_params"]),
+    # MindFormers' checkpoint layout (iteration_NNNNNNNN/, ds3-model/-opt files)
+    "zero3": (2, ["parallelism.data_parallel_shard_strategy=optim_grads_params",
+                  "checkpoint.layout=mindformers", "checkpoint.prefix=ds3"]),
     "tp2": (2, ["parallelism.tensor_parallel=2"]),
     "ep2": (2, ["parallelism.expert_parallel=2"]),
     # PP=2 x CP=2 x EP=2 (EP over the two context-parallel ranks), compiled layers off
@@ -72,7 +74,37 @@ def _run(tmp: str, name: str, workers: int, extra=()) -> dict:
 def _weights(ckpt: str, step: int, name: str = "model.safetensors") -> dict:
     from safetensors.numpy import load_file
 
-    return load_file(os.path.join(ckpt, f"iter_{step:07d}", name))
+    folder = os.path.join(ckpt, f"iter_{step:07d}")
+    if os.path.isdir(folder):
+        return load_file(os.path.join(folder, name))
+    return _from_mindformers_layout(os.path.join(ckpt, f"iteration_{step:08d}"), name)
+
+
+def _from_mindformers_layout(folder: str, name: str) -> dict:
+    """A checkpoint.layout=mindformers folder, tensors named as mindtrain's files name them."""
+    from mindtrain.models import config_from_hf, hf_state_dict
+    from mindtrain.trainer import mindformers_checkpoint as mf
+
+    model, opt, _ = mf.read_checkpoint(folder)
+    if name == "optimizer.safetensors":  # adam_m./adam_v./global_step -> exp_avg./exp_avg_sq./step
+        out = {"step": opt.pop("global_step").reshape(())}
+        out.update({f"{mf.MOMENTS[k.split('.', 1)[0]]}.{k.split('.', 1)[1]}": v for k, v in opt.items()})
+        return out
+
+    class Param:
+        def __init__(self, n, a):
+            self.name, self._a = n, a
+
+        def asnumpy(self):
+            return self._a
+
+    class View:  # what hf_state_dict reads of a model: its config and named parameters
+        config = config_from_hf(json.load(open(os.path.join(folder, "config.json"))))
+
+        def get_parameters(self):
+            return iter(Param(n, a) for n, a in model.items())
+
+    return hf_state_dict(View())
 
 
 def _rel(a, b) -> float:
@@ -125,6 +157,6 @@ def test_layout_equals_one_process(work, reference, layout):
 
 
 def test_one_process_resumes_a_sharded_checkpoint(work, reference, zero3):
-    folder = os.path.join(zero3["ckpt"], f"iter_{STEPS - 1:07d}")
+    folder = os.path.join(zero3["ckpt"], f"iteration_{STEPS - 1:08d}")
     resumed = _run(work, "resume", 1, [f"checkpoint.load_path={folder}"])
     _assert_same(resumed, reference, first_step=STEPS)
