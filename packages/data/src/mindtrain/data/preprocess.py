@@ -77,7 +77,7 @@ class _Encoder:
     """Turns one record into token ids per json key (runs in worker processes)."""
 
     tokenizer = None
-    splitter = None
+    splitters: dict = {}
 
     def __init__(self, tokenizer, json_keys: Sequence[str], append_eod: bool, split_sentences: bool = False,
                  lang: str = "english", keep_newlines: bool = False):
@@ -86,9 +86,9 @@ class _Encoder:
         _Encoder.tokenizer = tokenizer
 
     def _sentences(self, text: str) -> list:
-        if _Encoder.splitter is None:  # once per process: Punkt's tables are not worth pickling
-            _Encoder.splitter = load_splitter(*self.split)
-        return split_sentences(_Encoder.splitter, text)
+        if self.split not in _Encoder.splitters:  # once per process: Punkt's tables are not worth pickling
+            _Encoder.splitters[self.split] = load_splitter(*self.split)
+        return split_sentences(_Encoder.splitters[self.split], text)
 
     def __call__(self, record):
         path, line_no, raw = record
