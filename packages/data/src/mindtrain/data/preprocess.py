@@ -184,7 +184,9 @@ def preprocess(inputs=None, output_prefix: Optional[str] = None, tokenizer=None,
                      else load_tokenizer("HuggingFaceTokenizer", tokenizer))
     if on_error not in ("skip", "fail"):
         raise UserError(f"--on-error: must be skip or fail, got {on_error!r}")
-    for flag, value in (("--workers", workers), ("--partitions", partitions), ("--log-interval", log_interval or 1)):
+    checks = (("--workers", workers), ("--partitions", partitions),
+              ("--log-interval", 1 if log_interval is None else log_interval))
+    for flag, value in checks:
         if int(value) < 1:
             raise UserError(f"{flag}: must be >= 1, got {value}")
     if workers % partitions:

@@ -45,6 +45,8 @@ def load_splitter(lang: str = "english", keep_newlines: bool = False):
         raise UserError("--split-sentences: needs nltk >= 3.9: pip install 'mindtrain-data[sentences]'") from None
     try:
         punkt = PunktTokenizer(lang)
+    except ValueError as err:
+        raise UserError(f"--lang: {lang!r} is not a punkt model name ({err})") from None
     except LookupError:
         raise UserError(f"--split-sentences: NLTK's punkt_tab data for --lang {lang} is not installed; run "
                         "python -m nltk.downloader punkt_tab (or point NLTK_DATA at a folder holding it)") from None
