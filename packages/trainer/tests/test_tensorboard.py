@@ -33,3 +33,14 @@ def test_training_writes_tensorboard_scalars(tiny_config, tmp_path):
     assert all(e.value > 0 for e in acc.Scalars("local-norm/model.embed_tokens.weight"))
     # the config as text, one entry per section
     assert any("model" in t for t in acc.Tags().get("tensors", []))
+
+
+def test_settings_are_checked(tmp_path):
+    import pytest
+
+    from mindtrain.config import ConfigError
+    from mindtrain.trainer.tensorboard import TensorBoardWriter
+
+    with pytest.raises(ConfigError, match=r"^monitor.tensorboard.log_interval: is 0; give a positive integer"):
+        TensorBoardWriter(str(tmp_path / "tb"), log_interval=0)
+    assert not (tmp_path / "tb").exists()

@@ -13,7 +13,7 @@ from mindtrain.trainer.log_line import mtp_fields
 from mindtrain.trainer.moe_monitor import MoeMonitor
 from mindtrain.trainer.monitor import TrainStateMonitor, TrainStateRecord
 from mindtrain.trainer.profiler import StepProfiler
-from mindtrain.trainer.tensorboard import TensorBoardWriter
+from mindtrain.trainer.tensorboard import TensorBoardWriter, check_settings
 
 
 class StepHooks:
@@ -35,6 +35,9 @@ class StepHooks:
         self.profiler = StepProfiler(cfg.profiler, rank, device)
         self.state = TrainerState(max_steps=total_steps, global_batch_size=cfg.training.global_batch_size,
                                   num_accumulation_steps=accumulation)
+        tb = cfg.monitor.tensorboard
+        if tb.output_dir:
+            check_settings(tb.log_interval, tb.queue_size)
         self.tensorboard: Optional[TensorBoardWriter] = TensorBoardWriter.from_config(cfg) if rank == 0 else None
         self._record: Optional[TrainStateRecord] = None
         mm = cfg.monitor.moe_monitor

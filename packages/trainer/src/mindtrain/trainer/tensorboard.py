@@ -16,14 +16,19 @@ from typing import Optional, Sequence
 from mindtrain.config import ConfigError
 
 
+def check_settings(log_interval: int, queue_size: int) -> None:
+    """Every rank checks them (all ranks decide alike when a step is written)."""
+    for name, value in (("log_interval", log_interval), ("queue_size", queue_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"monitor.tensorboard.{name}", f"is {value!r}; give a positive integer")
+
+
 class TensorBoardWriter:
     """One SummaryWriter over ``output_dir``; :meth:`write` is a no-op between intervals."""
 
     def __init__(self, output_dir: str, log_interval: int = 1, queue_size: int = 1000,
                  config_text: Optional[dict[str, str]] = None):
-        for name, value in (("log_interval", log_interval), ("queue_size", queue_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"monitor.tensorboard.{name}", f"is {value!r}; give a positive integer")
+        check_settings(log_interval, queue_size)
         from tensorboardX import SummaryWriter
 
         self.output_dir = output_dir
