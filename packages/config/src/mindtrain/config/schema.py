@@ -413,8 +413,10 @@ class MoeMonitorConfig:
 
 @dataclass
 class MonitorConfig:
-    health_checkpoint: HealthCheckpointConfig = field(default_factory=HealthCheckpointConfig)
-    """Step skipping and weight health checks."""
+    health_checkpoint: Optional[HealthCheckpointConfig] = None
+    """Step skipping and weight health checks; absent = no checks (MindFormers' PyNative
+    trainer does not act on it, and its static-graph trainer skips only when asked). Written
+    in the config, even as ``{}``, it acts with MindFormers' defaults (100, 100, 10)."""
     train_state: TrainStateConfig = field(default_factory=TrainStateConfig)
     """Per-parameter norms and local/device losses in the log (true turns all on)."""
     tensorboard: TensorboardConfig = field(default_factory=TensorboardConfig)

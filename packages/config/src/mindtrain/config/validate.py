@@ -389,9 +389,10 @@ def validate_mindformers_sections(cfg: MindTrainConfig) -> None:
     mon = cfg.monitor
     hc = mon.health_checkpoint
     for name in ("embedding_local_norm_threshold", "global_norm_skip_threshold"):
-        if getattr(hc, name) <= 0:
+        if hc is not None and getattr(hc, name) <= 0:
             raise ConfigError(f"monitor.health_checkpoint.{name}", f"must be > 0, got {getattr(hc, name)}")
-    _positive(hc.global_norm_skip_time, "monitor.health_checkpoint.global_norm_skip_time")
+    if hc is not None:
+        _positive(hc.global_norm_skip_time, "monitor.health_checkpoint.global_norm_skip_time")
     ts = mon.train_state
     for name in ("local_norm", "device_norm"):
         value = getattr(ts, name)

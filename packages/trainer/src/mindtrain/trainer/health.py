@@ -48,6 +48,8 @@ class HealthCheck:
 
     @classmethod
     def from_config(cls, hc, log: Callable[[str], None], rank: int) -> "HealthCheck":
+        if hc is None:  # the section is absent: no checks
+            return cls(0.0, 0.0, 1, log=log, rank=rank)
         return cls(hc.embedding_local_norm_threshold, hc.global_norm_skip_threshold, hc.global_norm_skip_time,
                    log=log, rank=rank)
 
