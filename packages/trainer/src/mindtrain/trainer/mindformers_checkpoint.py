@@ -4,7 +4,7 @@ Layout under ``save_path``::
 
     latest_checkpointed_iteration.txt          the newest complete iteration, e.g. ``5``
     iteration_00000005/
-        {prefix}-model-{rank:07d}-{world:07d}.safetensors   network parameters, own names
+        {prefix}-model-{rank:07d}-{world:07d}.safetensors   parameters, MindFormers' PyNative names
         {prefix}-opt-{rank:07d}-{world:07d}.safetensors     adam_m.<name>, adam_v.<name>, global_step
         common.json        CommonInfo: epoch_num, step_num, global_step, loss_scale,
                            global_batch_size, consumed_samples, ckpt_status
@@ -26,6 +26,8 @@ from typing import Any, Optional
 
 import numpy as np
 from mindtrain.config import UserError
+
+from mindtrain.trainer import mindformers_names as names
 
 TRACKER = "latest_checkpointed_iteration.txt"
 COMMON_FILE = "common.json"
@@ -212,20 +214,38 @@ def read_safetensors(path: str, names: Optional[list[str]] = None) -> dict[str, 
 
 
 def checkpoint_files(weights: dict[str, np.ndarray], optimizer_state: Optional[dict[str, np.ndarray]],
-                     prefix: Optional[str], world: int, common: dict[str, Any]
+                     prefix: Optional[str], world: int, common: dict[str, Any], model_config: Any = None
                      ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
     """Rank 0's files of a checkpoint of full-shape tensors: the model file, the optimizer
     file (mindtrain's ``exp_avg.<n>`` / ``exp_avg_sq.<n>`` / ``step`` renamed as MindFormers'
-    AdamW names them), common.json and metadata.json. Every tensor is stored once."""
-    tensors = {file_name(prefix, "model", 0, world): dict(weights)}
+    AdamW names them), common.json and metadata.json. Every tensor is stored once. With
+    ``model_config``, parameters and moments take MindFormers' PyNative DeepSeek-V3 names and
+    layouts (mindformers_names.py); without, the network's own names."""
+    def rename(t: dict[str, np.ndarray], buffers: bool = False) -> dict[str, np.ndarray]:
+        return t if model_config is None else names.to_mindformers(t, model_config, buffers)
+
+    tensors = {file_name(prefix, "model", 0, world): rename(dict(weights), True)}
     if optimizer_state is not None:
         opt = {"global_step": np.asarray(optimizer_state["step"], np.int64).reshape(1)}
         for theirs, ours in MOMENTS.items():
-            for key, a in optimizer_state.items():
-                if key.startswith(ours + "."):
-                    opt[f"{theirs}.{key[len(ours) + 1:]}"] = a
+            moments = {key[len(ours) + 1:]: a for key, a in optimizer_state.items() if key.startswith(ours + ".")}
+            opt.update({f"{theirs}.{n}": a for n, a in rename(moments).items()})
         tensors[file_name(prefix, "opt", 0, world)] = opt
     return tensors, {COMMON_FILE: common, METADATA_FILE: metadata(tensors, world)}
+
+
+def network_tensors(model: dict[str, np.ndarray], opt: dict[str, np.ndarray], model_config: Any
+                    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(model tensors, optimizer tensors) of :func:`read_checkpoint` under the network's own
+    names: mapped back from MindFormers' PyNative names when the files use them (MindFormers,
+    or mindtrain since the name map), as they are otherwise (mindtrain before it)."""
+    if not names.uses_mindformers_names(model):
+        return model, opt
+    out = {k: a for k, a in opt.items() if not k.startswith(tuple(f"{m}." for m in MOMENTS))}
+    for theirs in MOMENTS:
+        moments = {k[len(theirs) + 1:]: a for k, a in opt.items() if k.startswith(theirs + ".")}
+        out.update({f"{theirs}.{n}": a for n, a in names.from_mindformers(moments, model_config).items()})
+    return names.from_mindformers(model, model_config), out
 
 
 def to_mindtrain_state(opt: dict[str, np.ndarray], common: dict[str, Any], param_names: list[str],

@@ -304,7 +304,7 @@ class Trainer:
                 mf_tensors, mf_json = mfc.checkpoint_files(
                     weights, optimizer_state, ck.prefix, self.rt.world_size,
                     mfc.common_info(self.step, self.total_steps, self.cfg.training.global_batch_size,
-                                    self.consumed_samples))
+                                    self.consumed_samples), model_config=self.cfg.model)
                 tensors.update(mf_tensors)
                 files.update(mf_json)
             else:
@@ -327,6 +327,7 @@ class Trainer:
         self._mf_state = None
         if kind == "mindformers":
             weights, opt, common = mfc.read_checkpoint(folder, ck.load_worker_number)
+            weights, opt = mfc.network_tensors(weights, opt, self.cfg.model)  # from MindFormers' names
             names = {p.name for p in self.model.get_parameters()}
             if names <= set(weights):  # the network's own names (as mindtrain writes them): to HF names
                 weights = _hf_names(self.model, weights)
