@@ -51,7 +51,8 @@ def test_same_bytes_as_megatron(case, tmp_path):
 def test_tokenizer_file_equals_its_folder(tmp_path):
     out = str(tmp_path / "f")
     assert main(["--input", os.path.join(FIX, "corpus.jsonl"), "--output-prefix", out, "--quiet", "--append-eod",
-                 "--tokenizer-file", os.path.join(FIX, "hf_tok", "tokenizer.json"), "--json-keys", "text", "title"]) == 0
+                 "--tokenizer-file", os.path.join(FIX, "hf_tok", "tokenizer.json"),
+                 "--json-keys", "text", "title"]) == 0
     for key in ("text", "title"):
         _same_bytes(f"{out}_{key}_document", os.path.join(FIX, f"hf_keys_eod_{key}_document"))
 
@@ -123,34 +124,40 @@ def test_auto_register_loads_the_users_class_from_its_folder(tmp_path):
     assert _docs(out + "_text_document") == [[2, 3, 0, 0], [4, 2, 0, 0]]
 
 
-def _cli(*args, pre=""):
-    code = f"{pre}import sys; from mindtrain.data.preprocess import main; sys.exit(main(sys.argv[1:]))"
-    env = dict(os.environ, NLTK_DATA=os.path.join(FIX, "nltk_data"))
-    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
-    assert r.returncode == 2, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+def _one_line(capsys, *args):
+    assert main(list(args)) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
     return lines[0]
 
 
-def test_user_mistakes_are_one_line(tmp_path):
+def test_user_mistakes_are_one_line(tmp_path, capsys):
     inp = ["--input", os.path.join(FIX, "corpus.jsonl"), "--output-prefix", str(tmp_path / "x"), "--quiet"]
     (tmp_path / "elsewhere").mkdir()
-    assert "--auto_register: required" in _cli(*inp, "--tokenizer-type", "AutoRegister", "--register_path",
-                                               str(tmp_path))
+    assert "--auto_register: required" in _one_line(capsys, *inp, "--tokenizer-type", "AutoRegister",
+                                                    "--register_path", str(tmp_path))
     # a module name that lives only outside the named folder (here: the standard library) is not imported
-    line = _cli(*inp, "--tokenizer-type", "AutoRegister", "--register_path", str(tmp_path / "elsewhere"),
-                "--auto_register", "json.JSONDecoder")
+    line = _one_line(capsys, *inp, "--tokenizer-type", "AutoRegister", "--register_path", str(tmp_path / "elsewhere"),
+                     "--auto_register", "json.JSONDecoder")
     assert "json.py" in line and "inside --register_path" in line
-    assert "--vocab-size: not used by --tokenizer-type HuggingFaceTokenizer" in _cli(
-        *inp, "--tokenizer-dir", os.path.join(FIX, "hf_tok"), "--vocab-size", "786")
-    assert "--keep-newlines: only applies with --split-sentences" in _cli(*inp, "--keep-newlines")
-    assert "--workers: 3 must be a multiple of --partitions (2)" in _cli(*inp, "--workers", "3", "--partitions", "2")
-    assert "--eos_token: 'nope' is not a token" in _cli(*inp, "--tokenizer-dir", os.path.join(FIX, "hf_tok"),
-                                                        "--eos_token", "nope")
-    assert "punkt_tab data for --lang klingon" in _cli(*inp, "--split-sentences", "--lang", "klingon")
-    line = _cli(*inp, "--split-sentences", pre="import sys; sys.modules['nltk'] = None; ")
-    assert "pip install 'mindtrain-data[sentences]'" in line
+    assert "--vocab-size: not used by --tokenizer-type HuggingFaceTokenizer" in _one_line(
+        capsys, *inp, "--tokenizer-dir", os.path.join(FIX, "hf_tok"), "--vocab-size", "786")
+    assert "--keep-newlines: only applies with --split-sentences" in _one_line(capsys, *inp, "--keep-newlines")
+    assert "--workers: 3 must be a multiple of --partitions (2)" in _one_line(capsys, *inp, "--workers", "3",
+                                                                             "--partitions", "2")
+    assert "--eos_token: 'nope' is not a token" in _one_line(capsys, *inp, "--tokenizer-dir",
+                                                             os.path.join(FIX, "hf_tok"), "--eos_token", "nope")
+    assert "punkt_tab data for --lang klingon" in _one_line(capsys, *inp, "--split-sentences", "--lang", "klingon")
+    assert not os.listdir(tmp_path / "elsewhere") and not list(tmp_path.glob("x_*"))
+
+
+def test_split_sentences_without_nltk_is_one_line(tmp_path):
+    code = ("import sys; sys.modules['nltk'] = None; from mindtrain.data.preprocess import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    r = subprocess.run([sys.executable, "-c", code, "--input", os.path.join(FIX, "corpus.jsonl"),
+                        "--output-prefix", str(tmp_path / "x"), "--split-sentences"], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "pip install 'mindtrain-data[sentences]'" in r.stderr
 
 
 def test_log_interval(tmp_path):
