@@ -4,8 +4,14 @@
 
 Megatron-LM (a checkout; fixtures were made at commit d98e8a64ddf3) is not on the package
 index: its tools/ and megatron/training/ come from the checkout, torch==2.13.0 (CPU),
-transformers and nltk==3.8.1 (the last nltk that loads punkt's .pickle models, which
-Megatron's script asks for) from the index into a throwaway venv (default /tmp/megprep).
+megatron-core 0.16.1's dependencies, transformers, triton (imported at module level by
+megatron.core, never run here) and nltk==3.8.1 (the last nltk that loads punkt's .pickle
+models, which Megatron's script asks for) from the index into a throwaway venv (default
+/tmp/megprep). On Python 3.11 typing.override (3.12) is taken from typing_extensions.
+The script runs Megatron twice for --split-sentences: with one partition, its first run only
+writes <input>_ss.jsonl. Its GPT2BPETokenizer needs the hub's "gpt2" config (no network here),
+so the GPT-2 case runs its HuggingFaceTokenizer on a folder with the same vocab.json/merges.txt
+and a GPT2Tokenizer config, which builds the same transformers tokenizer.
 Writes packages/data/tests/fixtures/preprocess/: the inputs (two jsonl corpora, a tiny
 HuggingFace tokenizer folder, a tiny GPT-2 vocab.json/merges.txt, Punkt parameters as
 punkt_tab text files for two "languages"), Megatron's outputs per case and manifest.json
