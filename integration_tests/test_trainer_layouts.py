@@ -12,6 +12,11 @@ must hold half the parameter and optimizer bytes per rank. A single process then
 from the ZeRO-3 run's step-4 checkpoint (sharded state saved at full shape, in MindFormers'
 layout: checkpoint.layout=mindformers) and must reproduce step 5. The other combinations are proven against the model itself in
 test_cp_pp_parity.py and test_tp_ep_parity.py.
+
+Independent runs overlap (the jobs wait on each other's collectives much of the time): the
+single process beside the ZeRO-3 job, then the resume beside the TP=2 and EP=2 jobs, which run
+together; PP=2 x CP=2 x EP=2 runs alone. Only the ZeRO-3 run saves the step-4 checkpoint
+that the resume reads; every run saves its step-5 checkpoint.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -27,14 +33,18 @@ import pytest
 
 from mindtrain.trainer.quickstart import free_port, worker_env
 
+pytestmark = pytest.mark.msrun
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 ENTRY = os.path.join(ROOT, "run_mindformer.py")
 TINY = os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml")
 STEPS = 5
 FIGURES = ("loss", "load_balancing_loss", "mtp_loss", "grad_norm")
 LAYOUTS = {  # name: (workers, overrides)
-    # MindFormers' checkpoint layout (iteration_NNNNNNNN/, ds3-model/-opt files)
+    # the only run whose step-4 checkpoint is read (by the resume)
     "zero3": (2, ["parallelism.data_parallel_shard_strategy=optim_grads_params",
+                  f"checkpoint.save_interleaved_steps={STEPS - 1}",
+                  # MindFormers' checkpoint layout (iteration_NNNNNNNN/, ds3-model/-opt files)
                   "checkpoint.layout=mindformers", "checkpoint.prefix=ds3"]),
     "tp2": (2, ["parallelism.tensor_parallel=2"]),
     "ep2": (2, ["parallelism.expert_parallel=2"]),
@@ -50,25 +60,53 @@ def _args(tmp: str, name: str, extra=()) -> list[str]:
     items = [f"training.steps={STEPS}", "training.global_batch_size=4", "model.seq_length=32",
              "train_dataset.dataloader.config.seq_length=32", "model.num_hidden_layers=2",
              f"train_dataset.dataloader.config.data_path=['1', '{prefix}']",
-             "checkpoint.enable_save=true", f"checkpoint.save_interleaved_steps={STEPS - 1}",
+             "checkpoint.enable_save=true",
              f"checkpoint.save_path={os.path.join(tmp, name, 'ckpt')}",
              f"monitor.metrics_dir={os.path.join(tmp, name, 'metrics')}", *extra]
     return ["--config", TINY, "--mode", "1"] + [a for item in items for a in ("--override", item)]
 
 
-def _run(tmp: str, name: str, workers: int, extra=()) -> dict:
-    if workers == 1:
-        cmd = [sys.executable, ENTRY, *_args(tmp, name, extra)]
-    else:
-        cmd = ["msrun", f"--worker_num={workers}", f"--local_worker_num={workers}", f"--master_port={free_port(8340)}",
-               "--join=True", f"--log_dir={os.path.join(tmp, name, 'log')}", ENTRY, *_args(tmp, name, extra)]
-    r = subprocess.run(cmd, cwd=tmp, env=worker_env(), capture_output=True, text=True, timeout=1500)
-    logs = "".join(open(f, errors="replace").read()[-3000:] for f in glob.glob(os.path.join(tmp, name, "log", "*.log")))
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:] + logs
-    (metrics,) = glob.glob(os.path.join(tmp, name, "metrics", "run_*", "metrics.jsonl"))
-    rows = [json.loads(line) for line in open(metrics)]
-    return {"steps": [r["step"] for r in rows], "figures": np.array([[r[k] for k in FIGURES] for r in rows]),
-            "ckpt": os.path.join(tmp, name, "ckpt"), "rows": rows}
+class _Job:
+    """One run of run_mindformer.py (a plain process, or msrun with ``workers``) started in
+    the background; :meth:`result` waits for it and reads its metrics file."""
+
+    def __init__(self, tmp: str, name: str, workers: int, extra=(), port: int = 8340):
+        self.tmp, self.name = tmp, name
+        os.makedirs(os.path.join(tmp, name), exist_ok=True)
+        if workers == 1:
+            cmd = [sys.executable, ENTRY, *_args(tmp, name, extra)]
+        else:
+            cmd = ["msrun", f"--worker_num={workers}", f"--local_worker_num={workers}",
+                   f"--master_port={free_port(port)}", "--join=True", f"--log_dir={os.path.join(tmp, name, 'log')}",
+                   ENTRY, *_args(tmp, name, extra)]
+        self.console = os.path.join(tmp, name, "console.log")
+        with open(self.console, "w") as out:  # a file, not a pipe: nobody reads it while the job runs
+            self.proc = subprocess.Popen(cmd, cwd=tmp, env=worker_env(), stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        self._result = None
+
+    def result(self) -> dict:
+        if self._result is None:
+            try:
+                self.proc.wait(timeout=1500)
+            except subprocess.TimeoutExpired:
+                self.kill()  # msrun's workers outlive msrun: end the whole session
+                raise
+            tmp, name = self.tmp, self.name
+            logs = "".join(open(f, errors="replace").read()[-3000:]
+                           for f in glob.glob(os.path.join(tmp, name, "log", "*.log")))
+            assert self.proc.returncode == 0, open(self.console, errors="replace").read()[-6000:] + logs
+            (metrics,) = glob.glob(os.path.join(tmp, name, "metrics", "run_*", "metrics.jsonl"))
+            rows = [json.loads(line) for line in open(metrics)]
+            self._result = {"steps": [r["step"] for r in rows],
+                            "figures": np.array([[r[k] for k in FIGURES] for r in rows]),
+                            "ckpt": os.path.join(tmp, name, "ckpt"), "rows": rows}
+        return self._result
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
 
 
 def _weights(ckpt: str, step: int, name: str = "model.safetensors") -> dict:
@@ -134,16 +172,44 @@ def work(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(work):
-    return _run(work, "ref", 1)
+def jobs(work):
+    """Every run of the module by name, started on first use; the single process and the
+    ZeRO-3 job start together."""
+    started: dict[str, _Job] = {}
+
+    def start(name: str) -> _Job:
+        if name not in started:
+            if name == "ref":
+                started[name] = _Job(work, "ref", 1)
+            elif name == "resume":
+                folder = os.path.join(work, "zero3", "ckpt", f"iteration_{STEPS - 1:08d}")
+                started[name] = _Job(work, "resume", 1, [f"checkpoint.load_path={folder}"])
+            else:
+                workers, extra = LAYOUTS[name]
+                # EP=2 runs beside TP=2: its own preferred port
+                started[name] = _Job(work, name, workers, extra, port=8500 if name == "ep2" else 8340)
+        return started[name]
+
+    start("ref")
+    start("zero3")
+    yield start
+    for job in started.values():
+        job.kill()
 
 
 @pytest.fixture(scope="module")
-def zero3(work):
-    return _run(work, "zero3", *LAYOUTS["zero3"])
+def reference(jobs):
+    return jobs("ref").result()
 
 
-def test_fsdp_zero3_equals_one_process(reference, zero3):
+@pytest.fixture(scope="module")
+def zero3(jobs):
+    result = jobs("zero3").result()
+    jobs("resume")  # its step-4 checkpoint is written: the resume runs beside the next jobs
+    return result
+
+
+def test_fsdp_zero3_equals_one_process(zero3, reference):
     _assert_same(zero3, reference)
     # rank 0 holds half the parameters and half the AdamW moments (dim-0 shards, padded)
     for key in ("param_bytes", "optimizer_bytes"):
@@ -152,11 +218,13 @@ def test_fsdp_zero3_equals_one_process(reference, zero3):
 
 
 @pytest.mark.parametrize("layout", ["tp2", "ep2", "pp2_cp2_ep2"])
-def test_layout_equals_one_process(work, reference, layout):
-    _assert_same(_run(work, layout, *LAYOUTS[layout]), reference)
+def test_layout_equals_one_process(jobs, reference, layout):
+    if layout in ("tp2", "ep2"):  # the two 2-worker jobs run together
+        jobs("tp2")
+        jobs("ep2")
+    _assert_same(jobs(layout).result(), reference)
 
 
-def test_one_process_resumes_a_sharded_checkpoint(work, reference, zero3):
-    folder = os.path.join(zero3["ckpt"], f"iteration_{STEPS - 1:08d}")
-    resumed = _run(work, "resume", 1, [f"checkpoint.load_path={folder}"])
+def test_one_process_resumes_a_sharded_checkpoint(jobs, reference, zero3):
+    resumed = jobs("resume").result()
     _assert_same(resumed, reference, first_step=STEPS)
