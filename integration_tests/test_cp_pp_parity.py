@@ -4,10 +4,10 @@ Two single-process reference runs (the model's own forward in the trainer's loop
 micro-batches per step) beside one 2-worker msrun job that trains 5 steps of 2 micro-batches
 under CP=2, PP=2 with 1F1B, PP=2 with GPipe and PP=2 with interleaved 1F1B over 2 chunks per
 stage (packed documents with reset positions and EOD masks; the PP runs keep the model's
-compiled layers), then lets a stage fail. A 4-worker job
-then trains the combinations PP=2 x FSDP=2 with ZeRO-3 per stage (4 micro-batches per step,
-so each data-parallel pipeline runs 2), PP=2 x EP=2 x FSDP=2 with ZeRO-1 per stage (EP
-borrows the 2 data-parallel ranks) and CP=2 x TP=2 (2 micro-batches per step).
+compiled layers), then lets a stage fail. A 4-worker job, started at the same time, trains
+the combinations PP=2 x FSDP=2 with ZeRO-3 per stage (4 micro-batches per step, so each
+data-parallel pipeline runs 2), PP=2 x EP=2 x FSDP=2 with ZeRO-1 per stage (EP borrows the 2
+data-parallel ranks) and CP=2 x TP=2 (2 micro-batches per step).
 
 The parameter check uses plain SGD: AdamW's first steps move every weight by about
 ``lr * sign(g)``, so a gradient element that is zero up to fp32 round-off (a sum of partial
@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+pytestmark = pytest.mark.msrun
 
 WORKER = Path(__file__).parent / "workers" / "cp_pp_parity.py"
 CONFIGS = {"cp2": "1:2:1f1b", "pp2_1f1b": "2:1:1f1b", "pp2_gpipe": "2:1:gpipe",
@@ -47,36 +49,53 @@ def _env():
     return env
 
 
-def _reference(tmp: Path, micro: int) -> subprocess.Popen:
+def _reference(tmp: Path, micro: int, core: int) -> subprocess.Popen:
     env = _env()
     env["CP_PP_MICRO"] = str(micro)
+    env["CP_PP_REF_CORE"] = str(core)
     return subprocess.Popen([sys.executable, str(WORKER), "reference", str(tmp / f"reference_{micro}.npz"), "--docs"],
                             env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def jobs(tmp_path_factory):
+    """Both references, the 2-worker job and the 4-worker job, all started at once (the jobs
+    wait on their pipeline neighbours much of the time; each process is pinned to one core,
+    four per core). The parallel ranks wait for a reference's file only to compare."""
     tmp = tmp_path_factory.mktemp("cp_pp")
     ref = tmp / "reference_{micro}.npz"
-    env = _env()
-    # both references (2 micro-batches per step, and 4 for the data-parallel pipelines of the
-    # 4-worker job) run beside the 2-worker job
-    references = [_reference(tmp, 2), _reference(tmp, 4)]
+    # 2 micro-batches per step, and 4 for the data-parallel pipelines of the 4-worker job;
+    # the msrun ranks take cores 0, 1 (2 workers) and 0, 1, 0, 1 (4 workers)
+    references = [_reference(tmp, 2, core=-1), _reference(tmp, 4, core=0)]
     specs = [f"{k}:{v}" for k, v in CONFIGS.items()] + ["fail:2:1:1f1b"]
-    log_dir = tmp / "msrun_log"
     start = time.monotonic()
     job = subprocess.Popen(["msrun", "--worker_num=2", "--local_worker_num=2", "--master_port=8521", "--join=True",
-                            f"--log_dir={log_dir}", str(WORKER), "parallel", str(tmp), str(ref), *specs, "--docs"],
-                           env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            f"--log_dir={tmp / 'msrun_log'}", str(WORKER), "parallel", str(tmp), str(ref), *specs,
+                            "--docs"],
+                           env=_env(), cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            start_new_session=True)
-    try:
-        out, _ = job.communicate(timeout=3000)
-    except subprocess.TimeoutExpired:
-        # msrun's workers outlive a killed msrun; end the whole session
-        os.killpg(job.pid, signal.SIGKILL)
-        for r in references:
+    (tmp / "4").mkdir()
+    specs4 = [f"{k}:{v}" for k, v in CONFIGS_4.items()]
+    with open(tmp / "msrun_4.out", "w") as out4:  # a file: nobody reads this job's output while the other runs
+        job4 = subprocess.Popen(["msrun", "--worker_num=4", "--local_worker_num=4", "--master_port=8522", "--join=True",
+                                 f"--log_dir={tmp / 'msrun_log_4'}", str(WORKER), "parallel", str(tmp / "4"), str(ref),
+                                 *specs4, "--docs"],
+                                env=_env(), cwd=tmp, stdout=out4, stderr=subprocess.STDOUT, start_new_session=True)
+    yield tmp, references, job, job4, start
+    # msrun's workers outlive a killed msrun; end the whole session
+    for j in (job, job4):
+        if j.poll() is None:
+            os.killpg(j.pid, signal.SIGKILL)
+    for r in references:
+        if r.poll() is None:
             r.kill()
-        raise
+
+
+@pytest.fixture(scope="module")
+def run(jobs):
+    tmp, references, job, _, start = jobs
+    log_dir = tmp / "msrun_log"
+    out, _ = job.communicate(timeout=3000)
     proc = subprocess.CompletedProcess(job.args, job.returncode, out)
     elapsed = time.monotonic() - start
     for r in references:
@@ -88,23 +107,13 @@ def run(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def run4(run):
-    """The 4-worker job, after the 2-worker one (its reference is done by then)."""
-    tmp = run[4]
+def run4(jobs):
+    """The 4-worker job (started beside the 2-worker one)."""
+    tmp, _, _, job, _ = jobs
     log_dir = tmp / "msrun_log_4"
-    specs = [f"{k}:{v}" for k, v in CONFIGS_4.items()]
-    (tmp / "4").mkdir()
-    job = subprocess.Popen(["msrun", "--worker_num=4", "--local_worker_num=4", "--master_port=8522", "--join=True",
-                            f"--log_dir={log_dir}", str(WORKER), "parallel", str(tmp / "4"), str(tmp / "reference_{micro}.npz"),
-                            *specs, "--docs"],
-                           env=_env(), cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           start_new_session=True)
-    try:
-        out, _ = job.communicate(timeout=3000)
-    except subprocess.TimeoutExpired:
-        os.killpg(job.pid, signal.SIGKILL)
-        raise
+    job.wait(timeout=3000)
     logs = "\n".join(p.read_text(errors="replace") for p in sorted(log_dir.glob("worker_*.log")))
+    out = (tmp / "msrun_4.out").read_text(errors="replace")
     assert job.returncode == 0, out[-2000:] + logs[-6000:]
     return logs, [json.loads((tmp / "4" / f"cp_pp_{r}.json").read_text()) for r in range(4)]
 

@@ -28,12 +28,14 @@ import time
 def _pin_to_one_core():
     # Before MindSpore starts its threads (they inherit the mask): with more processes than
     # cores, unpinned runtime threads of every process spread over every core and burn CPU
-    # time switching. msrun rank r takes core r mod #cores, the plain reference the last one.
+    # time switching. msrun rank r takes core r mod #cores, the plain reference the last one
+    # (or the core CP_PP_REF_CORE names, to spread references over the cores).
     if os.environ.get("CP_PP_PIN", "1") != "1":
         return
     cpus = sorted(os.sched_getaffinity(0))
     rank = os.environ.get("RANK_ID")
-    os.sched_setaffinity(0, {cpus[int(rank) % len(cpus)] if rank is not None else cpus[-1]})
+    ref_core = int(os.environ.get("CP_PP_REF_CORE", "-1")) % len(cpus)
+    os.sched_setaffinity(0, {cpus[int(rank) % len(cpus)] if rank is not None else cpus[ref_core]})
 
 
 _pin_to_one_core()
