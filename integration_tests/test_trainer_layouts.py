@@ -124,6 +124,8 @@ def _from_mindformers_layout(folder: str, name: str) -> dict:
     from mindtrain.trainer import mindformers_checkpoint as mf
 
     model, opt, _ = mf.read_checkpoint(folder)
+    # MindFormers' PyNative parameter names (mindformers_names.py) back to the network's own
+    model, opt = mf.network_tensors(model, opt, config_from_hf(json.load(open(os.path.join(folder, "config.json")))))
     if name == "optimizer.safetensors":  # adam_m./adam_v./global_step -> exp_avg./exp_avg_sq./step
         out = {"step": opt.pop("global_step").reshape(())}
         out.update({f"{mf.MOMENTS[k.split('.', 1)[0]]}.{k.split('.', 1)[1]}": v for k, v in opt.items()})
