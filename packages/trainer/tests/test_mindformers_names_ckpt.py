@@ -155,3 +155,27 @@ def test_unknown_names_are_one_line_errors(tiny):
         names.from_mindformers({**theirs, "decoder.layers.0.mlp.foo": np.zeros(1)}, cfg)
     with pytest.raises(UserError, match="num_nextn_predict_layers"):
         names.from_mindformers({**theirs, "mtp.layers.1.enorm.weight": np.zeros(16)}, cfg)
+
+
+def test_checkpoint_saved_by_mindformers_own_deepseek_v3_loads(tiny):
+    """fixtures/mindformers_ds3_ckpt: MindFormers 2.1.0's save_checkpoint of its own
+    PyNativeDeepseekV3ForCausalLM (tiny config), after its load_checkpoint had filled that model
+    from a checkpoint mindtrain wrote (tools/make_mindformers_checkpoint.py network). It loads
+    into a mindtrain model whole, and maps back to exactly the tensors MindFormers saved."""
+    from mindtrain.models import build_model, load_hf_state_dict
+    from mindtrain.trainer import checkpoint as ck
+    from mindtrain.trainer.trainer import _hf_names
+
+    cfg, weights, _ = tiny
+    kind, folder = ck.resolve_checkpoint(os.path.join(FIXTURES, "mindformers_ds3_ckpt"))
+    theirs, opt, common = mf.read_checkpoint(folder)
+    assert kind == "mindformers" and not opt and common["global_step"] == 3
+    assert {k: tuple(v.shape) for k, v in theirs.items()} == EXPECTED
+    ours, _ = mf.network_tensors(theirs, opt, cfg)
+    assert set(ours) == set(weights)
+    model = build_model(cfg, jit=False)
+    load_hf_state_dict(model, _hf_names(model, ours), source=folder, allow_missing_mtp=False)
+    loaded = {p.name: p.asnumpy() for p in model.get_parameters()}
+    again = names.to_mindformers(loaded, cfg, buffers=True)
+    for k, a in theirs.items():
+        assert np.array_equal(again[k], a if not k.endswith("tokens_per_expert") else np.zeros_like(a)), k
