@@ -2,7 +2,7 @@
 checkpoint code (mindformers.checkpoint.save_checkpoint, as its PyNative CheckpointCallback
 calls it), for a tiny mindtrain model.
 
-Two stages, two environments (mindformers is never a package dependency):
+Two environments (mindformers is never a package dependency):
 
 1. the weights, from mindtrain (project env):
        hatch run python tools/make_mindformers_checkpoint.py weights /tmp/mf_src
@@ -31,8 +31,16 @@ Two stages, two environments (mindformers is never a package dependency):
    The model code imports hyper_parallel (MindFormers' DTensor package, not on the package
    index) and, through mindformers/__init__, datasets/pandas/pyarrow (built for numpy 2):
    none of them runs while the model is built on one card, so this stage puts empty stand-in
-   modules for them on sys.meta_path. Measured (mindformers 2.1.0): the 71 parameters match
+   modules for them on sys.meta_path. Measured (mindformers 2.1.0): its 47 parameters match
    the map's names and shapes exactly.
+5. optional: a checkpoint mindtrain wrote with checkpoint.layout: mindformers (config.json
+   beside its files) loaded by MindFormers' load_checkpoint into that model (all parameters
+   must equal the file's), then saved by MindFormers' save_checkpoint to
+   <save_path>_by_mindformers (same command line as 4):
+       ... tools/make_mindformers_checkpoint.py network <save_path>
+   packages/trainer/tests/fixtures/mindformers_ds3_ckpt/ is that output for a checkpoint
+   mindtrain wrote of the tiny model of mindformers_ckpt_model.json (random weights, no
+   optimizer state): MindFormers' own DeepSeek-V3 saved it. Measured: 47 of 47 loaded equal.
 
 Stage 2 saves twice (iterations 1 and 2, keep_max_num=1, user_prefix "tiny") so MindFormers'
 own retention and tracker are exercised: the fixture holds iteration_00000002 only. The
