@@ -19,6 +19,9 @@ from mindtrain.models.registry import build_model, model_class, register_model
 from mindtrain.models.rope import RotaryEmbedding
 from mindtrain.models.router import TopkRouter
 
+# the built-in models (registry.py imports none, so models may build through it)
+register_model("deepseek_v3", "DeepseekV3ForCausalLM", DeepseekV3ForCausalLM)
+
 __all__ = [
     "__version__",
     "DecoderLayer", "DeepseekV3ForCausalLM", "DeepseekV3Model", "FastKernelsUnavailable", "MLAttention", "MLP",

@@ -18,6 +18,7 @@ from mindspore import Tensor, ops
 
 from mindtrain.config import ConfigError, UserError, validate_model
 from mindtrain.models.hf_config import config_from_hf, config_to_hf
+from mindtrain.models.registry import build_model
 
 log = logging.getLogger(__name__)
 
@@ -156,8 +157,6 @@ def from_pretrained(directory: str, jit: Optional[bool] = None, compute_dtype: O
     """Build the model of an HF directory and load its weights. ``overrides`` replace
     ModelConfig fields (e.g. ``seq_length=4096``, ``num_nextn_predict_layers=0``);
     ``jit`` and ``compute_dtype`` as in :func:`mindtrain.models.build_model`."""
-    from mindtrain.models.registry import build_model
-
     cfg = read_hf_config(directory, **overrides)
     model = build_model(cfg, jit=jit, compute_dtype=compute_dtype)
     load_hf_state_dict(model, read_hf_weights(directory), source=directory)

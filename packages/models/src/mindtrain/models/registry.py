@@ -1,4 +1,7 @@
-"""Model registry: (model_type, architectures) -> model class."""
+"""Model registry: (model_type, architectures) -> model class.
+
+Imports no model: the package's ``__init__`` registers the built-in ones, so that a model
+module may build through the registry (e.g. ``from_pretrained``) without an import circle."""
 
 from __future__ import annotations
 
@@ -36,12 +39,3 @@ def build_model(model_cfg: ModelConfig, jit: Optional[bool] = None, compute_dtyp
     validate_model(model_cfg)
     cls = model_class(model_cfg.model_type, model_cfg.architectures)
     return cls(model_cfg, jit=DEFAULT_JIT if jit is None else jit, compute_dtype=compute_dtype, **kwargs)
-
-
-def _register_builtin() -> None:
-    from mindtrain.models.deepseek_v3 import DeepseekV3ForCausalLM
-
-    register_model("deepseek_v3", "DeepseekV3ForCausalLM", DeepseekV3ForCausalLM)
-
-
-_register_builtin()

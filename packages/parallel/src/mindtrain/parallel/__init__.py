@@ -1,10 +1,11 @@
 """Device mesh, portable collectives, FSDP, TP+SP, EP, CP and PP for MindSpore.
 
-``mindtrain.parallel.mesh`` is pure Python; the other modules import MindSpore.
+``mindtrain.parallel.mesh`` and ``group`` are pure Python; the other modules import MindSpore.
 """
 
 from mindtrain.parallel.__about__ import __version__
-from mindtrain.parallel.mesh import DIMS, DeviceMesh, Group
+from mindtrain.parallel.group import Group
+from mindtrain.parallel.mesh import DIMS, DeviceMesh
 
 __all__ = ["__version__", "DIMS", "DeviceMesh", "Group", "collectives", "functional", "fully_shard",
            "FSDP", "init_distributed", "install_failure_handler"]

@@ -10,7 +10,7 @@ One backend choice at start-up (:func:`init_distributed`):
 
 Every function returns a new contiguous tensor and never writes into its argument: the
 framework's in-place collectives silently do nothing on a view or slice, so each call
-works on a fresh copy. ``group`` is a :class:`~mindtrain.parallel.mesh.Group` (``None``
+works on a fresh copy. ``group`` is a :class:`~mindtrain.parallel.group.Group` (``None``
 means all ranks); ``src``/``dst`` are indices *within* the group. A group of size 1 (or a
 single-process run) makes every collective the identity without touching the backend.
 
@@ -29,7 +29,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, mint, ops
 
-from mindtrain.parallel.mesh import Group
+from mindtrain.parallel.group import Group
 
 _state = {"backend": None, "world_size": 1, "rank": 0, "world_name": None}
 

@@ -11,37 +11,15 @@ expert-data-parallel group over which expert weights are sharded by FSDP).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional, Union
 
 from mindtrain.config import ConfigError, ParallelDims, ParallelismConfig, resolve_parallelism
+from mindtrain.parallel.group import Group
 
 DIMS = ("pp", "dp", "cp", "tp", "dp_cp", "ep", "edp", "world")
 """Group names a mesh answers to. ``dp`` is the data-parallel-shard (FSDP) dimension."""
 
 _ALIASES = {"dp_shard": "dp", "fsdp": "dp"}
-
-
-@dataclass(frozen=True)
-class Group:
-    """One communication group as seen from one rank.
-
-    ``ranks`` are global ranks in group order; ``index`` is this rank's position in it.
-    ``name`` is the backend group name (``None`` until created, and always for size 1).
-    """
-
-    dim: str
-    ranks: tuple[int, ...]
-    index: int
-    name: Optional[str] = None
-
-    @property
-    def size(self) -> int:
-        return len(self.ranks)
-
-    def global_rank(self, index: int) -> int:
-        """Global rank of group member ``index``."""
-        return self.ranks[index]
 
 
 class DeviceMesh:
