@@ -10,11 +10,12 @@ figures and grad norm (from its metrics file) and its final checkpoint (full wei
 names and full AdamW moments) must equal the single process within 1e-5 relative; ZeRO-3
 must hold half the parameter and optimizer bytes per rank. A single process then resumes
 from the ZeRO-3 run's step-4 checkpoint (sharded state saved at full shape, in MindFormers'
-layout: checkpoint.layout=mindformers) and must reproduce step 5. The other combinations are proven against the model itself in
+layout: checkpoint.layout=mindformers) and must reproduce step 5, and so must a TP=2 job (2 workers)
+resuming from the same folder. The other combinations are proven against the model itself in
 test_cp_pp_parity.py and test_tp_ep_parity.py.
 
 Independent runs overlap (the jobs wait on each other's collectives much of the time): the
-single process beside the ZeRO-3 job, then the resume beside the TP=2 and EP=2 jobs, which run
+single process beside the ZeRO-3 job, then both resumes beside the TP=2 and EP=2 jobs, which run
 together; PP=2 x CP=2 x EP=2 runs alone. Only the ZeRO-3 run saves the step-4 checkpoint
 that the resume reads; every run saves its step-5 checkpoint.
 """
@@ -183,9 +184,12 @@ def jobs(work):
         if name not in started:
             if name == "ref":
                 started[name] = _Job(work, "ref", 1)
-            elif name == "resume":
+            elif name in ("resume", "resume_tp2"):
                 folder = os.path.join(work, "zero3", "ckpt", f"iteration_{STEPS - 1:08d}")
-                started[name] = _Job(work, "resume", 1, [f"checkpoint.load_path={folder}"])
+                extra = [f"checkpoint.load_path={folder}"]
+                if name == "resume_tp2":  # another multi-worker layout: the weights split by TP, not dim-0 shards
+                    extra.append("parallelism.tensor_parallel=2")
+                started[name] = _Job(work, name, 2 if name == "resume_tp2" else 1, extra, port=8560)
             else:
                 workers, extra = LAYOUTS[name]
                 # EP=2 runs beside TP=2: its own preferred port
@@ -207,7 +211,8 @@ def reference(jobs):
 @pytest.fixture(scope="module")
 def zero3(jobs):
     result = jobs("zero3").result()
-    jobs("resume")  # its step-4 checkpoint is written: the resume runs beside the next jobs
+    jobs("resume")  # its step-4 checkpoint is written: the resumes run beside the next jobs
+    jobs("resume_tp2")
     return result
 
 
@@ -227,6 +232,9 @@ def test_layout_equals_one_process(jobs, reference, layout):
     _assert_same(jobs(layout).result(), reference)
 
 
-def test_one_process_resumes_a_sharded_checkpoint(jobs, reference, zero3):
-    resumed = jobs("resume").result()
+@pytest.mark.parametrize("name", ["resume", "resume_tp2"])
+def test_resume_from_a_sharded_mindformers_checkpoint(jobs, reference, zero3, name):
+    """The 2-worker ZeRO-3 run's MindFormers-layout checkpoint resumes in one process and
+    under TP=2: step 5's figures and the final weights and moments equal the uninterrupted run."""
+    resumed = jobs(name).result()
     _assert_same(resumed, reference, first_step=STEPS)
