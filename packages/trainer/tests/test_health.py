@@ -33,14 +33,14 @@ def test_step_over_the_norm_threshold_is_skipped_and_the_run_stops_after_skip_ti
     emb = [x for x in lines if "embedding_local_norm" in x]
     assert len(emb) == 1 and "step 1" in emb[0] and "(rank 0)" in emb[0]
 
-    trainer.hooks.health.skip_threshold = 1e9  # the next step is under the threshold
+    trainer.skips.skip_threshold = 1e9  # the next step is under the threshold
     rec2 = trainer.train_step()
     assert not rec2["skipped"] and trainer.optimizer.step_count == 1
     moved = _weights(trainer)
     assert any(not np.array_equal(moved[n], before[n]) for n in before)
 
     # skips count from the last step under the threshold; the second in a row stops the run
-    trainer.hooks.health.skip_threshold = 1e-6
+    trainer.skips.skip_threshold = 1e-6
     assert trainer.train_step()["skipped"]
     with pytest.raises(GlobalNormSkipError) as err:
         trainer.train_step()

@@ -84,5 +84,5 @@ def test_hf_start_and_non_finite_steps_stop_the_run(prefix, tmp_path):
     before = bad.model.model.layers[0].self_attn.q_a_proj.weight.asnumpy().copy()
     with pytest.raises(NonFiniteError, match="training.max_skipped_steps: 2 steps in a row"):
         bad.train()
-    assert bad.skipped_total == 2 and bad.optimizer.step_count == 0
+    assert bad.skips.skipped_total == 2 and bad.optimizer.step_count == 0
     np.testing.assert_array_equal(bad.model.model.layers[0].self_attn.q_a_proj.weight.asnumpy(), before)

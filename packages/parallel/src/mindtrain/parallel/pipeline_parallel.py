@@ -40,7 +40,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, ops
 
-from mindtrain.config import ConfigError
+from mindtrain.config import ConfigError, StepFigures
 from mindtrain.parallel import collectives as C
 from mindtrain.parallel.context_parallel import apply_context_parallel, split_batch
 from mindtrain.parallel.expert_parallel import apply_expert_parallel
@@ -251,8 +251,8 @@ class PipelineSchedule:
         the stages sharing a weight, summed over TP where a weight is replicated, and averaged
         over the data-parallel (``dp``) ranks (with ZeRO-1 only this rank's shard); dividing by
         the number of micro-batches gives the gradient of the global batch's mean loss.
-        ``figures`` the float64 array of :data:`METRICS`, averaged over micro-batches and
-        ``dp`` ranks, each the single-process value; ``load`` the [n_moe_layers, E] tokens
+        ``figures`` a :class:`~mindtrain.config.StepFigures` of floats, averaged over
+        micro-batches and ``dp`` ranks, each the single-process value; ``load`` the [n_moe_layers, E] tokens
         per expert of the global batch (for ``update_expert_bias``), on every rank.
         """
         start = time.perf_counter()
@@ -346,7 +346,8 @@ class PipelineSchedule:
             grads = self._sum_over(grads, self._tp_replicated, self.tp.group)
         # figures and load: the stages' contributions are disjoint, so summing over pp collects them
         tail = C.all_reduce(tail, self.pp)
-        figures = tail[:len(METRICS)].asnumpy().astype(np.float64) * inv_dp
+        # the stage packs its figures in METRICS order; from here on they travel by name
+        figures = StepFigures.from_named(METRICS, (tail[:len(METRICS)].asnumpy().astype(np.float64) * inv_dp).tolist())
         load = tail[len(METRICS):len(METRICS) + n_load].reshape(load.shape)
         if self.fsdp is not None and not reduced:
             grads = self.fsdp.shard_full(grads, self.dense_names)

@@ -20,7 +20,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, ops
 
-from mindtrain.config import MindTrainConfig, ParallelDims
+from mindtrain.config import MindTrainConfig, ParallelDims, StepFigures
 
 ZERO3 = "optim_grads_params"
 
@@ -28,8 +28,7 @@ ZERO3 = "optim_grads_params"
 class Engine:
     """The laid-out model and its gradient step on this rank.
 
-    ``forward(*inputs) -> (loss, lm_loss, load_balancing_loss, mtp_loss)`` is the model call
-    for one micro-batch; :meth:`micro_step` runs it with backward and accumulates gradients
+    ``forward(*inputs) -> StepFigures`` (of tensors) is the model call for one micro-batch; :meth:`micro_step` runs it with backward and accumulates gradients
     of ``loss / accumulation``, so after all micro-batches :meth:`gradients` is the gradient
     of the global-batch mean loss for :attr:`named_params` (the tensors the optimizer owns).
     """
@@ -67,8 +66,9 @@ class Engine:
         scale = 1.0 / accumulation
 
         def scaled(*inputs):
-            loss, lm, lbl, mtp = forward(*inputs)
-            return loss * scale, (lm, lbl, mtp, loss)
+            figures = forward(*inputs)
+            # aux goes through value_and_grad as a plain tuple in StepFigures order
+            return figures.loss * scale, tuple(figures)
 
         if dims.dp > 1:
             from mindtrain.parallel import fully_shard
@@ -104,16 +104,15 @@ class Engine:
         self._expert_weight = 1.0 / self.ep.edp_replicas.size if self.ep is not None else 1.0
 
     # ------------------------------------------------------------------ step
-    def run_step(self, batches: Sequence[dict]) -> list[np.ndarray]:
+    def run_step(self, batches: Sequence[dict]) -> list[StepFigures]:
         """Forward + backward of one optimizer step's micro-batches (dicts of arrays by
-        column); returns each micro-batch's (lm_loss, load_balancing_loss, mtp_loss, loss)."""
+        column); returns each micro-batch's figures (floats)."""
         return [self.micro_step([Tensor(np.ascontiguousarray(b[c])) for c in self.columns]) for b in batches]
 
-    def micro_step(self, inputs: Sequence[Tensor]) -> np.ndarray:
-        """Forward + backward of one micro-batch; returns its unscaled
-        (lm_loss, load_balancing_loss, mtp_loss, loss) on this rank."""
+    def micro_step(self, inputs: Sequence[Tensor]) -> StepFigures:
+        """Forward + backward of one micro-batch; returns its unscaled figures on this rank."""
         _, aux = self._step(*inputs)
-        return np.array([float(t.asnumpy()) for t in aux], np.float64)
+        return StepFigures(*(float(t.asnumpy()) for t in aux))
 
     def gradients(self) -> list[Tensor]:
         """Reduced gradients aligned with :attr:`named_params`."""
@@ -273,11 +272,12 @@ class PipelineEngine:
         self._grads: Optional[list[Tensor]] = None
         self._load: Optional[Tensor] = None
 
-    def run_step(self, batches: Sequence[dict]) -> list[np.ndarray]:
+    def run_step(self, batches: Sequence[dict]) -> list[StepFigures]:
+        """One StepFigures: the schedule's mean over this step's micro-batches."""
         grads, figures, load = self.sched.step(list(batches))
         self._grads = [g / float(self.accum) for g in grads]
         self._load = load
-        return [np.asarray(figures, np.float64)]
+        return [figures]
 
     def gradients(self) -> list[Tensor]:
         return list(self._grads)

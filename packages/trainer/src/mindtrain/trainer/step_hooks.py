@@ -68,10 +68,10 @@ class StepHooks:
     def step_begin(self) -> None:
         self.callbacks.call("on_step_begin", self.cfg, self.state)
 
-    def after_gradients(self, step: int, named_grads: Sequence, grad_norm: float, to_full,
-                        micro_losses: Sequence[float], device_losses: Sequence[float], expert_load=None) -> bool:
-        """Called with the step's gradients before clipping and the update; True when the
-        update is to be skipped for its global norm (raises after too many in a row).
+    def after_gradients(self, step: int, named_grads: Sequence, to_full,
+                        micro_losses: Sequence[float], device_losses: Sequence[float], expert_load=None) -> None:
+        """Called with the step's gradients before clipping and the update (whether it is
+        skipped is :class:`~mindtrain.trainer.health.SkipDecision`'s call, after this).
         ``expert_load``: the step's tokens per expert [MoE layers, experts], all ranks."""
         self._record = None
         if expert_load is not None:
@@ -84,7 +84,6 @@ class StepHooks:
         if self.train_state.active and due:
             self._record = self.train_state.observe(step, named_grads, to_full, micro_losses, device_losses)
         self.health.check_embedding(step, named_grads)
-        return self.health.skip(step, grad_norm)
 
     def step_end(self, rec: dict) -> None:
         """After the step line: train_state lines, TensorBoard, callbacks, profiler."""

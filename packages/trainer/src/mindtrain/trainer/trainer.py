@@ -15,6 +15,7 @@ from mindspore import Tensor, ops
 
 from mindtrain.config import (
     MindTrainConfig,
+    StepFigures,
     UserError,
     dump_config,
     num_accumulation_steps,
@@ -22,6 +23,7 @@ from mindtrain.config import (
 )
 from mindtrain.trainer import checkpoint as ckpt
 from mindtrain.trainer import mindformers_checkpoint as mfc
+from mindtrain.trainer.health import NonFiniteError, SkipDecision  # noqa: F401 (NonFiniteError: re-exported)
 from mindtrain.trainer.log_line import format_step_line, mtp_fields
 from mindtrain.trainer.lr_schedule import LRSchedule
 from mindtrain.trainer.metrics import MetricsWriter, new_run_dir
@@ -31,10 +33,6 @@ from mindtrain.trainer.step_hooks import StepHooks
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
-
-
-class NonFiniteError(UserError):
-    """Too many consecutive steps had a non-finite loss or gradient."""
 
 
 def _rank_file(rank: int) -> str:
@@ -70,6 +68,7 @@ class Trainer:
         self.dims = resolve_parallelism(cfg.parallelism, runtime.world_size)
         self.accum = num_accumulation_steps(cfg, self.dims)
         self.hooks = StepHooks(cfg, runtime.rank, runtime.device, cfg.training.steps, self.accum, log=out, out=self.out)
+        self.skips = SkipDecision.from_config(cfg, log=out)
         from mindtrain.config.fsdp_policy import reshard_after_forward
         from mindtrain.config.pipeline import microbatch_note
 
@@ -113,8 +112,6 @@ class Trainer:
         self._batches = None
         self.step = 0
         self.consumed_samples = 0
-        self.skipped_total = 0
-        self.skipped_in_row = 0
         # weights load into the whole model before it is sharded; the rest of the state after
         resume = self._load_weights(cfg.checkpoint.load_path) if cfg.checkpoint.load_path else None
         from mindtrain.trainer.engine import build_engine
@@ -167,67 +164,65 @@ class Trainer:
         return float(flops_per_token(self.cfg.model, self.cfg.model.seq_length))
 
     # ------------------------------------------------------------------ step
-    def _forward(self, *inputs):
+    def _forward(self, *inputs) -> StepFigures:
         kwargs = dict(zip(self.columns[1:], inputs[1:]))
         loss, metrics = self.model(inputs[0], labels=kwargs["labels"], loss_mask=kwargs.get("loss_mask"),
                                    position_ids=kwargs.get("position_ids"),
                                    attention_mask=kwargs.get("attention_mask"))
         zero = ops.zeros((), ms.float32)
-        return loss, metrics["lm_loss"], metrics.get("load_balancing_loss", zero), metrics.get("mtp_loss", zero)
+        return StepFigures(lm_loss=metrics["lm_loss"], load_balancing_loss=metrics.get("load_balancing_loss", zero),
+                           mtp_loss=metrics.get("mtp_loss", zero), loss=loss)
 
     def train_step(self) -> dict:
         """One optimizer step (all micro-batches); returns the step's metrics."""
         start = time.perf_counter()
         if self._batches is None:
             self._batches = iter(self.loader)
-        micro_losses = self.engine.run_step([next(self._batches) for _ in range(self.accum)])
-        local = np.mean(micro_losses, axis=0)
+        micro = self.engine.run_step([next(self._batches) for _ in range(self.accum)])
+        local = np.mean(np.array(micro, np.float64), axis=0)
         world = self.rt.world_size
-        # every rank's losses in one all-reduce (each rank fills its own slot: a gather)
-        slots = np.zeros((world, 4), np.float64)
+        # every rank's figures in one all-reduce (each rank fills its own slot: a gather)
+        slots = np.zeros((world, len(StepFigures._fields)), np.float64)
         slots[self.rt.rank] = local
         if self.rt.distributed:
             from mindtrain.parallel import collectives
 
             slots = collectives.all_reduce(Tensor(slots)).asnumpy().astype(np.float64)
-        device_losses = slots
-        dp_losses = device_losses.mean(axis=0)
+        per_device = [StepFigures(*row) for row in slots]
+        step_figures = StepFigures(*slots.mean(axis=0))
+        micro_losses = [m.lm_loss for m in micro]
+        device_losses = [f.lm_loss for f in per_device]
+        finite = bool(np.all(np.isfinite(slots.mean(axis=0))))
         total_load = self.engine.expert_load()
         grads = self.engine.gradients()
         grad_norm = self.engine.grad_norm(grads)
         lr = self.schedule(self.step + 1)
-        finite = math.isfinite(grad_norm) and bool(np.all(np.isfinite(dp_losses)))
+        finite = math.isfinite(grad_norm) and finite
         max_norm = self.cfg.training.max_norm
-        norm_skip = self.hooks.after_gradients(self.step + 1, [(n, g) for (n, _), g in zip(self.params, grads)],
-                                               grad_norm, self.engine.to_full, [m[0] for m in micro_losses],
-                                               list(device_losses[:, 0]), total_load)
-        if norm_skip:  # monitor.health_checkpoint: no update of weights or optimizer state
-            self.skipped_total += 1
-            self.skipped_in_row = 0
-        elif finite:
-            self.skipped_in_row = 0
+        self.hooks.after_gradients(self.step + 1, [(n, g) for (n, _), g in zip(self.params, grads)],
+                                   self.engine.to_full, micro_losses, device_losses, total_load)
+        skipped = self.skips.decide(self.step + 1, grad_norm, finite)
+        if not skipped:
             coef = max_norm / (grad_norm + 1e-6)
             if max_norm > 0 and coef < 1.0:
                 grads = [g * coef for g in grads]
             self.optimizer.step(grads, lr=lr)
             self.model.update_expert_bias(total_load)
-        else:
-            self.skipped_total += 1
-            self.skipped_in_row += 1
         self.engine.finish_step()
         self.step += 1
         self.consumed_samples += self.cfg.training.global_batch_size
         elapsed = time.perf_counter() - start
         tokens_per_device = self.accum * self.cfg.training.local_batch_size * self.cfg.model.seq_length
-        return {"step": self.step, "loss": dp_losses[0], "load_balancing_loss": dp_losses[1],
-                "mtp_loss": dp_losses[2], "total_loss": dp_losses[3], "lr": lr, "grad_norm": grad_norm,
+        return {"step": self.step, "loss": step_figures.lm_loss,
+                "load_balancing_loss": step_figures.load_balancing_loss,
+                "mtp_loss": step_figures.mtp_loss, "total_loss": step_figures.loss, "lr": lr, "grad_norm": grad_norm,
                 "per_step_time_ms": elapsed * 1000.0,
                 "tokens_per_s": tokens_per_device * self.dims.dp / elapsed,
                 "throughput_flops": self.flops_per_token * tokens_per_device / elapsed,
                 "max_rss_mb": _max_rss_mb(), "param_bytes": self.engine.memory_bytes(),
-                "optimizer_bytes": self.optimizer.state_bytes(), "skipped": not finite or norm_skip, "skipped_total": self.skipped_total,
+                "optimizer_bytes": self.optimizer.state_bytes(), "skipped": skipped, "skipped_total": self.skips.skipped_total,
                 "consumed_samples": self.consumed_samples,
-                "local_losses": [m[0] for m in micro_losses], "device_losses": list(device_losses[:, 0])}
+                "local_losses": micro_losses, "device_losses": device_losses}
 
     # ------------------------------------------------------------------ loop
     def train(self) -> list[dict]:
@@ -250,11 +245,7 @@ class Trainer:
             self.hooks.step_end(rec)  # train_state lines, TensorBoard, callbacks, profiler
             if self.metrics is not None:
                 self.metrics.write({k: v for k, v in rec.items() if k not in ("local_losses",)})
-            if self.skipped_in_row >= cfg.training.max_skipped_steps:
-                raise NonFiniteError(
-                    f"training.max_skipped_steps: {self.skipped_in_row} steps in a row had a non-finite loss or "
-                    f"gradient (last at step {self.step}); lower lr_scheduler.learning_rate, enable "
-                    "training.max_norm, or check the data")
+            self.skips.check_non_finite(self.step)
             if self.writer is not None and ((save_every and self.step % save_every == 0)
                                             or self.step == self.total_steps):
                 self.save()
@@ -294,8 +285,8 @@ class Trainer:
 
             files["config.json"] = config_to_hf(self.cfg.model)
             files[ckpt.STATE_FILE] = {
-                "step": self.step, "consumed_samples": self.consumed_samples, "skipped_total": self.skipped_total,
-                "skipped_in_row": self.skipped_in_row, "world_size": self.rt.world_size, "dp": self.dims.dp,
+                "step": self.step, "consumed_samples": self.consumed_samples, **self.skips.state_dict(),
+                "world_size": self.rt.world_size, "dp": self.dims.dp,
                 "lr_schedule": {"kind": self.schedule.kind, "peak": self.schedule.peak, "total": self.schedule.total,
                                 "warmup": self.schedule.warmup},
                 "seed": self.cfg.training.seed, "weights_only": optimizer_state is None}
@@ -364,8 +355,7 @@ class Trainer:
         self.optimizer.load_state_dict(local)
         self.step = int(state["step"])
         self.consumed_samples = int(state["consumed_samples"])
-        self.skipped_total = int(state["skipped_total"])
-        self.skipped_in_row = int(state["skipped_in_row"])
+        self.skips.load_state_dict(state)
         if self.step >= self.total_steps:
             raise UserError(f"checkpoint.load_path: the checkpoint is at step {self.step}, but training.steps is "
                             f"{self.total_steps}; raise training.steps to train further")
