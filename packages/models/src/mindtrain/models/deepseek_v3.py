@@ -14,6 +14,7 @@ from mindtrain.config import ModelConfig
 from mindtrain.models import kernels
 from mindtrain.models.attention_mask import additive_mask
 from mindtrain.models.decoder import DecoderLayer
+from mindtrain.models.inputs import shift_left, whole_sequence_inputs
 from mindtrain.models.linear import Linear
 from mindtrain.models.loss import MaskedCrossEntropy
 from mindtrain.models.mtp import MTPLayer
@@ -51,7 +52,13 @@ class DeepseekV3Model(nn.Cell):
 class _HeadLoss(nn.Cell):
     """Final norm + lm_head + masked cross-entropy as one cell so it can be one jit graph.
     Holds no parameters of its own (norm and head are passed in). The head matmul runs in
-    ``matmul_dtype``; norm and cross-entropy in float32."""
+    ``matmul_dtype``; norm and cross-entropy in float32.
+
+    Two hooks let a layout change how it runs without re-implementing it (both eager-only):
+    ``sequence_gather`` (None by default) maps the normed hidden states [B, S_local, H] of a
+    sequence-parallel rank to [B, S, H] before the head; ``ce.token_loss`` is the per-token
+    cross-entropy (see :class:`~mindtrain.models.loss.MaskedCrossEntropy`).
+    """
 
     matmul_dtype = None
     fast_kernels = False
@@ -60,6 +67,7 @@ class _HeadLoss(nn.Cell):
         super().__init__()
         self.ce = MaskedCrossEntropy()
         self.matmul = ops.MatMul(transpose_b=True)
+        self.sequence_gather = None
 
     def construct(self, h, norm_weight, eps, head_weight, labels, loss_mask):
         x = h.reshape(-1, h.shape[-1])
@@ -67,6 +75,8 @@ class _HeadLoss(nn.Cell):
             x = kernels.fast_rms_norm(x, norm_weight, eps)
         else:
             x = norm_weight * (x * ops.rsqrt(ops.mean(ops.square(x), -1, keep_dims=True) + eps))
+        if self.sequence_gather is not None:
+            x = self.sequence_gather(x.reshape(h.shape)).reshape(-1, h.shape[-1])
         cd = self.matmul_dtype
         logits = self.matmul(to_compute(x, cd), to_compute(head_weight, cd))
         if cd is not None:
@@ -140,53 +150,116 @@ class DeepseekV3ForCausalLM(nn.Cell):
 
     # ------------------------------------------------------------------ forward
     def construct(self, input_ids, labels=None, loss_mask=None, position_ids=None, attention_mask=None):
-        cfg = self.config
         b, s = input_ids.shape
         cos, sin, mask_add = self._rope_and_mask(b, s, position_ids, attention_mask)
+        if labels is not None:
+            if loss_mask is None:
+                loss_mask = ops.ones(labels.shape, ms.float32)
+            depths = self.mtp_inputs(input_ids, labels, loss_mask)
 
-        h = self.model.embed_tokens(input_ids)
+        h = self.embed(input_ids)
+        h, counts, balances = self.run_layers(h, range(self.num_layers), cos, sin, mask_add)
+        if labels is None:
+            return self.logits(h)
+
+        lm_loss = self.lm_loss(h, labels, loss_mask)
+        mtp_losses = []
+        if self.num_mtp:
+            mtp_losses, c, bal = self.mtp_forward(h, depths, cos, sin, mask_add)
+            counts += c
+            balances += bal
+        loss, metrics = self.combine_losses(lm_loss, mtp_losses, balances)
+        if counts:
+            load = ops.stack([c.astype(ms.float32) for c in counts])
+            self._expert_load = load if self._expert_load is None else self._expert_load + load
+        return loss, metrics
+
+    # The pieces ``construct`` is made of. Layouts (pipeline stages, tensor and context
+    # parallelism) call these, or swap a hook of the cells they run, instead of repeating them.
+    def embed(self, input_ids):
+        """Token embeddings [B, S, H] of ``input_ids`` [B, S]."""
+        return self.model.embed_tokens(input_ids)
+
+    def rope(self, position_ids):
+        """cos, sin [B, 1, S, qk_rope_head_dim] for ``position_ids`` [B, S]."""
+        cos, sin = self.model.rotary_emb(position_ids)
+        return ops.expand_dims(cos, 1), ops.expand_dims(sin, 1)
+
+    def run_layers(self, h, layer_ids, cos, sin, mask_add):
+        """The decoder layers ``layer_ids`` in order -> ``(h, counts, balances)``: the tokens
+        per expert and sequence balance loss of each MoE layer among them."""
         counts, balances = [], []
-        for i in range(self.num_layers):
+        for i in layer_ids:
             layer = self.model.layers[i]
             h, c, bal = layer(h, cos, sin, mask_add)
             if layer.is_moe:
                 counts.append(c)
                 balances.append(bal)
-        if labels is None:
-            logits = self.lm_head(self.model.norm(h))
-            return logits if logits.dtype == ms.float32 else ops.cast(logits, ms.float32)
+        return h, counts, balances
 
-        if loss_mask is None:
-            loss_mask = ops.ones(labels.shape, ms.float32)
-        norm_w, eps = self.model.norm.weight, self.model.norm.eps
-        lm_loss = self.head_loss(h, norm_w, eps, self.lm_head.weight, labels, loss_mask)
-        metrics = {"lm_loss": lm_loss}
+    def logits(self, h):
+        """Final norm and lm_head: float32 logits [B, S, V]."""
+        logits = self.lm_head(self.model.norm(h))
+        return logits if logits.dtype == ms.float32 else ops.cast(logits, ms.float32)
+
+    def lm_loss(self, h, labels, loss_mask):
+        """Final norm, lm_head and the masked mean cross-entropy (one cell, ``head_loss``)."""
+        norm = self.model.norm
+        return self.head_loss(h, norm.weight, norm.eps, self.lm_head.weight, labels, loss_mask)
+
+    def mtp_inputs(self, input_ids, labels, loss_mask) -> list:
+        """Per MTP depth k = 1..num_nextn_predict_layers: ``(input_ids, labels, loss_mask)``
+        shifted left by k (:func:`mindtrain.models.inputs.shift_left`), as Tensors."""
+        if not self.num_mtp:
+            return []
+        arrays = [x.asnumpy() if isinstance(x, Tensor) else np.asarray(x) for x in (input_ids, labels, loss_mask)]
+        return [tuple(Tensor(shift_left(x, k)) for x in arrays) for k in range(1, self.num_mtp + 1)]
+
+    def mtp_forward(self, h, depths, cos, sin, mask_add):
+        """MTP depths 1..len(depths) on the main trunk's last hidden state ``h``;
+        ``depths[k - 1]`` is depth k's ``(input_ids, labels, loss_mask)`` (shifted, see
+        :meth:`mtp_inputs`). Returns ``(losses per depth, counts, balances)``."""
+        losses, counts, balances = [], [], []
+        for k, (ids_k, labels_k, mask_k) in enumerate(depths, 1):
+            layer = self.model.layers[self.num_layers + k - 1]
+            h, c, bal = layer(h, self.embed(ids_k), cos, sin, mask_add)
+            if layer.is_moe:
+                counts.append(c)
+                balances.append(bal)
+            norm = layer.shared_head.norm
+            losses.append(self.head_loss(h, norm.weight, norm.eps, self.lm_head.weight, labels_k, mask_k))
+        return losses, counts, balances
+
+    def combine_losses(self, lm_loss, mtp_losses, balances):
+        """The training loss from its parts: ``lm_loss + mtp_loss_scaling_factor *
+        mean(mtp_losses) + aux_loss_alpha * sum(balances)``. Any part may be absent (None /
+        empty): a pipeline stage without the head passes only its layers' balances, and the
+        stages' losses add up to the whole. Returns ``(loss, metrics)``; ``metrics`` has
+        ``lm_loss``, ``mtp_loss`` and ``load_balancing_loss`` for the parts present."""
+        cfg = self.config
+        metrics = {}
         loss = lm_loss
-
-        if self.num_mtp:
-            mtp_losses = []
-            for k in range(1, self.num_mtp + 1):
-                layer = self.model.layers[self.num_layers + k - 1]
-                ids_k = _shift_left(input_ids, k)
-                h, c, bal = layer(h, self.model.embed_tokens(ids_k), cos, sin, mask_add)
-                if layer.is_moe:
-                    counts.append(c)
-                    balances.append(bal)
-                mtp_losses.append(self.head_loss(h, layer.shared_head.norm.weight, layer.shared_head.norm.eps,
-                                                 self.lm_head.weight, _shift_left(labels, k),
-                                                 _shift_left(loss_mask, k)))
+        if lm_loss is not None:
+            metrics["lm_loss"] = lm_loss
+        if mtp_losses:
             mtp_loss = sum(mtp_losses[1:], mtp_losses[0]) / len(mtp_losses)
             metrics["mtp_loss"] = mtp_loss
-            loss = loss + cfg.mtp_loss_scaling_factor * mtp_loss
-
+            term = cfg.mtp_loss_scaling_factor * mtp_loss
+            loss = term if loss is None else loss + term
         if balances:
             balance = sum(balances[1:], balances[0])
             metrics["load_balancing_loss"] = balance
             if cfg.aux_loss_alpha:
-                loss = loss + cfg.aux_loss_alpha * balance
-            load = ops.stack([c.astype(ms.float32) for c in counts])
-            self._expert_load = load if self._expert_load is None else self._expert_load + load
+                term = cfg.aux_loss_alpha * balance
+                loss = term if loss is None else loss + term
+        if loss is None:
+            loss = ops.zeros((), ms.float32)
         return loss, metrics
+
+    def whole_sequence_inputs(self, batch, mtp_depths: Optional[int] = None) -> dict:
+        """Numpy inputs of whole sequences (see :func:`mindtrain.models.inputs.whole_sequence_inputs`);
+        ``mtp_depths`` defaults to the model's. Context parallelism chunks these."""
+        return whole_sequence_inputs(batch, self.num_mtp if mtp_depths is None else mtp_depths)
 
     def _rope_and_mask(self, b: int, s: int, position_ids, attention_mask):
         """cos/sin [B, 1, S, rope] and the additive mask. The default-position tables and the
@@ -199,8 +272,7 @@ class DeepseekV3ForCausalLM(nn.Cell):
                 cache[("rope", b, s)] = (ops.expand_dims(cos, 1), ops.expand_dims(sin, 1))
             cos, sin = cache[("rope", b, s)]
         else:
-            cos, sin = self.model.rotary_emb(position_ids)
-            cos, sin = ops.expand_dims(cos, 1), ops.expand_dims(sin, 1)
+            cos, sin = self.rope(position_ids)
         if attention_mask is None:
             if ("mask", b, s) not in cache:
                 cache[("mask", b, s)] = additive_mask(None, b, s, self.config.num_attention_heads)
@@ -266,8 +338,3 @@ class DeepseekV3ForCausalLM(nn.Cell):
         for router in self.moe_routers():
             router.recorded = [] if enabled else None
 
-
-def _shift_left(x, k: int):
-    """x[:, k:] followed by k zeros: position i holds what was at i + k."""
-    pad = ops.zeros((x.shape[0], k), x.dtype)
-    return ops.concat((x[:, k:], pad), 1)

@@ -36,11 +36,17 @@ class TokenCrossEntropy(nn.Cell):
 
 
 class MaskedCrossEntropy(nn.Cell):
-    """``sum(ce * mask) / max(sum(mask), 1)``; labels < 0 count as masked."""
+    """``sum(ce * mask) / max(sum(mask), 1)``; labels < 0 count as masked.
+
+    ``token_loss`` is the per-token cross-entropy (``[N, V], [N] int32 -> [N]``,
+    :class:`TokenCrossEntropy` by default), the one component a layout may swap: tensor
+    parallelism puts a vocabulary-parallel one there (the logits then hold this rank's
+    vocabulary slice, the labels stay global). Masking and the mean stay here.
+    """
 
     def __init__(self):
         super().__init__()
-        self.ce = TokenCrossEntropy()
+        self.token_loss = TokenCrossEntropy()
 
     def construct(self, logits, labels, loss_mask):
         v = logits.shape[-1]
@@ -50,5 +56,5 @@ class MaskedCrossEntropy(nn.Cell):
         valid = labels >= 0
         mask = mask * valid.astype(logits.dtype)
         labels = ops.select(valid, labels, ops.zeros_like(labels))
-        ce = self.ce(logits, labels)
+        ce = self.token_loss(logits, labels)
         return (ce * mask).sum() / ops.maximum(mask.sum(), Tensor(1.0, logits.dtype))
