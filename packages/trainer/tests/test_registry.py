@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from mindtrain.trainer.registry import RegistryError, load_register_path, lookup, register, registered
+from mindtrain.trainer.registry import RegisterPathError, RegistryError, load_register_path, lookup, register, registered
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 TINY = os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml")
@@ -49,17 +49,17 @@ def test_lookup_and_register_mistakes_are_one_line(tmp_path):
         lookup("callback", "EveryStp")
     with pytest.raises(RegistryError, match="registered twice"):
         register("callback", "EveryStep")(type("Other", (), {}))
-    with pytest.raises(RegistryError, match=r"--register_path: folder '.*missing' does not exist"):
+    with pytest.raises(RegisterPathError, match=r"--register_path: folder '.*missing' does not exist"):
         load_register_path(str(tmp_path / "missing"))
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "broken_mod.py").write_text("raise ValueError('boom')\n")
-    with pytest.raises(RegistryError, match=r"importing broken_mod.py failed: ValueError: boom"):
+    with pytest.raises(RegisterPathError, match=r"importing broken_mod.py failed: ValueError: boom"):
         load_register_path(str(bad))
     clash = tmp_path / "clash"
     clash.mkdir()
     (clash / "json.py").write_text("X = 1\n")
-    with pytest.raises(RegistryError, match="module 'json' .* has the name of an installed module"):
+    with pytest.raises(RegisterPathError, match="module 'json' .* has the name of an installed module"):
         load_register_path(str(clash))
 
 

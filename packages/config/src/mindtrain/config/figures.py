@@ -33,12 +33,6 @@ class StepFigures(NamedTuple):
                              f"StepFigures needs exactly {cls._fields}")
         return cls(**dict(zip(names, values)))
 
-    @classmethod
-    def mean(cls, figures: Sequence["StepFigures"]) -> "StepFigures":
-        """Field-wise mean of host figures (floats), in float64."""
-        n = len(figures)
-        return cls(*(sum(float(getattr(f, k)) for f in figures) / n for k in cls._fields))
-
 
 STEP_FIGURES = StepFigures._fields
 """The field names in their order: how packed arrays of figures are laid out."""

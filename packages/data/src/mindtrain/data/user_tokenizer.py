@@ -2,52 +2,28 @@
 
 As in MindFormers, ``--auto_register module.ClassName`` names the class; the module is loaded
 from ``<register_path>/module.py`` (or ``module/__init__.py``) and from nowhere else, so no flag
-or config value can import code from an installed package by name.
+or config value can import code from an installed package by name
+(:mod:`mindtrain.config.register_path`, the loader the trainer uses too).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
 from typing import Optional
 
 import numpy as np
 
-from mindtrain.data.errors import DataFileError, UserError
+from mindtrain.config.register_path import load_register_class
+from mindtrain.data.errors import UserError
 
 
 def load_class(register_path: Optional[str], auto_register: Optional[str]):
-    """The class ``auto_register`` ("module.Class", dots for sub-modules) under ``register_path``."""
+    """The class ``auto_register`` ("module.Class", dots for sub-modules) under ``register_path``
+    (mindtrain.config's --register_path loader, the trainer's too)."""
     if not register_path or not auto_register:
         missing = "--register_path" if not register_path else "--auto_register"
         raise UserError(f"{missing}: required with --tokenizer-type AutoRegister (e.g. --register_path "
                         "research/qwen2 --auto_register qwen2_tokenizer.Qwen2Tokenizer)")
-    if not os.path.isdir(register_path):
-        raise DataFileError(register_path, "is not a folder (--register_path)")
-    module_name, _, class_name = auto_register.rpartition(".")
-    if not module_name or not class_name:
-        raise UserError(f"--auto_register: expected module.ClassName, got {auto_register!r}")
-    base = os.path.join(os.path.abspath(register_path), *module_name.split("."))
-    path = base + ".py" if os.path.isfile(base + ".py") else os.path.join(base, "__init__.py")
-    if not os.path.isfile(path):
-        raise DataFileError(base + ".py", f"not found: --auto_register {auto_register} names a module "
-                                          "inside --register_path")
-    unique = "mindtrain_register_" + module_name.replace(".", "_")
-    spec = importlib.util.spec_from_file_location(unique, path)
-    module = importlib.util.module_from_spec(spec)
-    # sibling modules of the user's folder may be imported by it, as MindFormers allows
-    sys.path.insert(0, os.path.abspath(register_path))
-    try:
-        spec.loader.exec_module(module)
-    except Exception as err:
-        raise DataFileError(path, f"failed to import: {type(err).__name__}: {err}") from None
-    finally:
-        sys.path.remove(os.path.abspath(register_path))
-    cls = getattr(module, class_name, None)
-    if not isinstance(cls, type):
-        raise UserError(f"--auto_register: {path} defines no class {class_name!r}")
-    return cls
+    return load_register_class(register_path, auto_register)
 
 
 class UserTokenizer:
