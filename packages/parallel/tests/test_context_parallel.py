@@ -4,7 +4,10 @@ import numpy as np
 import pytest
 
 from mindtrain.config import ConfigError, UserError
-from mindtrain.parallel.context_parallel import blocked_matrix, check_seq_length, chunk_indices, split_batch
+from mindtrain.parallel.context_parallel import check_seq_length, chunk_indices, split_batch
+
+# the model's own input rule (context parallelism only chunks what it returns)
+from mindtrain.models.inputs import whole_sequence_inputs
 
 
 def test_load_balanced_chunks_cover_the_sequence():
@@ -25,31 +28,19 @@ def test_seq_length_not_divisible_is_one_line_user_error():
     check_seq_length(18, 1)
 
 
-def test_blocked_matrix_documents_and_causality():
-    ends = np.array([[3, 6, 6, 6]])  # documents [0,3) [3,6); pad = S
-    blocked = blocked_matrix(ends, 1, 6)[0]
-    allowed = ~blocked
-    assert allowed[4].tolist() == [False, False, False, True, True, False]
-    assert allowed[2].tolist() == [True, True, True, False, False, False]
-    full = np.zeros((1, 1, 6, 6), bool)
-    full[0, 0, 5, 0] = True  # an explicit Megatron mask (True = masked)
-    b = blocked_matrix(full, 1, 6)[0]
-    assert b[5, 0] and not b[5, 1] and b[0, 1]
-
-
 def test_split_batch_shares_sum_to_one_and_masks_rows():
     rng = np.random.default_rng(0)
     s = 16
     batch = {"input_ids": rng.integers(0, 50, (2, s)), "labels": rng.integers(0, 50, (2, s)),
              "loss_mask": (rng.random((2, s)) > 0.3).astype(np.float32),
              "attention_mask": np.array([[5, 16], [9, 16]])}
-    parts = [split_batch(batch, 2, r, num_heads=3, mtp_depths=1) for r in range(2)]
+    parts = [split_batch(batch, 2, r, num_heads=3, mtp_depths=1, inputs=whole_sequence_inputs) for r in range(2)]
     mask_tokens = [p["loss_mask"].asnumpy().sum() for p in parts]
     total = batch["loss_mask"].sum()
     assert sum(p["lm_scale"] for p in parts) == pytest.approx(1.0)
     assert parts[0]["lm_scale"] == pytest.approx(mask_tokens[0] / total)
     assert sum(p["mtp"][0]["scale"] for p in parts) == pytest.approx(1.0)
-    full = split_batch(batch, 1, 0, num_heads=3)["mask_add"].asnumpy()
+    full = split_batch(batch, 1, 0, num_heads=3, inputs=whole_sequence_inputs)["mask_add"].asnumpy()
     for r, p in enumerate(parts):
         idx = chunk_indices(s, 2, r)
         assert p["mask_add"].shape == (2, 3, s // 2, s)

@@ -65,7 +65,8 @@ def whole_sequence_inputs(batch: Mapping[str, Any], mtp_depths: int = 0) -> dict
     ``batch`` holds ``input_ids`` and ``labels`` [B, S] and optionally ``loss_mask``,
     ``position_ids`` and ``attention_mask`` (any form :func:`blocked_matrix` takes).
     Returns ``input_ids``, ``labels``, ``loss_mask`` (float32, ones when absent),
-    ``position_ids`` (0..S-1 when absent), ``blocked`` [B, S, S] bool, and ``mtp``: per
+    ``position_ids`` (0..S-1 when absent), ``mask_add`` [B, 1, S, S] float32 (the additive
+    mask, one head; :func:`additive` of :func:`blocked_matrix`), and ``mtp``: per
     depth k = 1..``mtp_depths`` a dict of that depth's ``input_ids``, ``labels`` and
     ``loss_mask`` (each shifted left by k on the whole sequence).
     """
@@ -77,7 +78,7 @@ def whole_sequence_inputs(batch: Mapping[str, Any], mtp_depths: int = 0) -> dict
     pos = batch.get("position_ids")
     pos = np.broadcast_to(np.arange(s, dtype=np.int32), (b, s)) if pos is None else np.asarray(pos)
     out = {"input_ids": ids, "labels": labels, "loss_mask": loss_mask, "position_ids": pos,
-           "blocked": blocked_matrix(batch.get("attention_mask"), b, s), "mtp": []}
+           "mask_add": additive(blocked_matrix(batch.get("attention_mask"), b, s), 1), "mtp": []}
     for k in range(1, mtp_depths + 1):
         out["mtp"].append({"input_ids": shift_left(ids, k), "labels": shift_left(labels, k),
                            "loss_mask": shift_left(loss_mask, k)})

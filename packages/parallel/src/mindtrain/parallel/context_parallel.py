@@ -16,7 +16,7 @@ Cell with a ``sequence_reduce`` attribute gets the hook (see the models package)
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -25,9 +25,6 @@ from mindspore import Tensor, ops
 from mindtrain.config import ConfigError
 from mindtrain.parallel import functional as F
 from mindtrain.parallel.mesh import Group
-
-_NEG = -1e9  # the additive mask value the model uses (exp underflows to exactly 0)
-
 
 def chunk_indices(seq_length: int, cp: int, rank: int) -> np.ndarray:
     """Sequence positions held by CP rank ``rank``: chunk ``rank`` then chunk ``2*cp-1-rank``."""
@@ -52,77 +49,50 @@ def _gathered_order(seq_length: int, cp: int) -> np.ndarray:
     return perm
 
 
-def blocked_matrix(attention_mask: Optional[np.ndarray], batch: int, seq: int) -> np.ndarray:
-    """[B, S, S] bool, True where query i may not see key j: causality plus the packed
-    document mask (a Megatron [B, 1, S, S] / [B, S, S] mask with True = masked, or the
-    compressed EOD form [B, L] of cumulative document ends padded with S)."""
-    causal = np.triu(np.ones((seq, seq), dtype=bool), 1)
-    if attention_mask is None:
-        return np.broadcast_to(causal, (batch, seq, seq))
-    m = np.asarray(attention_mask)
-    if m.ndim == 2:
-        pos = np.arange(seq)
-        doc = (m[:, None, :] <= pos[None, :, None]).sum(-1)  # [B, S]: document index of each position
-        return (doc[:, :, None] != doc[:, None, :]) | causal
-    if m.ndim == 4:
-        m = m[:, 0]
-    if m.ndim != 3 or m.shape[-2:] != (seq, seq):
-        raise ConfigError("attention_mask", f"expected [B, 1, {seq}, {seq}] or [B, eod_pad_length], "
-                                            f"got {tuple(np.shape(attention_mask))}")
-    return np.broadcast_to(m.astype(bool) | causal, (batch, seq, seq))
-
-
-def _shift_left(x: np.ndarray, k: int) -> np.ndarray:
-    out = np.zeros_like(x)
-    out[:, :x.shape[1] - k] = x[:, k:]
-    return out
-
-
 def _valid_tokens(labels: np.ndarray, loss_mask: np.ndarray) -> float:
     return float(((labels >= 0) * loss_mask.astype(np.float32)).sum())
 
 
 def split_batch(batch: Mapping[str, Any], cp: int = 1, rank: int = 0, num_heads: int = 1,
-                mtp_depths: int = 0) -> dict[str, Any]:
+                mtp_depths: int = 0, *, inputs: Callable[[Mapping[str, Any], int], dict]) -> dict[str, Any]:
     """This CP rank's part of one micro-batch, with everything the stage forward needs.
 
     ``batch`` holds numpy ``input_ids``, ``labels`` and optionally ``loss_mask``,
-    ``position_ids`` and ``attention_mask`` of whole sequences [B, S]. Returns Tensors
-    ``input_ids``, ``labels``, ``loss_mask``, ``position_ids`` (of the local tokens),
-    ``mask_add`` [B, heads, S_local, S] (local queries against all keys), the float
-    ``lm_scale`` (local / whole valid-token count, turning the local mean loss into this
-    rank's share), and per MTP depth ``k`` the labels shifted by ``k`` on the whole sequence
-    (``mtp`` list of dicts with ``input_ids``, ``labels``, ``loss_mask``, ``scale``).
-    Works for ``cp == 1`` too (then nothing is split).
+    ``position_ids`` and ``attention_mask`` of whole sequences [B, S]. ``inputs`` is the
+    model's own rule for what a forward reads (``model.whole_sequence_inputs``: called as
+    ``inputs(batch, mtp_depths)``, it returns numpy ``input_ids``, ``labels``,
+    ``loss_mask``, ``position_ids``, the additive ``mask_add`` [B, 1, S, S] and per MTP
+    depth the shifted ``input_ids``/``labels``/``loss_mask``, all of whole sequences); this
+    function only chunks them. Returns Tensors ``input_ids``, ``labels``, ``loss_mask``,
+    ``position_ids`` (of the local tokens), ``mask_add`` [B, heads, S_local, S] (local
+    queries against all keys), the float ``lm_scale`` (local / whole valid-token count,
+    turning the local mean loss into this rank's share), and per MTP depth ``k`` the targets
+    shifted by ``k`` on the whole sequence (``mtp`` list of dicts with ``input_ids``,
+    ``labels``, ``loss_mask``, ``scale``). Works for ``cp == 1`` too (then nothing is split).
     """
-    ids = np.asarray(batch["input_ids"])
-    b, s = ids.shape
+    s = np.asarray(batch["input_ids"]).shape[1]
     check_seq_length(s, cp)
-    labels = np.asarray(batch["labels"])
-    loss_mask = batch.get("loss_mask")
-    loss_mask = np.ones((b, s), np.float32) if loss_mask is None else np.asarray(loss_mask, np.float32)
-    pos = batch.get("position_ids")
-    pos = np.broadcast_to(np.arange(s, dtype=np.int32), (b, s)) if pos is None else np.asarray(pos)
+    whole = inputs(batch, mtp_depths)
+    b = whole["input_ids"].shape[0]
     idx = chunk_indices(s, cp, rank) if cp > 1 else np.arange(s)
-    blocked = blocked_matrix(batch.get("attention_mask"), b, s)[:, idx, :]
-    add = np.where(blocked, np.float32(_NEG), np.float32(0.0))[:, None]
+    add = whole["mask_add"][:, :, idx, :]
     add = np.ascontiguousarray(np.broadcast_to(add, (b, num_heads) + add.shape[2:]))
 
     def local(x, dtype):
         return Tensor(np.ascontiguousarray(x[:, idx]).astype(dtype))
 
     def scale(lab, msk):
-        whole = _valid_tokens(lab, msk)
+        whole_count = _valid_tokens(lab, msk)
         part = _valid_tokens(lab[:, idx], msk[:, idx])
-        return max(part, 1.0) / max(whole, 1.0)
+        return max(part, 1.0) / max(whole_count, 1.0)
 
-    out = {"input_ids": local(ids, np.int32), "labels": local(labels, np.int32),
-           "loss_mask": local(loss_mask, np.float32), "position_ids": local(pos, np.int32),
+    labels, loss_mask = whole["labels"], whole["loss_mask"]
+    out = {"input_ids": local(whole["input_ids"], np.int32), "labels": local(labels, np.int32),
+           "loss_mask": local(loss_mask, np.float32), "position_ids": local(whole["position_ids"], np.int32),
            "mask_add": Tensor(add), "lm_scale": scale(labels, loss_mask), "mtp": []}
-    for k in range(1, mtp_depths + 1):
-        lab_k, msk_k = _shift_left(labels, k), _shift_left(loss_mask, k)
-        out["mtp"].append({"input_ids": local(_shift_left(ids, k), np.int32), "labels": local(lab_k, np.int32),
-                           "loss_mask": local(msk_k, np.float32), "scale": scale(lab_k, msk_k)})
+    for t in whole["mtp"]:
+        out["mtp"].append({"input_ids": local(t["input_ids"], np.int32), "labels": local(t["labels"], np.int32),
+                           "loss_mask": local(t["loss_mask"], np.float32), "scale": scale(t["labels"], t["loss_mask"])})
     return out
 
 

@@ -241,7 +241,7 @@ class PipelineSchedule:
         """This rank's CP part of one micro-batch (see :func:`split_batch`)."""
         last = self.chunks[-1]  # the last virtual stage is the last rank's last chunk
         return split_batch(batch, self.cp.size, self.cp.index, last.num_heads, len(last.mtp_ids)
-                           if last.is_last else 0)
+                           if last.is_last else 0, inputs=self.model.whole_sequence_inputs)
 
     def step(self, micro_batches: Sequence[Mapping[str, Any]]):
         """Forward and backward of this rank's micro-batches (whole sequences; CP splits them).

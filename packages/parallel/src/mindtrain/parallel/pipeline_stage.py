@@ -1,11 +1,10 @@
 """One pipeline stage: a contiguous range of the model's units and its forward/backward.
 
-The model is duck-typed on the DeepSeek-V3 layout of the models package (``model.model``
-with ``embed_tokens``, ``layers`` (decoder layers, then MTP modules), ``norm``,
-``rotary_emb``; ``lm_head``; ``head_loss(h, norm_w, eps, head_w, labels, mask)``;
-``config``; ``moe_layer_ids``) and the units of its parallel plan (plain data). The forward
-repeats ``DeepseekV3ForCausalLM.construct`` unit by unit, with two differences that make
-splitting exact: the inputs come from :func:`mindtrain.parallel.context_parallel.split_batch`
+The stage runs the model's own pieces (duck-typed: ``embed``, ``rope``, ``run_layers``,
+``lm_loss``, ``mtp_forward``, ``combine_losses``; ``config``, ``moe_layer_ids``; see
+``DeepseekV3ForCausalLM`` in the models package) on the units of its parallel plan (plain
+data), so the model's forward and loss rules are written once, in the model. What the stage
+adds is the split: the inputs come from :func:`mindtrain.parallel.context_parallel.split_batch`
 (MTP targets shifted on the whole sequence, masks for local queries against all keys), and
 each loss is this rank's *share* (the shares over CP ranks and stages add up to the
 single-process loss).
@@ -75,61 +74,42 @@ class ModelStage:
         self.moe_rows = {layer: row for row, layer in enumerate(model.moe_layer_ids)}
         self.num_heads = self.cfg.num_attention_heads
         self.hidden_size = self.cfg.hidden_size
-        self.alpha = float(self.cfg.aux_loss_alpha or 0.0)
 
     # ---------------------------------------------------------------- forward
     def forward(self, h, mb: dict) -> tuple:
-        """``(out, figures [4], counts [n_moe_layers_here, E])``; ``out`` is the hidden state
-        for the next stage, or the loss share on the last stage. ``h`` is ignored on the first."""
-        m = self.model.model
-        cos, sin = m.rotary_emb(mb["position_ids"])
-        cos, sin = ops.expand_dims(cos, 1), ops.expand_dims(sin, 1)
+        """``(out, loss, figures [4], counts [n_moe_layers_here, E])``: ``out`` is the hidden
+        state for the next stage, or this stage's loss share on the last stage; ``loss`` this
+        stage's part of the training loss (the model's ``combine_losses`` of what it holds:
+        on other stages its layers' aux loss). ``h`` is ignored on the first stage."""
+        model = self.model
+        cos, sin = model.rope(mb["position_ids"])
         mask = mb["mask_add"]
         if self.is_first:
-            h = m.embed_tokens(mb["input_ids"])
-        counts, balances = [], []
-        for i in self.decoder_ids:
-            layer = m.layers[i]
-            h, c, bal = layer(h, cos, sin, mask)
-            if layer.is_moe:
-                counts.append(c)
-                balances.append(bal)
-        zero = ops.zeros((), ms.float32)
-        lm = mtp = zero
-        out = h
+            h = model.embed(mb["input_ids"])
+        h, counts, balances = model.run_layers(h, self.decoder_ids, cos, sin, mask)
+        lm, mtp_losses = None, []
         if self.is_last:
-            head_w = self.model.lm_head.weight
-            lm = self.model.head_loss(h, m.norm.weight, m.norm.eps, head_w, mb["labels"], mb["loss_mask"])
-            lm = lm * mb["lm_scale"]
-            out = lm
+            lm = model.lm_loss(h, mb["labels"], mb["loss_mask"]) * mb["lm_scale"]
             if self.mtp_ids:
-                mtp_losses = []
-                for k, i in enumerate(self.mtp_ids):
-                    layer, t = m.layers[i], mb["mtp"][k]
-                    h, c, bal = layer(h, m.embed_tokens(t["input_ids"]), cos, sin, mask)
-                    if layer.is_moe:
-                        counts.append(c)
-                        balances.append(bal)
-                    loss_k = self.model.head_loss(h, layer.shared_head.norm.weight, layer.shared_head.norm.eps,
-                                                  head_w, t["labels"], t["loss_mask"])
-                    mtp_losses.append(loss_k * t["scale"])
-                mtp = sum(mtp_losses[1:], mtp_losses[0]) / len(mtp_losses)
-                out = out + self.cfg.mtp_loss_scaling_factor * mtp
-        balance = sum(balances[1:], balances[0]) if balances else zero
-        aux = balance * self.alpha if (balances and self.alpha) else zero
-        total = (out + aux) if self.is_last else aux
-        figures = ops.stack([lm, balance, mtp, total])
+                depths = [(t["input_ids"], t["labels"], t["loss_mask"]) for t in mb["mtp"]]
+                losses, c, bal = model.mtp_forward(h, depths, cos, sin, mask)
+                mtp_losses = [loss_k * t["scale"] for loss_k, t in zip(losses, mb["mtp"])]
+                counts += c
+                balances += bal
+        loss, metrics = model.combine_losses(lm, mtp_losses, balances)
+        zero = ops.zeros((), ms.float32)
+        figures = ops.stack([metrics.get(name, zero) for name in METRICS[:-1]] + [loss])
         count = ops.stack([c.astype(ms.float32) for c in counts]) if counts else ops.zeros((0,), ms.float32)
-        return out, aux, figures, count
+        return (loss if self.is_last else h), loss, figures, count
 
     # ---------------------------------------------------------------- autodiff
     def _objective(self, h, sens, mb):
-        out, aux, figures, count = self.forward(h, mb)
+        out, loss, figures, count = self.forward(h, mb)
         if self.is_last:
-            obj = out + aux
+            obj = loss
         else:
             # d/dθ sum(out * sens) is the vector-Jacobian product with the next stage's gradient
-            obj = (out * sens).sum() + aux
+            obj = (out * sens).sum() + loss
         return obj, (ops.stop_gradient(out), figures, count)
 
     def forward_only(self, h, mb: dict):
@@ -158,7 +138,7 @@ class ModelStage:
         n_rows = len(self.moe_rows)
         e = int(self.cfg.n_routed_experts)
         out = np.zeros((n_rows, e), np.float32)
-        layers = [i for i in self.decoder_ids + self.mtp_ids if self.model.model.layers[i].is_moe]
+        layers = [i for i in self.decoder_ids + self.mtp_ids if i in self.moe_rows]
         if layers:
             c = count.asnumpy().reshape(len(layers), e)
             for row, layer in zip(c, layers):

@@ -7,7 +7,9 @@ MoE) the hidden states are split along the sequence (dim 1): norms, residuals, t
 and the MTP projections run on ``S / tp`` positions. Each region all-gathers its input
 along the sequence and reduce-scatters its partial output back (and the reverse in the
 backward). The embedding is vocab-parallel (masked lookup, reduce-scatter) and the head
-computes vocab-parallel cross-entropy, so the full logits never exist on one rank.
+computes vocab-parallel cross-entropy, so the full logits never exist on one rank: the
+model's own head + loss cell runs, with its sequence-gather hook set and its per-token
+cross-entropy component swapped for :class:`_VocabParallelCE`.
 
 Every TP rank computes the same loss. Sharded parameters then get their exact gradient;
 replicated ones get a partial gradient (their share of the sequence, or of the heads),
@@ -148,7 +150,9 @@ def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> Tenso
     The model must be a DeepSeek-V3-like Cell (duck-typed): attention cells have
     ``num_heads``; MoE cells ``gate`` (router returning ``(topk_idx, weights, scores)``),
     ``experts`` (``(x, idx, w) -> (y, counts)``) and optional ``shared_experts``; the model
-    has ``head_loss(h, norm_weight, eps, head_weight, labels, loss_mask)``. Raises
+    has a head cell with a ``sequence_gather`` hook and a loss cell with a ``token_loss``
+    component (the vocabulary-parallel loss is a component swap, see
+    :func:`_vocab_parallel_loss`). Raises
     ConfigError when heads, intermediate sizes or the vocabulary do not divide by TP, or
     (at the first forward) the sequence length. Needs eager mode (no ``set_jit``).
     Returns a :class:`TensorParallel`; a TP degree of 1 changes nothing.
@@ -224,10 +228,25 @@ def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> Tenso
     if emb_path is not None:
         emb, attr = _owner(cells, emb_path)
         _override(emb, _embedding_forward(emb, getattr(emb, attr), vocab_start[emb_path], group))
-    head_loss = getattr(model, "head_loss", None)
-    if head_loss is not None and "lm_head.weight" in vocab_start:
-        _override(head_loss, _head_loss_forward(_VocabParallelCE(group, vocab_start["lm_head.weight"]), group))
+    if "lm_head.weight" in vocab_start:
+        _vocab_parallel_loss(cells, _VocabParallelCE(group, vocab_start["lm_head.weight"]), sp_gather)
     return tp
+
+
+def _vocab_parallel_loss(cells: dict[str, nn.Cell], ce: "_VocabParallelCE", sp_gather) -> None:
+    """Swap the model's loss components for their TP versions; the model's head + loss
+    code runs unchanged. Cells with a ``sequence_gather`` hook gather the sequence of the
+    normed hidden states before the head (whose weight now holds this rank's vocabulary
+    rows); cells with a ``token_loss`` component get the vocabulary-parallel cross-entropy."""
+    gathers = [c for p, c in cells.items() if p and hasattr(c, "sequence_gather")]
+    losses = [c for p, c in cells.items() if p and hasattr(c, "token_loss")]
+    if not gathers or not losses:
+        raise ValueError("apply_tensor_parallel: the model's head has no sequence_gather hook or no "
+                         "token_loss component for the vocabulary-parallel loss")
+    for cell in gathers:
+        cell.sequence_gather = sp_gather
+    for cell in losses:
+        cell.token_loss = ce
 
 
 def _check_seq(s: int, size: int) -> None:
@@ -316,23 +335,6 @@ def _sp_balance_loss(scores, topk_idx, batch: int, seq: int, n_experts: int, gro
     p_local = (scores / scores.sum(-1, keepdims=True)).reshape(batch, s_local, n_experts).sum(1)
     p = F.reduce_from_group(p_local, group) / seq
     return (f * p).sum(-1).mean()
-
-
-def _head_loss_forward(ce: _VocabParallelCE, group: Group):
-    def construct(h, norm_weight, eps, head_weight, labels, loss_mask):
-        x = norm_weight * (h * ops.rsqrt(ops.mean(ops.square(h), -1, keep_dims=True) + eps))
-        x = F.all_gather(x, group, SEQ_DIM)
-        x = x.reshape(-1, x.shape[-1])
-        logits = ops.matmul(x, head_weight.T)
-        labels = labels.reshape(-1).astype(ms.int32)
-        mask = loss_mask.reshape(-1).astype(logits.dtype)
-        valid = labels >= 0
-        mask = mask * valid.astype(logits.dtype)
-        labels = ops.select(valid, labels, ops.zeros_like(labels))
-        per_token = ce(logits, labels)
-        return (per_token * mask).sum() / ops.maximum(mask.sum(), Tensor(1.0, logits.dtype))
-
-    return construct
 
 
 def param_bytes(model: nn.Cell) -> int:
