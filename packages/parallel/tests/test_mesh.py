@@ -64,11 +64,11 @@ def test_from_parallel_dims():
     (8, 0, dict(data_parallel_shard=2, tensor_parallel=2), "= 4, but 8 devices"),
     (4, 0, dict(expert_parallel=3), "parallelism.expert_parallel: 3 must divide"),
     (8, 0, dict(tensor_parallel=2, expert_parallel=8), "must divide data_parallel_shard x context_parallel"),
-    (4, 0, dict(tensor_parallel=0), "parallelism.tensor_parallel: must be >= 1"),
-    (4, 0, dict(pipeline_parallel=-1), "parallelism.pipeline_parallel: must be >= 1"),
-    (4, 0, dict(context_parallel=-2), "parallelism.context_parallel: must be >= 1"),
-    (4, 0, dict(expert_parallel=0), "parallelism.expert_parallel: must be >= 1"),
-    (4, 0, dict(data_parallel_shard=0), "data_parallel_shard: must be >= 1 or -1"),
+    (4, 0, dict(tensor_parallel=0), "parallelism.tensor_parallel: must be a positive integer"),
+    (4, 0, dict(pipeline_parallel=-1), "parallelism.pipeline_parallel: must be a positive integer"),
+    (4, 0, dict(context_parallel=-2), "parallelism.context_parallel: must be a positive integer"),
+    (4, 0, dict(expert_parallel=0), "parallelism.expert_parallel: must be a positive integer"),
+    (4, 0, dict(data_parallel_shard=0), "data_parallel_shard: must be a positive integer or -1"),
     (4, 0, dict(tensor_parallel=2.0), "parallelism.tensor_parallel: must be an integer"),
     (4, 4, dict(), "rank 4 is outside the world of 4"),
     (4, -1, dict(), "rank -1 is outside"),
@@ -82,13 +82,14 @@ def test_illegal_layouts_have_one_line_errors(world, rank, kw, needle):
 
 
 @pytest.mark.parametrize("dims,needle", [
-    (ParallelDims(world_size=4, pp=1, dp_shard=2, cp=1, tp=1, ep=1), "= 2, but the world has 4"),
-    (ParallelDims(world_size=4, pp=1, dp_shard=4, cp=1, tp=1, ep=3), "3 must divide"),
-    (ParallelDims(world_size=4, pp=1, dp_shard=4, cp=1, tp=0, ep=1), "tensor_parallel: must be >= 1"),
+    (dict(world_size=4, pp=1, dp_shard=2, cp=1, tp=1, ep=1), "= 2, but 4 devices are running"),
+    (dict(world_size=4, pp=1, dp_shard=4, cp=1, tp=1, ep=3), "3 must divide"),
+    (dict(world_size=4, pp=1, dp_shard=4, cp=1, tp=0, ep=1), "tensor_parallel: must be a positive integer"),
 ])
 def test_illegal_parallel_dims(dims, needle):
+    # the rules live once, in mindtrain.config: ParallelDims checks itself when made
     with pytest.raises(ConfigError, match=needle):
-        DeviceMesh.from_config(dims, 4, 0)
+        ParallelDims(**dims)
     with pytest.raises(ConfigError, match="resolved for 4 workers, but 2"):
         DeviceMesh.from_config(ParallelDims(4, 1, 4, 1, 1, 1), 2, 0)
 

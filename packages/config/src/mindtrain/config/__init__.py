@@ -5,7 +5,12 @@ Imports neither numpy nor MindSpore.
 
 from mindtrain.config.__about__ import __version__
 from mindtrain.config.derived import (
+    DEGREE_FIELDS,
+    ZERO3,
+    ZERO_STRATEGIES,
     ParallelDims,
+    check_degrees,
+    check_zero_strategy,
     num_accumulation_steps,
     resolve_parallelism,
     total_lr_steps,
@@ -30,15 +35,15 @@ from mindtrain.config.schema import (
     TrainingConfig,
 )
 from mindtrain.config.startup_notes import startup_notes
-from mindtrain.config.validate import parse_data_path, parse_split, validate_config, validate_model
+from mindtrain.config.validate import parse_data_path, parse_split, split_weights, validate_config, validate_model
 
 __all__ = [
-    "__version__",
+    "__version__", "DEGREE_FIELDS", "ZERO3", "ZERO_STRATEGIES", "check_degrees", "check_zero_strategy",
     "CheckpointConfig", "ConfigError", "ContextConfig", "DataLoaderConfig", "GPTDatasetConfig",
     "LRSchedulerConfig", "MindTrainConfig", "ModelConfig", "MonitorConfig", "OptimizerConfig",
     "ParallelDims", "ParallelismConfig", "STEP_FIGURES", "StepFigures", "TrainDatasetConfig", "TrainingConfig", "UserError",
     "convert_legacy", "dump_config", "from_dict", "legacy_problems", "load_config",
     "num_accumulation_steps", "parse_config", "parse_data_path", "parse_split",
-    "resolve_parallelism", "startup_notes", "to_dict", "total_lr_steps", "validate_config", "validate_model",
+    "resolve_parallelism", "split_weights", "startup_notes", "to_dict", "total_lr_steps", "validate_config", "validate_model",
     "warmup_steps",
 ]

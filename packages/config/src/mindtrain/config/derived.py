@@ -8,9 +8,39 @@ from mindtrain.config.errors import ConfigError
 from mindtrain.config.schema import LRSchedulerConfig, MindTrainConfig, ParallelismConfig
 
 
+ZERO_STRATEGIES = ("optim", "optim_grads", "optim_grads_params")
+"""``parallelism.data_parallel_shard_strategy`` values: ZeRO-1, ZeRO-2, ZeRO-3."""
+ZERO3 = "optim_grads_params"
+
+DEGREE_FIELDS = {"pp": "pipeline_parallel", "dp_shard": "data_parallel_shard", "cp": "context_parallel",
+                 "tp": "tensor_parallel", "ep": "expert_parallel"}
+"""ParallelDims attribute -> its ``parallelism`` field."""
+
+
+def check_zero_strategy(strategy, path: str = "parallelism.data_parallel_shard_strategy") -> str:
+    """``strategy`` if it names a ZeRO stage (see :data:`ZERO_STRATEGIES`)."""
+    if strategy not in ZERO_STRATEGIES:
+        raise ConfigError(path, f"must be one of {', '.join(ZERO_STRATEGIES)}, got {strategy!r}")
+    return strategy
+
+
+def check_degrees(p: ParallelismConfig) -> None:
+    """Each degree is an integer >= 1 (``data_parallel_shard`` may also be -1)."""
+    for field in DEGREE_FIELDS.values():
+        v = getattr(p, field)
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ConfigError(f"parallelism.{field}", f"must be an integer, got {v!r}")
+        if field == "data_parallel_shard" and v == -1:
+            continue
+        if v < 1:
+            hint = " or -1 (use the remaining devices)" if field == "data_parallel_shard" else ""
+            raise ConfigError(f"parallelism.{field}", f"must be a positive integer{hint}, got {v}")
+
+
 @dataclass(frozen=True)
 class ParallelDims:
-    """Resolved parallel degrees for one world size.
+    """Resolved parallel degrees for one world size; checked when made (every degree >= 1,
+    pp x dp_shard x cp x tp = world_size, ep divides dp_shard x cp).
 
     The mesh is [pp, dp_shard, cp, tp] (outermost first); expert parallelism borrows its
     ranks from dp_shard x cp.
@@ -22,6 +52,25 @@ class ParallelDims:
     cp: int
     tp: int
     ep: int
+
+    def __post_init__(self):
+        if self.world_size < 1:
+            raise ConfigError("", f"world size must be >= 1, got {self.world_size}")
+        for attr, field in DEGREE_FIELDS.items():
+            if getattr(self, attr) < 1:
+                raise ConfigError(f"parallelism.{field}", f"must be a positive integer, got {getattr(self, attr)}")
+        product = self.pp * self.dp_shard * self.cp * self.tp
+        if product != self.world_size:
+            raise ConfigError(
+                "parallelism", f"data_parallel_shard x tensor_parallel x context_parallel x "
+                f"pipeline_parallel = {self.dp_shard}x{self.tp}x{self.cp}x{self.pp} = {product}, but "
+                f"{self.world_size} devices are running; make the product equal the worker count or set "
+                f"data_parallel_shard: -1")
+        if (self.dp_shard * self.cp) % self.ep:
+            raise ConfigError(
+                "parallelism.expert_parallel", f"{self.ep} must divide data_parallel_shard x "
+                f"context_parallel = {self.dp_shard}x{self.cp} = {self.dp_shard * self.cp} (expert "
+                f"parallelism borrows those ranks)")
 
     @property
     def dp(self) -> int:
@@ -37,6 +86,7 @@ def resolve_parallelism(p: ParallelismConfig, world_size: int) -> ParallelDims:
     """Fill in ``data_parallel_shard: -1`` and check that the degrees fit ``world_size``."""
     if world_size < 1:
         raise ConfigError("", f"world size must be >= 1, got {world_size}")
+    check_degrees(p)
     tp, cp, pp, ep = p.tensor_parallel, p.context_parallel, p.pipeline_parallel, p.expert_parallel
     others = tp * cp * pp
     dp = p.data_parallel_shard
@@ -46,15 +96,6 @@ def resolve_parallelism(p: ParallelismConfig, world_size: int) -> ParallelDims:
                 "parallelism", f"tensor_parallel x context_parallel x pipeline_parallel = {others} "
                 f"does not divide the {world_size} devices; change the degrees or the worker count")
         dp = world_size // others
-    elif dp * others != world_size:
-        raise ConfigError(
-            "parallelism", f"data_parallel_shard x tensor_parallel x context_parallel x "
-            f"pipeline_parallel = {dp}x{tp}x{cp}x{pp} = {dp * others}, but {world_size} devices "
-            f"are running; make the product equal the worker count or set data_parallel_shard: -1")
-    if (dp * cp) % ep:
-        raise ConfigError(
-            "parallelism.expert_parallel", f"{ep} must divide data_parallel_shard x "
-            f"context_parallel = {dp}x{cp} = {dp * cp} (expert parallelism borrows those ranks)")
     return ParallelDims(world_size=world_size, pp=pp, dp_shard=dp, cp=cp, tp=tp, ep=ep)
 
 

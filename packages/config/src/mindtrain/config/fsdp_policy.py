@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from mindtrain.config.derived import ZERO3
 from mindtrain.config.errors import ConfigError
 
 POLICIES = ("always", "never", "default")
@@ -23,9 +24,9 @@ def reshard_after_forward(policy: str, strategy: str, pipeline: bool) -> tuple[b
         raise ConfigError(FIELD, f"must be one of {', '.join(POLICIES)}, got {policy!r}")
     reshard = policy == "always" or (policy == "default" and not pipeline)
     note = None
-    if policy != "default" and strategy != "optim_grads_params":
+    if policy != "default" and strategy != ZERO3:
         note = (f"{FIELD}={policy} has no effect: weights are resharded only under ZeRO-3 "
-                f"(data_parallel_shard_strategy: optim_grads_params), not {strategy}")
+                f"(data_parallel_shard_strategy: {ZERO3}), not {strategy}")
     elif policy == "always" and pipeline:
         note = (f"{FIELD}=always has no effect with pipeline parallelism: a stage gathers its "
                 f"ZeRO-3 weights once per step and frees them after its last backward (as never)")

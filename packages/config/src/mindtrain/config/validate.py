@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 from typing import Optional
 
-from mindtrain.config.derived import num_accumulation_steps, resolve_parallelism, total_lr_steps, warmup_steps
+from mindtrain.config.derived import (check_degrees, check_zero_strategy, num_accumulation_steps, resolve_parallelism,
+                                      total_lr_steps, warmup_steps)
 from mindtrain.config.errors import ConfigError
 from mindtrain.config.fsdp_policy import reshard_after_forward
 from mindtrain.config.pipeline import check_micro_batches, layer_counts, microbatch_note, resolve_schedule
@@ -40,18 +43,33 @@ def _non_negative(value: float, path: str) -> None:
         raise ConfigError(path, f"must be >= 0, got {value}")
 
 
-def parse_split(split: str, path: str = "train_dataset.dataloader.config.split") -> list[float]:
-    """'1, 0, 0' -> normalised [train, test, eval] weights."""
-    parts = [s.strip() for s in str(split).replace("/", ",").split(",")]
+_SPLIT_NUMBER = re.compile(r"[.0-9]+")
+_SPLIT_SEPARATORS = re.compile(r"[\s,/]*")
+
+
+def split_weights(split: str, path: str = "train_dataset.dataloader.config.split") -> list[float]:
+    """The one split grammar: Megatron's (the numbers in the string, e.g. ``"98,1,1"``,
+    ``"1, 0, 0"``; ``/`` and spaces also separate) -> [train, test, eval] weights as written,
+    padded with zeros to 3. Anything but numbers and separators is an error."""
+    text = str(split)
+    numbers = _SPLIT_NUMBER.findall(text)
+    if _SPLIT_SEPARATORS.fullmatch(_SPLIT_NUMBER.sub(",", text)) is None or not numbers:
+        raise ConfigError(path, f"must be comma-separated numbers like \"1, 0, 0\", got {split!r}")
     try:
-        weights = [float(s) for s in parts]
-    except ValueError:
+        weights = [float(x) for x in numbers]
+    except ValueError:  # "1..2"
         raise ConfigError(path, f"must be comma-separated numbers like \"1, 0, 0\", got {split!r}") from None
-    if len(weights) > 3 or not weights:
+    if len(weights) > 3:
         raise ConfigError(path, f"needs at most 3 weights [train, test, eval], got {split!r}")
     weights += [0.0] * (3 - len(weights))
-    if any(w < 0 for w in weights) or sum(weights) <= 0:
+    if sum(weights) <= 0:
         raise ConfigError(path, f"weights must be >= 0 with a positive sum, got {split!r}")
+    return weights
+
+
+def parse_split(split: str, path: str = "train_dataset.dataloader.config.split") -> list[float]:
+    """'1, 0, 0' -> normalised [train, test, eval] weights (grammar: :func:`split_weights`)."""
+    weights = split_weights(split, path)
     total = sum(weights)
     return [w / total for w in weights]
 
@@ -154,14 +172,8 @@ def validate_model(m: ModelConfig, path: str = "model") -> None:
 
 def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
     path = "parallelism"
-    if p.data_parallel_shard != -1:
-        _positive(p.data_parallel_shard, f"{path}.data_parallel_shard")
-    for name in ("expert_parallel", "tensor_parallel", "context_parallel", "pipeline_parallel"):
-        _positive(getattr(p, name), f"{path}.{name}")
-    strategies = ("optim", "optim_grads", "optim_grads_params")
-    if p.data_parallel_shard_strategy not in strategies:
-        raise ConfigError(f"{path}.data_parallel_shard_strategy",
-                          f"must be one of {', '.join(strategies)}, got {p.data_parallel_shard_strategy!r}")
+    check_degrees(p)
+    check_zero_strategy(p.data_parallel_shard_strategy)
     reshard_after_forward(p.reshard_after_forward_policy, p.data_parallel_shard_strategy, p.pipeline_parallel > 1)
     tp = p.tensor_parallel
     if m.num_attention_heads % tp:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 from typing import Optional, Union
 
 import numpy as np
 
 from mindtrain.config import (ConfigError, DataLoaderConfig, GPTDatasetConfig, TrainDatasetConfig,
-                              from_dict, parse_data_path)
+                              from_dict, parse_data_path, split_weights)
 from mindtrain.data.blended_dataset import BlendedDataset, normalize
 from mindtrain.data.gpt_dataset import GPTDataset, index_cache_dir
 from mindtrain.data.indexed import IndexedDataset
@@ -21,11 +20,9 @@ _CPATH = "train_dataset.dataloader.config"
 
 
 def split_matrix(split: str) -> list:
-    """'98,1,1' -> [(0, .98), (.98, .99), (.99, 1.0)], None for an empty split (Megatron's rule)."""
-    vector = [float(x) for x in re.findall(r"[.0-9]+", str(split))]
-    if not vector or len(vector) > 3 or sum(vector) <= 0:
-        raise ConfigError(f"{_CPATH}.split", f"must be up to 3 non-negative weights like \"1, 0, 0\", got {split!r}")
-    vector = normalize(vector + [0.0] * (3 - len(vector)))
+    """'98,1,1' -> [(0, .98), (.98, .99), (.99, 1.0)], None for an empty split (Megatron's rule;
+    the grammar is mindtrain.config.split_weights, the one the config validation uses)."""
+    vector = normalize(split_weights(split, f"{_CPATH}.split"))
     bounds = functools.reduce(lambda a, b: a + [a[-1] + b], [[0], *vector])
     return [None if hi <= lo else (lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
 

@@ -33,10 +33,11 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, mint, nn, ops
 
+from mindtrain.config import ZERO3, ZERO_STRATEGIES
 from mindtrain.parallel import collectives as C
 from mindtrain.parallel.mesh import DeviceMesh, Group
 
-STRATEGIES = ("optim", "optim_grads", "optim_grads_params")
+STRATEGIES = ZERO_STRATEGIES  # the names live once, in mindtrain.config
 _FLOATS = (ms.float16, ms.bfloat16, ms.float32, ms.float64)
 
 
@@ -107,7 +108,7 @@ class FSDP:
     """A model sharded over ``group``; build it with :func:`fully_shard`."""
 
     def __init__(self, model: nn.Cell, group: Group, units: Sequence[str] = (),
-                 strategy: str = "optim_grads_params", shared: Optional[Mapping[str, Sequence[str]]] = None,
+                 strategy: str = ZERO3, shared: Optional[Mapping[str, Sequence[str]]] = None,
                  reduce_op: str = "avg", param_groups: Optional[Mapping[str, Group]] = None,
                  reshard_after_forward: bool = True):
         if strategy not in STRATEGIES:
@@ -161,10 +162,10 @@ class FSDP:
                     raise ValueError(f"fully_shard: shared parameter {pname} names unknown unit {u!r}")
                 bucket.shared.append(self.slots[pname])
         self._buckets = [self.root] + self.units
-        if strategy == "optim_grads_params" and getattr(model, "jit_enabled", False):
+        if strategy == ZERO3 and getattr(model, "jit_enabled", False):
             raise ValueError("fully_shard: ZeRO-3 (optim_grads_params) needs eager layers; compiled layers "
                              "never see a parameter freed and re-gathered by set_data (call set_jit(False))")
-        if strategy == "optim_grads_params":
+        if strategy == ZERO3:
             for bucket in self.units:
                 self._wrap(cells, bucket)
             for bucket in self._buckets:
@@ -221,7 +222,7 @@ class FSDP:
     def value_and_grad(self, fn: Callable, has_aux: bool = False) -> Callable:
         """Wrap ``fn(*args) -> loss`` (or ``(loss, aux)``); each call runs forward and backward
         for one micro-batch, accumulates the gradient shards and returns what ``fn`` returns."""
-        if self.strategy == "optim_grads_params":
+        if self.strategy == ZERO3:
             weights = [s.param for s in self.root.slots]
         else:
             weights = [s.param for s in self.slots.values()]
@@ -229,7 +230,7 @@ class FSDP:
                                     has_aux=has_aux)
 
         def step(*args):
-            zero3 = self.strategy == "optim_grads_params"
+            zero3 = self.strategy == ZERO3
             if zero3:
                 self._materialize(self.root)
             value, grads = grad_fn(*args)
@@ -294,7 +295,7 @@ class FSDP:
     def finish_step(self) -> None:
         """After the optimizer updated :attr:`params`: refresh full parameters (ZeRO-1/2) and
         drop the gradients."""
-        if self.strategy != "optim_grads_params":
+        if self.strategy != ZERO3:
             for bucket in self._buckets:
                 self._materialize(bucket, force=True)
         self.zero_grad()
@@ -313,7 +314,7 @@ class FSDP:
         for name, shard in zip(self.slots, self.shard_full([state[n] for n in self.slots], list(self.slots))):
             self.slots[name].shard.set_data(shard)
         for bucket in self._buckets:
-            if self.strategy != "optim_grads_params":
+            if self.strategy != ZERO3:
                 self._materialize(bucket, force=True)
         self.zero_grad()
 
@@ -463,7 +464,7 @@ def _nbytes(t: Optional[Tensor]) -> int:
 
 
 def fully_shard(model: nn.Cell, mesh_or_group, units: Sequence[str] = (),
-                strategy: str = "optim_grads_params", shared: Optional[Mapping[str, Sequence[str]]] = None,
+                strategy: str = ZERO3, shared: Optional[Mapping[str, Sequence[str]]] = None,
                 reduce_op: str = "avg", dim: str = "dp",
                 param_groups: Optional[Mapping[str, Any]] = None, reshard_after_forward: bool = True) -> FSDP:
     """Shard ``model``'s trainable parameters over the mesh's ``dim`` group (or a Group).

@@ -43,9 +43,7 @@ class DeviceMesh:
             if dims.world_size != world_size:
                 raise ConfigError("", f"the layout was resolved for {dims.world_size} workers, "
                                       f"but {world_size} are running")
-            _check_dims(dims)
-        else:
-            _check_degrees(parallelism)
+        else:  # resolve_parallelism checks the degrees; ParallelDims checks itself when made
             dims = resolve_parallelism(parallelism, world_size)
         return cls(dims, rank)
 
@@ -139,32 +137,3 @@ def _dim(dim: str) -> str:
     if dim not in DIMS:
         raise ValueError(f"unknown mesh dimension {dim!r}; use one of {', '.join(DIMS)}")
     return dim
-
-
-_FIELDS = {"pp": "pipeline_parallel", "dp_shard": "data_parallel_shard", "cp": "context_parallel",
-           "tp": "tensor_parallel", "ep": "expert_parallel"}
-
-
-def _check_degrees(p: ParallelismConfig) -> None:
-    for field in _FIELDS.values():
-        v = getattr(p, field)
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise ConfigError(f"parallelism.{field}", f"must be an integer, got {v!r}")
-        if field == "data_parallel_shard" and v == -1:
-            continue
-        if v < 1:
-            hint = " or -1 (use the remaining devices)" if field == "data_parallel_shard" else ""
-            raise ConfigError(f"parallelism.{field}", f"must be >= 1{hint}, got {v}")
-
-
-def _check_dims(d: ParallelDims) -> None:
-    for attr, field in _FIELDS.items():
-        if getattr(d, attr) < 1:
-            raise ConfigError(f"parallelism.{field}", f"must be >= 1, got {getattr(d, attr)}")
-    product = d.pp * d.dp_shard * d.cp * d.tp
-    if product != d.world_size:
-        raise ConfigError("parallelism", f"pipeline x data_parallel_shard x context x tensor = {product}, "
-                                         f"but the world has {d.world_size} workers")
-    if (d.dp_shard * d.cp) % d.ep:
-        raise ConfigError("parallelism.expert_parallel",
-                          f"{d.ep} must divide data_parallel_shard x context_parallel = {d.dp_shard * d.cp}")
