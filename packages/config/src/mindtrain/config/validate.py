@@ -426,33 +426,34 @@ def validate_mindformers_sections(cfg: MindTrainConfig) -> None:
     _refuse_unsupported(cfg)
 
 
-def _refuse(path: str, what: str, instead: str) -> None:
-    raise ConfigError(path, f"{what} is not supported yet; {instead}")
+# Fields that would change training and are not built: (field path, is it set?, what it is
+# (value -> text), what to do). One line each, "<field>: <what> is not supported yet; <what to do>".
+_NOT_BUILT = (
+    ("training.rampup_batch_size", lambda v: v is not None, lambda v: "batch-size ramp-up",
+     "remove it (or set null) and train with the fixed training.global_batch_size"),
+    ("lora_config", lambda v: v is not None, lambda v: "LoRA fine-tuning",
+     "remove the lora_config section to train every weight"),
+    ("parallelism.cpu_offload", bool, lambda v: "offloading FSDP shards to host memory", "set it to false"),
+    ("parallelism.dense_fsdp_shard_size", lambda v: v is not None,
+     lambda v: "sharding dense weights over a subgroup (HSDP)",
+     "remove it; FSDP shards over all data_parallel_shard ranks"),
+    ("parallelism.context_parallel_method", lambda v: v != "colossal", repr,
+     "set it to colossal (load-balanced causal chunks with all-gathered keys/values)"),
+    ("parallelism.ulysses_degree_in_cp", lambda v: v is not None, lambda v: "Ulysses (hybrid) context parallelism",
+     "remove it; context_parallel uses the colossal method"),
+    ("parallelism.context_parallel_mask_type", lambda v: v != "causal", repr, "set it to causal"),
+    ("parallelism.moe_token_dispatcher_type", lambda v: v != "alltoall", repr, "set it to alltoall"),
+)
 
 
 def _refuse_unsupported(cfg: MindTrainConfig) -> None:
-    t, p = cfg.training, cfg.parallelism
-    if t.rampup_batch_size is not None:
-        _refuse("training.rampup_batch_size", "batch-size ramp-up",
-                "remove it (or set null) and train with the fixed training.global_batch_size")
-    if cfg.lora_config is not None:
-        _refuse("lora_config", "LoRA fine-tuning", "remove the lora_config section to train every weight")
-    if p.cpu_offload:
-        _refuse("parallelism.cpu_offload", "offloading FSDP shards to host memory", "set it to false")
-    if p.dense_fsdp_shard_size is not None:
-        _refuse("parallelism.dense_fsdp_shard_size", "sharding dense weights over a subgroup (HSDP)",
-                "remove it; FSDP shards over all data_parallel_shard ranks")
-    if p.context_parallel_method != "colossal":
-        _refuse("parallelism.context_parallel_method", f"{p.context_parallel_method!r}",
-                "set it to colossal (load-balanced causal chunks with all-gathered keys/values)")
-    if p.ulysses_degree_in_cp is not None:
-        _refuse("parallelism.ulysses_degree_in_cp", "Ulysses (hybrid) context parallelism",
-                "remove it; context_parallel uses the colossal method")
-    if p.context_parallel_mask_type != "causal":
-        _refuse("parallelism.context_parallel_mask_type", f"{p.context_parallel_mask_type!r}",
-                "set it to causal")
-    if p.moe_token_dispatcher_type != "alltoall":
-        _refuse("parallelism.moe_token_dispatcher_type", f"{p.moe_token_dispatcher_type!r}", "set it to alltoall")
+    for path, is_set, what, instead in _NOT_BUILT:
+        value = cfg
+        for part in path.split("."):
+            value = getattr(value, part)
+        if is_set(value):
+            raise ConfigError(path, f"{what(value)} is not supported yet; {instead}")
+    p = cfg.parallelism
     if p.tensor_parallel > 1 and p.sequence_parallel is False:
         raise ConfigError("parallelism.sequence_parallel", f"must be true when tensor_parallel > 1 "
                           f"({p.tensor_parallel}), as in MindFormers' PyNative trainer; set it to true")

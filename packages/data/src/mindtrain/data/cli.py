@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from mindtrain.data.errors import UserError
+from mindtrain.data.errors import exit_status
 from mindtrain.data.indexed import IndexedDataset
 from mindtrain.data.tokenizer import TOKENIZER_TYPES, load_tokenizer
 
@@ -61,14 +61,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ins.add_argument("--max-tokens", type=int, default=200)
     ins.add_argument("--eod-id", type=int, default=None, help="count this id")
     args = ap.parse_args(argv)
-    try:
+
+    def inspect() -> None:
         tok = (load_tokenizer(args.tokenizer_type, args.tokenizer_dir)
                if args.tokenizer_type or args.tokenizer_dir else None)
         print(inspect_dataset(args.prefix, tok, args.sample, args.max_tokens, args.eod_id))
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
+
+    return exit_status(inspect)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from typing import Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from mindtrain.data.errors import DataFileError, UserError
+from mindtrain.data.errors import DataFileError, UserError, exit_status
 from mindtrain.data.indexed import IndexedDatasetBuilder, optimal_dtype
 from mindtrain.data.sentence_splitter import load_splitter, split_sentences
 from mindtrain.data.tokenizer import TOKENIZER_TYPES, load_tokenizer
@@ -346,7 +346,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
-    try:
+
+    def run() -> None:
         if not args.split_sentences:
             for flag, given in (("--keep-newlines", args.keep_newlines), ("--lang", args.lang is not None)):
                 if given:
@@ -361,10 +362,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    log=lambda m: print(m, flush=True), split_sentences=args.split_sentences,
                    lang=args.lang or "english", keep_newlines=args.keep_newlines, partitions=args.partitions,
                    keep_sequential_samples=args.keep_sequential_samples, log_interval=args.log_interval)
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
+
+    return exit_status(run)
 
 
 if __name__ == "__main__":
