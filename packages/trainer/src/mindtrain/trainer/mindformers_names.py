@@ -83,20 +83,32 @@ def _interleave(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return np.stack([gate, up], axis=1).reshape(2 * gate.shape[0], *gate.shape[1:])
 
 
-def to_mindformers(tensors: dict[str, np.ndarray], cfg: Any, buffers: bool = False) -> dict[str, np.ndarray]:
-    """mindtrain-named arrays (network names, stacked experts) under MindFormers' PyNative
-    names and layouts. ``buffers`` adds MindFormers' ``tokens_per_expert`` (model files only,
-    not moments). A name this map does not know is a UserError."""
+def _top_and_layers(tensors: dict[str, np.ndarray], top: dict[str, str], layer: Any, unknown: Any
+                    ) -> tuple[dict[str, np.ndarray], list]:
+    """Both directions' first pass: the top-level tensors renamed by ``top``, and
+    ``(name, match, array)`` for every other name, which must match the ``layer`` regex (else
+    ``unknown(name)`` is the UserError's text)."""
     out: dict[str, np.ndarray] = {}
-    layer_parts: dict[str, dict[str, np.ndarray]] = {}
-    top = dict(_TOP)
+    layers = []
     for name, a in tensors.items():
         if name in top:
             out[top[name]] = a
             continue
-        m = _OURS_LAYER.match(name)
+        m = layer.match(name)
         if not m:
-            raise UserError(f"checkpoint.layout: mindformers: no MindFormers name for parameter '{name}'")
+            raise UserError(unknown(name))
+        layers.append((name, m, a))
+    return out, layers
+
+
+def to_mindformers(tensors: dict[str, np.ndarray], cfg: Any, buffers: bool = False) -> dict[str, np.ndarray]:
+    """mindtrain-named arrays (network names, stacked experts) under MindFormers' PyNative
+    names and layouts. ``buffers`` adds MindFormers' ``tokens_per_expert`` (model files only,
+    not moments). A name this map does not know is a UserError."""
+    layer_parts: dict[str, dict[str, np.ndarray]] = {}
+    out, layers = _top_and_layers(tensors, dict(_TOP), _OURS_LAYER,
+                                  lambda name: f"checkpoint.layout: mindformers: no MindFormers name for parameter '{name}'")
+    for name, m, a in layers:
         layer_parts.setdefault(m.group(1), {})[m.group(2)] = a
     for index, parts in layer_parts.items():
         i = int(index)
@@ -144,17 +156,11 @@ def _layer_to_mindformers(parts: dict[str, np.ndarray], prefix: str, ours: str, 
 def from_mindformers(tensors: dict[str, np.ndarray], cfg: Any) -> dict[str, np.ndarray]:
     """MindFormers-named arrays back under mindtrain's network names (the inverse of
     :func:`to_mindformers`; ``tokens_per_expert`` buffers are dropped)."""
-    out: dict[str, np.ndarray] = {}
     layer_parts: dict[str, dict[str, np.ndarray]] = {}
-    top = {t: o for o, t in _TOP}
-    for name, a in tensors.items():
-        if name in top:
-            out[top[name]] = a
-            continue
-        m = _THEIRS_LAYER.match(name)
-        if not m:
-            raise UserError(f"checkpoint.load_path: '{name}' is no parameter of MindFormers' DeepSeek-V3 that "
-                            "mindtrain knows; the checkpoint is of another model")
+    out, layers = _top_and_layers(tensors, {t: o for o, t in _TOP}, _THEIRS_LAYER,
+                                  lambda name: f"checkpoint.load_path: '{name}' is no parameter of MindFormers' "
+                                               "DeepSeek-V3 that mindtrain knows; the checkpoint is of another model")
+    for name, m, a in layers:
         if m.group(2) is not None:
             key = f"model.layers.{int(m.group(2))}."
         else:
