@@ -82,3 +82,19 @@ def test_errors_name_the_file(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UserError):
         mm.from_pretrained(str(tmp_path), jit=False)
+
+
+def test_the_one_hf_reader_takes_shards_without_an_index_and_never_pickle(tmp_path):
+    model = _model()
+    model.save_pretrained(str(tmp_path))
+    t = load_file(str(tmp_path / "model.safetensors"))
+    os.remove(tmp_path / "model.safetensors")
+    names = sorted(t)
+    save_file({k: t[k] for k in names[::2]}, str(tmp_path / "part-a.safetensors"))
+    save_file({k: t[k] for k in names[1::2]}, str(tmp_path / "part-b.safetensors"))
+    np.testing.assert_array_equal(mm.from_pretrained(str(tmp_path), jit=False)(IDS).asnumpy(), model(IDS).asnumpy())
+    for f in ("part-a.safetensors", "part-b.safetensors"):
+        os.remove(tmp_path / f)
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not read")
+    with pytest.raises(UserError, match="no model.safetensors.*never pickle .bin files"):
+        mm.from_pretrained(str(tmp_path), jit=False)

@@ -226,3 +226,28 @@ def test_sharded_mindformers_checkpoint_is_assembled(tmp_path):
     os.remove(folder / "checkpoint-model-0000001-0000002.safetensors")
     with pytest.raises(UserError, match="checkpoint-model-0000001-0000002.safetensors' is named in metadata.json"):
         mf.read_checkpoint(found)
+
+
+def test_resume_checks_seed_and_schedule_against_the_run(tmp_path):
+    from mindtrain.config import load_config
+    from mindtrain.trainer.lr_schedule import LRSchedule
+
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+    cfg = load_config(os.path.join(root, "configs", "pynative_ds3_tiny.yaml"), ["training.seed=7", "training.steps=10"])
+    lines = []
+    c = ck.Checkpointer(cfg, rank=0, world_size=1, dp=1, out=lines.append)
+    schedule = LRSchedule.from_config(cfg)
+    state = {"step": 4, "seed": 7, "lr_schedule": ck.schedule_state(schedule)}
+    c.check_resume(state, schedule, "f")
+    assert lines == []
+    # Megatron's --override-opt_param-scheduler: the config's schedule goes on, said in one line
+    longer = LRSchedule.from_config(load_config(os.path.join(root, "configs", "pynative_ds3_tiny.yaml"),
+                                                ["training.seed=7", "training.steps=20"]))
+    c.check_resume(state, longer, "f")
+    assert len(lines) == 1 and lines[0].startswith("mindtrain: warning: the learning-rate schedule differs")
+    assert "total 10 -> 20" in lines[0] and "\n" not in lines[0]
+    with pytest.raises(ck.CheckpointError, match=r"^training.seed: 7 differs from the checkpoint's 3 \(f\); "
+                                                 r"resume with training.seed: 3"):
+        c.check_resume(dict(state, seed=3), schedule, "f")
+    c.check_resume({"step": 4}, longer, "f")  # a MindFormers-written checkpoint records neither
+    assert len(lines) == 1

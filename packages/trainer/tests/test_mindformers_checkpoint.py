@@ -36,14 +36,14 @@ def test_mindformers_written_checkpoint_loads_into_a_mindtrain_model():
     import mindspore as ms
 
     from mindtrain.models import build_model, config_from_hf, load_hf_state_dict
-    from mindtrain.trainer.trainer import _hf_names
+    from mindtrain.trainer.checkpoint import hf_names
 
     ms.set_device("CPU")
     with open(os.path.join(FIXTURES, "mindformers_ckpt_model.json")) as f:
         model = build_model(config_from_hf(json.load(f)), jit=False)
     kind, folder = ck.resolve_checkpoint(SAVE_PATH)
     weights, opt, common = mf.read_checkpoint(folder)
-    load_hf_state_dict(model, _hf_names(model, weights), source=folder, allow_missing_mtp=False)
+    load_hf_state_dict(model, hf_names(model, weights), source=folder, allow_missing_mtp=False)
     for p in model.get_parameters():
         np.testing.assert_array_equal(p.asnumpy(), weights[p.name])
     names = [p.name for p in model.get_parameters()]

@@ -164,7 +164,7 @@ def test_checkpoint_saved_by_mindformers_own_deepseek_v3_loads(tiny):
     into a mindtrain model whole, and maps back to exactly the tensors MindFormers saved."""
     from mindtrain.models import build_model, load_hf_state_dict
     from mindtrain.trainer import checkpoint as ck
-    from mindtrain.trainer.trainer import _hf_names
+    from mindtrain.trainer.checkpoint import hf_names
 
     cfg, weights, _ = tiny
     kind, folder = ck.resolve_checkpoint(os.path.join(FIXTURES, "mindformers_ds3_ckpt"))
@@ -174,7 +174,7 @@ def test_checkpoint_saved_by_mindformers_own_deepseek_v3_loads(tiny):
     ours, _ = mf.network_tensors(theirs, opt, cfg)
     assert set(ours) == set(weights)
     model = build_model(cfg, jit=False)
-    load_hf_state_dict(model, _hf_names(model, ours), source=folder, allow_missing_mtp=False)
+    load_hf_state_dict(model, hf_names(model, ours), source=folder, allow_missing_mtp=False)
     loaded = {p.name: p.asnumpy() for p in model.get_parameters()}
     again = names.to_mindformers(loaded, cfg, buffers=True)
     for k, a in theirs.items():

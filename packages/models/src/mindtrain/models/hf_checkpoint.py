@@ -120,22 +120,26 @@ def _read_safetensors(path: str) -> dict[str, np.ndarray]:
 
 
 def read_hf_weights(directory: str) -> dict[str, np.ndarray]:
-    """All tensors of an HF directory (model.safetensors, or the shards its index names)."""
+    """All tensors of an HF directory as float32: the shards model.safetensors.index.json
+    names, else every ``*.safetensors`` file (model.safetensors, or shards without an
+    index). The one HF reader (from_pretrained and a trainer's checkpoint.load_path);
+    pickle ``.bin`` files are never read."""
     index = os.path.join(directory, "model.safetensors.index.json")
-    single = os.path.join(directory, "model.safetensors")
     if os.path.exists(index):
         with open(index, encoding="utf-8") as f:
             files = sorted(set(json.load(f)["weight_map"].values()))
-        out: dict[str, np.ndarray] = {}
         for name in files:
-            path = os.path.join(directory, name)
-            if not os.path.exists(path):
+            if not os.path.exists(os.path.join(directory, name)):
                 raise UserError(f"{index}: names {name}, which does not exist")
-            out.update(_read_safetensors(path))
-        return out
-    if os.path.exists(single):
-        return _read_safetensors(single)
-    raise UserError(f"{directory}: no model.safetensors or model.safetensors.index.json")
+    else:
+        files = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
+        if not files:
+            raise UserError(f"{directory}: no model.safetensors, model.safetensors.index.json or other .safetensors "
+                            "weights (only safetensors are read, never pickle .bin files)")
+    out: dict[str, np.ndarray] = {}
+    for name in files:
+        out.update(_read_safetensors(os.path.join(directory, name)))
+    return out
 
 
 def read_hf_config(directory: str, **overrides: Any):

@@ -10,6 +10,11 @@ Two layouts under ``save_path`` (``checkpoint.layout``)::
       trainer_state.json, rank_*.json      + config.json, trainer_state.json, rank_*.json
     latest_checkpointed_iteration.txt    the step of the newest complete folder
 
+:class:`Checkpointer` is the trainer's one door to checkpoints: it loads the weights (from a
+checkpoint of either layout or an HF model directory, through mindtrain.models' one HF
+reader), saves, and on resume reads back everything ``trainer_state.json`` holds and checks
+it against this run (see :meth:`Checkpointer.load_state`).
+
 Every rank writes its own files into a hidden temporary folder; once all have finished,
 rank 0 renames it into place and only then rewrites the tracker (write + rename), so a
 crash at any point leaves the previous checkpoint and the tracker pointing at it intact.
@@ -22,10 +27,12 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 import threading
-from typing import Any, Callable, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 from safetensors.numpy import load_file, save_file
@@ -35,6 +42,8 @@ from mindtrain.trainer import mindformers_checkpoint as mf
 
 TRACKER = "latest_checkpointed_iteration.txt"
 STATE_FILE = "trainer_state.json"
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.safetensors"
 _FOLDER = re.compile(r"^iter_(\d{7,})$")
 
 
@@ -253,3 +262,265 @@ def load_json(folder: str, name: str = STATE_FILE) -> Any:
         raise CheckpointError(f"checkpoint.load_path: '{path}' is missing; the checkpoint is incomplete")
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+# ---------------------------------------------------------------------------- save / load
+
+def rank_file(rank: int) -> str:
+    """This rank's data-loader and RNG state."""
+    return f"rank_{rank:05d}.json"
+
+
+def schedule_state(schedule) -> dict[str, Any]:
+    """What trainer_state.json records of the learning-rate schedule."""
+    return {"kind": schedule.kind, "peak": schedule.peak, "total": schedule.total, "warmup": schedule.warmup}
+
+
+@dataclass
+class Resume:
+    """A checkpoint whose training state (optimizer, data position, RNG, counters) is to be
+    restored after its weights were loaded: its folder, its trainer_state.json (None for a
+    checkpoint MindFormers wrote) and, for the MindFormers layout, its optimizer tensors and
+    common.json."""
+
+    folder: str
+    state: Optional[dict]
+    mindformers: Optional[tuple] = None
+
+
+class Checkpointer:
+    """Loads and saves this rank's training state (``out``: rank 0's start-up lines)."""
+
+    def __init__(self, cfg, rank: int, world_size: int, dp: int, barrier: Callable[[], None] = lambda: None,
+                 out: Callable[[str], None] = print):
+        self.cfg = cfg
+        self.ck = cfg.checkpoint
+        self.rank = rank
+        self.world_size = world_size
+        self.dp = dp
+        self.out = out
+        self.writer: Optional[CheckpointWriter] = None
+        if self.ck.enable_save:
+            self.writer = CheckpointWriter(self.ck.save_path or os.path.join("output", "checkpoint"), self.ck.save_max,
+                                           rank=rank, world_size=world_size, barrier=barrier, layout=self.ck.layout,
+                                           async_save=self.ck.async_save)
+            for note in save_notes(self.ck):
+                out(f"mindtrain: {note}")
+
+    # ------------------------------------------------------------------ load
+    def load_weights(self, model) -> Optional[Resume]:
+        """Model weights from ``checkpoint.load_path`` (a checkpoint or an HF directory) into
+        the whole model; returns what :meth:`load_state` restores once the layout exists."""
+        from mindtrain.models import load_hf_state_dict
+        from mindtrain.models.hf_checkpoint import read_hf_weights
+
+        kind, folder = resolve_checkpoint(self.ck.load_path)
+        if kind == "hf":
+            load_hf_state_dict(model, read_hf_weights(folder), source=folder)
+            self.out(f"mindtrain: started from the weights of HF model directory {folder}")
+            return None
+        state = load_json(folder) if os.path.isfile(os.path.join(folder, STATE_FILE)) else None
+        mindformers = None
+        if kind == "mindformers":
+            weights, opt, common = mf.read_checkpoint(folder, self.ck.load_worker_number)
+            weights, opt = mf.network_tensors(weights, opt, self.cfg.model)  # from MindFormers' names
+            names = {p.name for p in model.get_parameters()}
+            if names <= set(weights):  # the network's own names (as mindtrain writes them): to HF names
+                weights = hf_names(model, weights)
+            mindformers = (opt, common)
+            has_optimizer = bool(opt)
+        else:
+            weights = load_tensors(folder, MODEL_FILE)
+            if state is not None and "weights_only" in state:
+                has_optimizer = not state["weights_only"]  # a missing optimizer file is then an error below
+            else:
+                has_optimizer = os.path.isfile(os.path.join(folder, OPTIMIZER_FILE))
+        self._check_model_config(folder)
+        load_hf_state_dict(model, weights, source=folder)
+        if self.ck.no_load_optim:
+            self.out(f"mindtrain: loaded model weights from {folder} (checkpoint.no_load_optim is true)")
+            return None
+        if not has_optimizer:
+            self.out(f"mindtrain: {folder} holds model weights only (saved with checkpoint.no_save_optim); "
+                     "training starts from them at step 0 with fresh optimizer state")
+            return None
+        return Resume(folder, state, mindformers)
+
+    def load_state(self, resume: Resume, named_params: Sequence[tuple[str, Any]], to_local, optimizer, loader,
+                   schedule, total_steps: int) -> dict[str, int]:
+        """Optimizer moments (full arrays laid out by ``to_local``), data position and RNG
+        state; returns the counters (step, consumed_samples, skipped_total, skipped_in_row).
+
+        What trainer_state.json holds is checked against this run:
+
+        - ``seed``: a different ``training.seed`` is an error (the data order and the saved
+          RNG state follow the seed; a changed one would re-read some samples and skip
+          others), as the data loader already refuses another shuffle seed;
+        - ``lr_schedule``: a different schedule (e.g. ``training.steps`` raised to train
+          further, which lengthens the decay) is a one-line warning and the config's
+          schedule applies from the resumed step on (Megatron's
+          ``--override-opt_param-scheduler``; torchtitan rebuilds its scheduler from the
+          config as well);
+        - ``world_size``/``dp``: the per-rank loader and RNG files are read only by the
+          layout that wrote them; any other restarts the data stream at
+          ``consumed_samples`` (a one-line note), as the weights and moments are saved
+          at full shape and fit any layout;
+        - ``weights_only``: decides whether optimizer state is read (in :meth:`load_weights`);
+        - ``config.json``: a model configuration other than the checkpoint's is a warning
+          naming the fields (mis-shaped weights already fail to load).
+        """
+        folder = resume.folder
+        names = [n for n, _ in named_params]
+        if resume.mindformers is not None:
+            saved, state = mf.to_mindtrain_state(*resume.mindformers, names,
+                                                 self.cfg.training.global_batch_size, folder)
+            if resume.state is not None:  # written by mindtrain: exact resume
+                state = resume.state
+        else:
+            state = resume.state if resume.state is not None else load_json(folder)
+            saved = load_tensors(folder, OPTIMIZER_FILE)
+        self.check_resume(state, schedule, folder)
+        local = {"step": saved["step"]} if "step" in saved else {}
+        for kind in ("exp_avg", "exp_avg_sq"):
+            full = {n: saved[f"{kind}.{n}"] for n in names if f"{kind}.{n}" in saved}
+            if len(full) == len(names):
+                for n, t in zip(names, to_local(full)):
+                    local[f"{kind}.{n}"] = t.asnumpy()
+        optimizer.load_state_dict(local)
+        counters = {"step": int(state["step"]), "consumed_samples": int(state["consumed_samples"]),
+                    "skipped_total": int(state["skipped_total"]), "skipped_in_row": int(state["skipped_in_row"])}
+        if counters["step"] >= total_steps:
+            raise UserError(f"checkpoint.load_path: the checkpoint is at step {counters['step']}, but training.steps "
+                            f"is {total_steps}; raise training.steps to train further")
+        path = os.path.join(folder, rank_file(self.rank))
+        same_layout = state.get("dp") == self.dp and state.get("world_size", self.world_size) == self.world_size
+        if same_layout and os.path.isfile(path):
+            rank_state = load_json(folder, rank_file(self.rank))
+            loader.load_state_dict(rank_state["loader"])
+            _set_numpy_rng_state(rank_state["rng"]["numpy"])
+            random.setstate(_python_rng_from_json(rank_state["rng"]["python"]))
+        else:
+            if "dp" in state and not same_layout:
+                self.out(f"mindtrain: {folder} was saved by {state.get('world_size', '?')} workers with "
+                         f"data_parallel {state['dp']}, this run has {self.world_size} with {self.dp}: the data "
+                         f"stream continues at sample {counters['consumed_samples']} with fresh per-rank RNG state")
+            loader.load_state_dict({"consumed_samples": counters["consumed_samples"]})
+        self.out(f"mindtrain: resumed from {folder} at step {counters['step']}")
+        return counters
+
+    def check_resume(self, state: dict, schedule, folder: str) -> None:
+        """The seed and learning-rate schedule of trainer_state.json against this run (see :meth:`load_state`)."""
+        seed = self.cfg.training.seed
+        if "seed" in state and int(state["seed"]) != seed:
+            raise CheckpointError(f"training.seed: {seed} differs from the checkpoint's {state['seed']} ({folder}); "
+                                  f"resume with training.seed: {state['seed']}, or set checkpoint.no_load_optim "
+                                  "to start a new run from its weights")
+        saved = state.get("lr_schedule")
+        now = schedule_state(schedule)
+        if saved is not None and saved != now:
+            diff = ", ".join(f"{k} {saved.get(k)!r} -> {now[k]!r}" for k in now if saved.get(k) != now[k])
+            self.out(f"mindtrain: warning: the learning-rate schedule differs from the checkpoint's ({diff}); "
+                     "the config's schedule applies from the resumed step on")
+
+    def _check_model_config(self, folder: str) -> None:
+        path = os.path.join(folder, "config.json")
+        if not os.path.isfile(path):
+            return
+        from mindtrain.models import config_to_hf
+
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+        now = json.loads(json.dumps(config_to_hf(self.cfg.model)))
+        keys = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+        if keys:
+            shown = ", ".join(f"{k} {saved.get(k)!r} -> {now.get(k)!r}" for k in keys[:3])
+            more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
+            self.out(f"mindtrain: warning: model settings differ from the checkpoint's config.json ({shown}{more})")
+
+    # ------------------------------------------------------------------ save
+    def save(self, step: int, counters: dict[str, int], schedule, model, model_params, full: dict[str, np.ndarray],
+             optimizer_state: Optional[dict[str, np.ndarray]], loader_state: dict, total_steps: int) -> str:
+        """Write ``step``'s folder (call on every rank). ``full``: trainable parameters at full
+        shape; ``optimizer_state``: AdamW's at full shape, None with ``checkpoint.no_save_optim``
+        (then no optimizer, data or RNG state is written)."""
+        ck = self.ck
+        tensors: dict[str, dict[str, np.ndarray]] = {}
+        files: dict[str, object] = {}
+        if optimizer_state is not None:
+            files[rank_file(self.rank)] = {"loader": loader_state,
+                                           "rng": {"numpy": _numpy_rng_state(), "python": _python_rng_state()}}
+        if self.rank == 0:
+            from mindtrain.models import config_to_hf, hf_state_dict
+
+            files["config.json"] = config_to_hf(self.cfg.model)
+            files[STATE_FILE] = dict(counters, world_size=self.world_size, dp=self.dp,
+                                     lr_schedule=schedule_state(schedule), seed=self.cfg.training.seed,
+                                     weights_only=optimizer_state is None)
+            if ck.layout == "mindformers":
+                weights = {p.name: full[p.name] if p.name in full else p.asnumpy() for p in model_params}
+                mf_tensors, mf_json = mf.checkpoint_files(
+                    weights, optimizer_state, ck.prefix, self.world_size,
+                    mf.common_info(step, total_steps, self.cfg.training.global_batch_size,
+                                   counters["consumed_samples"]), model_config=self.cfg.model)
+                tensors.update(mf_tensors)
+                files.update(mf_json)
+            else:
+                tensors[MODEL_FILE] = hf_state_dict(_FullView(model, model_params, full))
+                if optimizer_state is not None:
+                    tensors[OPTIMIZER_FILE] = optimizer_state
+        return self.writer.save(step, tensors, files)
+
+    def wait(self) -> None:
+        """An asynchronous save finishes (call before training returns)."""
+        if self.writer is not None:
+            self.writer.wait()
+
+
+def hf_names(model, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Arrays under the model's own parameter names, renamed as hf_state_dict names them."""
+    from mindtrain.models import hf_state_dict
+
+    params = list(model.get_parameters())
+    return hf_state_dict(_FullView(model, params, {p.name: weights[p.name] for p in params}))
+
+
+class _Array:
+    """A named array with the two Parameter attributes hf_state_dict reads."""
+
+    def __init__(self, name: str, array: np.ndarray):
+        self.name = name
+        self._array = array
+
+    def asnumpy(self) -> np.ndarray:
+        return self._array
+
+
+class _FullView:
+    """The model as hf_state_dict sees it, with trainable parameters replaced by the given
+    full arrays (copies taken once, so nothing aliases memory the next step overwrites)."""
+
+    def __init__(self, model, params, full: dict[str, np.ndarray]):
+        self.config = model.config
+        self._params = [_Array(p.name, full[p.name]) if p.name in full else p for p in params]
+
+    def get_parameters(self):
+        return iter(self._params)
+
+
+def _numpy_rng_state() -> dict:
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"kind": kind, "keys": keys.tolist(), "pos": int(pos), "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached)}
+
+
+def _set_numpy_rng_state(s: dict) -> None:
+    np.random.set_state((s["kind"], np.array(s["keys"], np.uint32), s["pos"], s["has_gauss"], s["cached_gaussian"]))
+
+
+def _python_rng_state() -> list:
+    version, internal, gauss = random.getstate()
+    return [version, list(internal), gauss]
+
+
+def _python_rng_from_json(s: list) -> tuple:
+    return (s[0], tuple(s[1]), s[2])

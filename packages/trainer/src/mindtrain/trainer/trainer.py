@@ -16,13 +16,11 @@ from mindspore import Tensor, ops
 from mindtrain.config import (
     MindTrainConfig,
     StepFigures,
-    UserError,
     dump_config,
     num_accumulation_steps,
     resolve_parallelism,
 )
 from mindtrain.trainer import checkpoint as ckpt
-from mindtrain.trainer import mindformers_checkpoint as mfc
 from mindtrain.trainer.health import NonFiniteError, SkipDecision  # noqa: F401 (NonFiniteError: re-exported)
 from mindtrain.trainer.log_line import format_step_line, mtp_fields
 from mindtrain.trainer.lr_schedule import LRSchedule
@@ -30,14 +28,6 @@ from mindtrain.trainer.metrics import MetricsWriter, new_run_dir
 from mindtrain.trainer.optimizer import AdamW
 from mindtrain.trainer.runtime import Runtime, apply_context
 from mindtrain.trainer.step_hooks import StepHooks
-
-MODEL_FILE = "model.safetensors"
-OPTIMIZER_FILE = "optimizer.safetensors"
-
-
-def _rank_file(rank: int) -> str:
-    return f"rank_{rank:05d}.json"
-
 
 def _max_rss_mb() -> float:
     # MindSpore's memory counters read 0 on CPU; the process's peak RSS is what a user sees.
@@ -112,8 +102,10 @@ class Trainer:
         self._batches = None
         self.step = 0
         self.consumed_samples = 0
+        self.checkpointer = ckpt.Checkpointer(cfg, runtime.rank, runtime.world_size, self.dims.dp,
+                                              barrier=runtime.barrier, out=self.out)
         # weights load into the whole model before it is sharded; the rest of the state after
-        resume = self._load_weights(cfg.checkpoint.load_path) if cfg.checkpoint.load_path else None
+        resume = self.checkpointer.load_weights(self.model) if cfg.checkpoint.load_path else None
         from mindtrain.trainer.engine import build_engine
 
         # every Parameter under its HF-mappable name, taken before the layout wraps layers
@@ -125,15 +117,6 @@ class Trainer:
         self.schedule = LRSchedule.from_config(cfg)
         self.optimizer = AdamW.from_config(self.params, cfg.optimizer, lr=self.schedule(1))
         self.flops_per_token = self._flops_per_token()
-        self.writer = None
-        if cfg.checkpoint.enable_save:
-            self.writer = ckpt.CheckpointWriter(cfg.checkpoint.save_path or os.path.join("output", "checkpoint"),
-                                                cfg.checkpoint.save_max,
-                                                rank=self.rt.rank, world_size=self.rt.world_size,
-                                                barrier=self.rt.barrier, layout=cfg.checkpoint.layout,
-                                                async_save=cfg.checkpoint.async_save)
-            for note in ckpt.save_notes(cfg.checkpoint):
-                self.out(f"mindtrain: {note}")
         if resume is not None:
             self._load_state(resume)
         self.hooks.bind(self.model, self.optimizer, self.step)
@@ -246,11 +229,10 @@ class Trainer:
             if self.metrics is not None:
                 self.metrics.write({k: v for k, v in rec.items() if k not in ("local_losses",)})
             self.skips.check_non_finite(self.step)
-            if self.writer is not None and ((save_every and self.step % save_every == 0)
-                                            or self.step == self.total_steps):
+            if self.checkpointer.writer is not None and ((save_every and self.step % save_every == 0)
+                                                         or self.step == self.total_steps):
                 self.save()
-        if self.writer is not None:
-            self.writer.wait()  # an asynchronous save finishes before training returns
+        self.checkpointer.wait()  # an asynchronous save finishes before training returns
         self.hooks.train_end()
         if self.metrics is not None:
             self.metrics.close()
@@ -270,164 +252,17 @@ class Trainer:
         return out
 
     def save(self) -> str:
-        rank = self.rt.rank
-        ck = self.cfg.checkpoint
         full = self._full_params()
         # checkpoint.no_save_optim: weights only (no optimizer, data or RNG state)
-        optimizer_state = None if ck.no_save_optim else self._full_optimizer_state()
-        tensors: dict[str, dict[str, np.ndarray]] = {}
-        files: dict[str, object] = {}
-        if optimizer_state is not None:
-            files[_rank_file(rank)] = {"loader": self.loader.state_dict(),
-                                       "rng": {"numpy": _numpy_rng_state(), "python": _python_rng_state()}}
-        if rank == 0:
-            from mindtrain.models import config_to_hf, hf_state_dict
+        optimizer_state = None if self.cfg.checkpoint.no_save_optim else self._full_optimizer_state()
+        counters = {"step": self.step, "consumed_samples": self.consumed_samples, **self.skips.state_dict()}
+        return self.checkpointer.save(self.step, counters, self.schedule, self.model, self._model_params, full,
+                                      optimizer_state, self.loader.state_dict() if optimizer_state is not None else {},
+                                      self.total_steps)
 
-            files["config.json"] = config_to_hf(self.cfg.model)
-            files[ckpt.STATE_FILE] = {
-                "step": self.step, "consumed_samples": self.consumed_samples, **self.skips.state_dict(),
-                "world_size": self.rt.world_size, "dp": self.dims.dp,
-                "lr_schedule": {"kind": self.schedule.kind, "peak": self.schedule.peak, "total": self.schedule.total,
-                                "warmup": self.schedule.warmup},
-                "seed": self.cfg.training.seed, "weights_only": optimizer_state is None}
-            if ck.layout == "mindformers":
-                weights = {p.name: full[p.name] if p.name in full else p.asnumpy() for p in self._model_params}
-                mf_tensors, mf_json = mfc.checkpoint_files(
-                    weights, optimizer_state, ck.prefix, self.rt.world_size,
-                    mfc.common_info(self.step, self.total_steps, self.cfg.training.global_batch_size,
-                                    self.consumed_samples), model_config=self.cfg.model)
-                tensors.update(mf_tensors)
-                files.update(mf_json)
-            else:
-                tensors[MODEL_FILE] = hf_state_dict(_FullView(self.model, self._model_params, full))
-                if optimizer_state is not None:
-                    tensors[OPTIMIZER_FILE] = optimizer_state
-        return self.writer.save(self.step, tensors, files)
-
-    def _load_weights(self, load_path: str) -> Optional[str]:
-        """Model weights from a checkpoint or HF directory; returns the checkpoint folder
-        when the rest of the training state should be restored too."""
-        from mindtrain.models import load_hf_state_dict
-
-        ck = self.cfg.checkpoint
-        kind, folder = ckpt.resolve_checkpoint(load_path)
-        if kind == "hf":
-            load_hf_state_dict(self.model, _read_hf_weights(folder), source=folder)
-            self.out(f"mindtrain: started from the weights of HF model directory {folder}")
-            return None
-        self._mf_state = None
-        if kind == "mindformers":
-            weights, opt, common = mfc.read_checkpoint(folder, ck.load_worker_number)
-            weights, opt = mfc.network_tensors(weights, opt, self.cfg.model)  # from MindFormers' names
-            names = {p.name for p in self.model.get_parameters()}
-            if names <= set(weights):  # the network's own names (as mindtrain writes them): to HF names
-                weights = _hf_names(self.model, weights)
-            self._mf_state = (opt, common)
-            has_optimizer = bool(opt)
-        else:
-            weights = ckpt.load_tensors(folder, MODEL_FILE)
-            has_optimizer = os.path.isfile(os.path.join(folder, OPTIMIZER_FILE))
-        load_hf_state_dict(self.model, weights, source=folder)
-        if ck.no_load_optim:
-            self.out(f"mindtrain: loaded model weights from {folder} (checkpoint.no_load_optim is true)")
-            return None
-        if not has_optimizer:
-            self.out(f"mindtrain: {folder} holds model weights only (saved with checkpoint.no_save_optim); "
-                     "training starts from them at step 0 with fresh optimizer state")
-            return None
-        return folder
-
-    def _load_state(self, folder: str) -> None:
-        if self._mf_state is not None:
-            saved, state = mfc.to_mindtrain_state(*self._mf_state, [n for n, _ in self.params],
-                                                  self.cfg.training.global_batch_size, folder)
-            if os.path.isfile(os.path.join(folder, ckpt.STATE_FILE)):  # written by mindtrain: exact resume
-                state = ckpt.load_json(folder)
-        else:
-            state = ckpt.load_json(folder)
-            saved = ckpt.load_tensors(folder, OPTIMIZER_FILE)
-        local = {"step": saved["step"]} if "step" in saved else {}
-        for kind in ("exp_avg", "exp_avg_sq"):
-            full = {n: saved[f"{kind}.{n}"] for n, _ in self.params if f"{kind}.{n}" in saved}
-            if len(full) == len(self.params):
-                for (n, _), t in zip(self.params, self.engine.to_local(full)):
-                    local[f"{kind}.{n}"] = t.asnumpy()
-        self.optimizer.load_state_dict(local)
-        self.step = int(state["step"])
-        self.consumed_samples = int(state["consumed_samples"])
-        self.skips.load_state_dict(state)
-        if self.step >= self.total_steps:
-            raise UserError(f"checkpoint.load_path: the checkpoint is at step {self.step}, but training.steps is "
-                            f"{self.total_steps}; raise training.steps to train further")
-        rank_file = os.path.join(folder, _rank_file(self.rt.rank))
-        if state.get("dp") == self.dims.dp and os.path.isfile(rank_file):
-            rank_state = ckpt.load_json(folder, _rank_file(self.rt.rank))
-            self.loader.load_state_dict(rank_state["loader"])
-            _set_numpy_rng_state(rank_state["rng"]["numpy"])
-            random.setstate(_python_rng_from_json(rank_state["rng"]["python"]))
-        else:
-            self.loader.load_state_dict({"consumed_samples": self.consumed_samples})
-        self.out(f"mindtrain: resumed from {folder} at step {self.step}")
-
-
-def _hf_names(model, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Arrays under the model's own parameter names, renamed as hf_state_dict names them."""
-    from mindtrain.models import hf_state_dict
-
-    params = list(model.get_parameters())
-    return hf_state_dict(_FullView(model, params, {p.name: weights[p.name] for p in params}))
-
-
-class _Array:
-    """A named array with the two Parameter attributes hf_state_dict reads."""
-
-    def __init__(self, name: str, array: np.ndarray):
-        self.name = name
-        self._array = array
-
-    def asnumpy(self) -> np.ndarray:
-        return self._array
-
-
-class _FullView:
-    """The model as hf_state_dict sees it, with trainable parameters replaced by the given
-    full arrays (copies taken once, so nothing aliases memory the next step overwrites)."""
-
-    def __init__(self, model, params, full: dict[str, np.ndarray]):
-        self.config = model.config
-        self._params = [_Array(p.name, full[p.name]) if p.name in full else p for p in params]
-
-    def get_parameters(self):
-        return iter(self._params)
-
-
-def _read_hf_weights(folder: str) -> dict[str, np.ndarray]:
-    from safetensors.numpy import load_file
-
-    files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
-    if not files:
-        raise ckpt.CheckpointError(f"checkpoint.load_path: HF directory '{folder}' has no .safetensors weights "
-                                   "(only safetensors are read, never pickle .bin files)")
-    out: dict[str, np.ndarray] = {}
-    for f in files:
-        out.update(load_file(os.path.join(folder, f)))
-    return out
-
-
-def _numpy_rng_state() -> dict:
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"kind": kind, "keys": keys.tolist(), "pos": int(pos), "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached)}
-
-
-def _set_numpy_rng_state(s: dict) -> None:
-    np.random.set_state((s["kind"], np.array(s["keys"], np.uint32), s["pos"], s["has_gauss"], s["cached_gaussian"]))
-
-
-def _python_rng_state() -> list:
-    version, internal, gauss = random.getstate()
-    return [version, list(internal), gauss]
-
-
-def _python_rng_from_json(s: list) -> tuple:
-    return (s[0], tuple(s[1]), s[2])
+    def _load_state(self, resume: ckpt.Resume) -> None:
+        counters = self.checkpointer.load_state(resume, self.params, self.engine.to_local, self.optimizer, self.loader,
+                                                self.schedule, self.total_steps)
+        self.step = counters["step"]
+        self.consumed_samples = counters["consumed_samples"]
+        self.skips.load_state_dict(counters)
