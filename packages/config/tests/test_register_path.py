@@ -49,5 +49,6 @@ def test_step_figures_are_read_by_name_whatever_order_they_were_packed_in():
     f = StepFigures.from_named(packed, [4.0, 1.0, 3.0, 2.0])
     assert f == StepFigures(lm_loss=1.0, load_balancing_loss=2.0, mtp_loss=3.0, loss=4.0)
     assert STEP_FIGURES == ("lm_loss", "load_balancing_loss", "mtp_loss", "loss")
+    assert StepFigures.from_model(9.0, {"lm_loss": 8.0, "mtp_loss": 1.0}, 0.0) == StepFigures(8.0, 0.0, 1.0, 9.0)
     with pytest.raises(ValueError, match="StepFigures needs exactly"):
         StepFigures.from_named(("lm_loss", "loss"), [1.0, 2.0])

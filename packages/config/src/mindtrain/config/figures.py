@@ -8,7 +8,7 @@ and code reads the figures by name.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 
 class StepFigures(NamedTuple):
@@ -22,6 +22,13 @@ class StepFigures(NamedTuple):
     load_balancing_loss: Any
     mtp_loss: Any
     loss: Any
+
+    @classmethod
+    def from_model(cls, loss: Any, metrics: Mapping[str, Any], zero: Any) -> "StepFigures":
+        """The figures of a model call ``loss, metrics = model(...)``: ``metrics`` names the
+        parts (``lm_loss``, ``load_balancing_loss``, ``mtp_loss``); an absent part is ``zero``
+        (e.g. no MTP, or a pipeline stage without the head)."""
+        return cls(**{k: metrics.get(k, zero) for k in cls._fields[:-1]}, loss=loss)
 
     @classmethod
     def from_named(cls, names: Sequence[str], values: Iterable[Any]) -> "StepFigures":

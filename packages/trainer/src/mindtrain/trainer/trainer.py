@@ -152,9 +152,7 @@ class Trainer:
         loss, metrics = self.model(inputs[0], labels=kwargs["labels"], loss_mask=kwargs.get("loss_mask"),
                                    position_ids=kwargs.get("position_ids"),
                                    attention_mask=kwargs.get("attention_mask"))
-        zero = ops.zeros((), ms.float32)
-        return StepFigures(lm_loss=metrics["lm_loss"], load_balancing_loss=metrics.get("load_balancing_loss", zero),
-                           mtp_loss=metrics.get("mtp_loss", zero), loss=loss)
+        return StepFigures.from_model(loss, metrics, ops.zeros((), ms.float32))
 
     def train_step(self) -> dict:
         """One optimizer step (all micro-batches); returns the step's metrics."""
