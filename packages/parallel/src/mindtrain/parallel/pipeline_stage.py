@@ -19,10 +19,12 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, ops
 
+from mindtrain.config import STEP_FIGURES, StepFigures
 from mindtrain.config.pipeline import layer_counts
 
-METRICS = ("lm_loss", "load_balancing_loss", "mtp_loss", "loss")
-"""Order of the per-micro-batch figures a stage returns (each this rank's share)."""
+METRICS = STEP_FIGURES
+"""Order of the per-micro-batch figures a stage returns (each this rank's share): the
+fields of :class:`mindtrain.config.StepFigures`."""
 
 
 def partition_units(units: Sequence[dict], stages: int, layers_per_stage: Any = None,
@@ -97,8 +99,7 @@ class ModelStage:
                 counts += c
                 balances += bal
         loss, metrics = model.combine_losses(lm, mtp_losses, balances)
-        zero = ops.zeros((), ms.float32)
-        figures = ops.stack([metrics.get(name, zero) for name in METRICS[:-1]] + [loss])
+        figures = ops.stack(list(StepFigures.from_model(loss, metrics, ops.zeros((), ms.float32))))
         count = ops.stack([c.astype(ms.float32) for c in counts]) if counts else ops.zeros((0,), ms.float32)
         return (loss if self.is_last else h), loss, figures, count
 
