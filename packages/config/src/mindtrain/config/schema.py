@@ -425,6 +425,11 @@ class MonitorConfig:
     """Expert load reporting."""
     metrics_dir: str = "./output/metrics"
     """Folder for the per-run JSON-lines metrics file."""
+    hang_timeout: int = 600
+    """Seconds a rank may go without finishing a step (from the end of the first step, which
+    also compiles) before the job is ended as hung, naming the rank that fell behind and the
+    step (mindtrain's; Megatron's --distributed-timeout-minutes is 10 min too). 0 turns the
+    watch off."""
 
 
 @dataclass

@@ -418,6 +418,7 @@ def validate_mindformers_sections(cfg: MindTrainConfig) -> None:
         _positive(mm.target_layers, "monitor.moe_monitor.target_layers")
     elif isinstance(mm.target_layers, list) and any(x < 0 for x in mm.target_layers):
         raise ConfigError("monitor.moe_monitor.target_layers", f"layer ids must be >= 0, got {mm.target_layers}")
+    _non_negative(mon.hang_timeout, "monitor.hang_timeout")
     _positive(mon.tensorboard.log_interval, "monitor.tensorboard.log_interval")
     _positive(mon.tensorboard.queue_size, "monitor.tensorboard.queue_size")
     for i, cb in enumerate(cfg.callbacks):

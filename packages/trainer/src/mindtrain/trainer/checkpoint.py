@@ -38,6 +38,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from mindtrain.config import UserError
+from mindtrain.trainer import faults
 from mindtrain.trainer import mindformers_checkpoint as mf
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -207,6 +208,7 @@ def _write_files(folder: str, tensors: dict[str, dict[str, np.ndarray]], json_fi
         save_tensors(os.path.join(folder, name), arrays)
     for name, obj in json_files.items():
         save_json(os.path.join(folder, name), obj)
+    faults.slow_save()  # tests only (MINDTRAIN_FAULT=slow_save:S): a window before the rename
 
 
 def saved_steps(save_path: str) -> list[int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -218,11 +219,17 @@ def start(device_target: Optional[str]) -> tuple[Runtime, str]:
     if os.environ.get("MS_ROLE") == "MS_SCHED":
         from mindspore.communication import init
 
+        from mindtrain.trainer.hang_watch import job_folder, scheduler_report
+
         watch = WorkerWatch()
         try:
             init()  # msrun's scheduler process serves the job here
         except RuntimeError as err:
-            raise UserError(scheduler_message(str(err), watch.first_gone())) from None
+            # a worker's hang watch ended the job: its line names the rank that fell behind
+            report = scheduler_report()
+            raise UserError(report or scheduler_message(str(err), watch.first_gone())) from None
+        finally:
+            shutil.rmtree(job_folder(), ignore_errors=True)
         watch.first_gone(timeout=0)
         raise SystemExit(0)
     from mindtrain.parallel import init_distributed

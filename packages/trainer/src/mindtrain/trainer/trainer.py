@@ -21,11 +21,13 @@ from mindtrain.config import (
     resolve_parallelism,
 )
 from mindtrain.trainer import checkpoint as ckpt
+from mindtrain.trainer.hang_watch import HangWatch
 from mindtrain.trainer.health import NonFiniteError, SkipDecision  # noqa: F401 (NonFiniteError: re-exported)
 from mindtrain.trainer.log_line import format_step_line, mtp_fields
 from mindtrain.trainer.lr_schedule import LRSchedule
 from mindtrain.trainer.metrics import MetricsWriter, new_run_dir
 from mindtrain.trainer.optimizer import AdamW
+from mindtrain.trainer.preemption import Preemption
 from mindtrain.trainer.runtime import Runtime, apply_context
 from mindtrain.trainer.step_hooks import StepHooks
 
@@ -213,8 +215,14 @@ class Trainer:
         has_moe = m.first_k_dense_replace < m.num_hidden_layers or m.num_nextn_predict_layers > 0
         history = []
         save_every = cfg.checkpoint.save_interleaved_steps
+        # SIGTERM/SIGINT (or msrun gone): every rank stops after the same step, saved
+        preempt = Preemption(self.rt.all_sum, watch_parent=self.rt.distributed)
+        hang = (HangWatch(self.rt.rank, self.rt.world_size, cfg.monitor.hang_timeout, self.log)
+                if self.rt.distributed and cfg.monitor.hang_timeout > 0 else None)
         self.hooks.train_begin(self.consumed_samples)
         while self.step < self.total_steps:
+            if hang is not None:
+                hang.step_begin(self.step + 1)
             self.hooks.step_begin()
             rec = self.train_step()
             history.append(rec)
@@ -227,14 +235,35 @@ class Trainer:
             if self.metrics is not None:
                 self.metrics.write({k: v for k, v in rec.items() if k not in ("local_losses",)})
             self.skips.check_non_finite(self.step)
+            saved = None
             if self.checkpointer.writer is not None and ((save_every and self.step % save_every == 0)
                                                          or self.step == self.total_steps):
-                self.save()
+                saved = self.save()
+            if hang is not None:
+                hang.step_end()
+            reason = preempt.agreed()
+            if reason is not None:
+                self._stop_preempted(reason, saved)
+                break
         self.checkpointer.wait()  # an asynchronous save finishes before training returns
         self.hooks.train_end()
         if self.metrics is not None:
             self.metrics.close()
         return history
+
+    def _stop_preempted(self, reason: str, saved: Optional[str]) -> None:
+        """Training stops after this step on every rank: save it (off-interval too) when
+        saving is enabled, and say so in one line."""
+        if self.checkpointer.writer is not None and saved is None:
+            saved = self.save()
+        self.checkpointer.wait()
+        if saved is not None:
+            where = (f"checkpoint saved to {saved}; resume with checkpoint.load_path={os.path.dirname(saved)} "
+                     "(or --load_checkpoint)")
+        else:
+            where = "no checkpoint saved (checkpoint.enable_save is false)"
+        what = f"{reason} received" if reason.startswith("SIG") else reason
+        self.out(f"mindtrain: {what}: stopped after step {self.step} of {self.total_steps}; {where}")
 
     # ------------------------------------------------------------------ checkpoints
     def _full_params(self) -> dict[str, np.ndarray]:

@@ -1,0 +1,67 @@
+"""Preemption: SIGTERM or SIGINT (to any worker), or msrun itself going away, stops training
+after the current step on every rank, with a checkpoint when saving is enabled.
+
+Megatron-LM's ``--exit-signal-handler`` behaviour. A signal reaches one process, or all of
+them at different moments, so the ranks agree at each step's end with one 4-byte sum (the
+step they stop after is the same everywhere). msrun does not pass SIGTERM on to its workers
+(it dies and they run on), so a worker whose launcher is gone acts as if signalled.
+
+A second signal once the stop is under way (during the save, say) ends the process at once
+with ``128 + signal``; the save writes into a hidden folder that only a finished save
+renames into place, so the previous checkpoint stays whole.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Callable, Optional
+
+import numpy as np
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+REASONS = ("SIGTERM", "SIGINT", "msrun ended")
+"""What stops a run, as every rank names it (the first one some rank received)."""
+
+
+class Preemption:
+    """``all_sum``: element-wise float32 sum over all ranks (identity in one process);
+    ``watch_parent``: treat the launcher's exit as a signal (under msrun)."""
+
+    def __init__(self, all_sum: Callable[[np.ndarray], np.ndarray], watch_parent: bool = False):
+        self._all_sum = all_sum
+        self.reason: Optional[str] = None  # what this process received
+        self.stopping = False
+        if threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                signal.signal(sig, self._on_signal)
+        if watch_parent:
+            parent = os.getppid()
+            threading.Thread(target=self._watch_parent, args=(parent,), daemon=True,
+                             name="mindtrain-launcher-watch").start()
+
+    def _on_signal(self, signum, _frame) -> None:
+        if self.reason is not None or self.stopping:
+            # the second signal: leave now; an unfinished save never replaces the last checkpoint
+            os._exit(128 + signum)
+        self.reason = signal.Signals(signum).name
+
+    def _watch_parent(self, parent: int) -> None:
+        stop = threading.Event()
+        while not stop.wait(1.0):
+            if os.getppid() != parent:  # msrun ended (it does not forward SIGTERM)
+                if self.reason is None:
+                    self.reason = "msrun ended"
+                return
+
+    def agreed(self) -> Optional[str]:
+        """At a step's end, on every rank: why training stops now (what some rank received),
+        or None. One small collective when distributed."""
+        flags = np.array([float(self.reason == r) for r in REASONS], np.float32)
+        total = self._all_sum(flags)
+        for reason, count in zip(REASONS, total):
+            if count > 0:
+                self.stopping = True
+                return reason
+        return None
