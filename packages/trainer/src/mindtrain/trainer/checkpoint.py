@@ -238,8 +238,16 @@ def resolve_checkpoint(load_path: str) -> tuple[str, str]:
             return "checkpoint", ours
         if os.path.isdir(theirs) and mf.is_checkpoint_folder(theirs):
             return "mindformers", theirs
+        complete = [s for s in saved_steps(load_path) if s != step]
+        if complete:
+            older = [s for s in complete if s < step] or complete
+            ours_older, theirs_older = (os.path.join(load_path, folder_name(older[-1], layout)) for layout in LAYOUTS)
+            choose = (f"; to resume from the newest complete one before it, set checkpoint.load_path="
+                      f"{ours_older if os.path.isdir(ours_older) else theirs_older}")
+        else:
+            choose = "; no complete checkpoint is left in this folder"
         raise CheckpointError(f"checkpoint.load_path: tracker '{tracker}' names iteration {step}, which is not a "
-                              f"complete checkpoint (looked for '{ours}' and '{theirs}')")
+                              f"complete checkpoint (looked for '{ours}' and '{theirs}'){choose}")
     if os.path.isfile(os.path.join(load_path, STATE_FILE)) and not mf.is_checkpoint_folder(load_path):
         return "checkpoint", load_path
     if mf.is_checkpoint_folder(load_path):
@@ -255,15 +263,29 @@ def load_tensors(folder: str, name: str) -> dict[str, np.ndarray]:
     path = os.path.join(folder, name)
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint.load_path: '{path}' is missing; the checkpoint is incomplete or was saved by a different layout")
-    return load_file(path)
+    try:
+        return load_file(path)
+    except Exception as err:  # safetensors' own error types: a truncated or corrupted file
+        raise damaged(path, err) from None
+
+
+def damaged(path: str, err: BaseException) -> CheckpointError:
+    return CheckpointError(mf.damaged_message(path, err))
+
+
+def check_floating(weights: dict[str, np.ndarray], source: str) -> None:
+    """Every model weight in a checkpoint is floating point (the model's parameters are)."""
+    for name, a in weights.items():
+        if np.asarray(a).dtype.kind != "f":
+            raise CheckpointError(f"checkpoint.load_path: '{name}' in {source} is {np.asarray(a).dtype}, but the "
+                                  "model's parameters are floating point; the checkpoint is damaged or of another model")
 
 
 def load_json(folder: str, name: str = STATE_FILE) -> Any:
     path = os.path.join(folder, name)
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint.load_path: '{path}' is missing; the checkpoint is incomplete")
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    return mf.read_json(path)
 
 
 # ---------------------------------------------------------------------------- save / load
@@ -318,7 +340,14 @@ class Checkpointer:
 
         kind, folder = resolve_checkpoint(self.ck.load_path)
         if kind == "hf":
-            load_hf_state_dict(model, read_hf_weights(folder), source=folder)
+            try:
+                weights = read_hf_weights(folder)
+            except UserError:
+                raise
+            except Exception as err:  # a truncated or corrupted safetensors file
+                raise damaged(folder, err) from None
+            check_floating(weights, folder)
+            load_hf_state_dict(model, weights, source=folder)
             self.out(f"mindtrain: started from the weights of HF model directory {folder}")
             return None
         state = load_json(folder) if os.path.isfile(os.path.join(folder, STATE_FILE)) else None
@@ -338,6 +367,7 @@ class Checkpointer:
             else:
                 has_optimizer = os.path.isfile(os.path.join(folder, OPTIMIZER_FILE))
         self._check_model_config(folder)
+        check_floating(weights, folder)
         load_hf_state_dict(model, weights, source=folder)
         if self.ck.no_load_optim:
             self.out(f"mindtrain: loaded model weights from {folder} (checkpoint.no_load_optim is true)")

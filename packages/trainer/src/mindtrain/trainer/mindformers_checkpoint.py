@@ -116,13 +116,11 @@ def read_checkpoint(folder: str, workers: int = 1) -> tuple[dict[str, np.ndarray
     """(model tensors, optimizer tensors, common.json) of a MindFormers iteration folder, every
     tensor at full shape. Sharded checkpoints are assembled from metadata.json's chunks;
     ``workers`` threads read the files."""
-    with open(os.path.join(folder, COMMON_FILE), encoding="utf-8") as f:
-        common = json.load(f)
+    common = read_json(os.path.join(folder, COMMON_FILE))
     kinds = {f: m.group("kind") for f in sorted(os.listdir(folder)) if (m := _FILE.match(f))}
     meta_path = os.path.join(folder, METADATA_FILE)
     if os.path.isfile(meta_path):
-        with open(meta_path, encoding="utf-8") as f:
-            meta = json.load(f)
+        meta = read_json(meta_path)
         tensors = _assemble(folder, meta, workers)
         out = {"model": {}, "opt": {}}
         file_of = {}
@@ -185,12 +183,34 @@ _ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np
               "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
 
 
+def read_json(path: str) -> Any:
+    """A checkpoint's JSON file; unreadable JSON is the damaged-file line."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise UserError(damaged_message(path, err)) from None
+
+
+def damaged_message(path: str, err: BaseException) -> str:
+    """The one line for a checkpoint file that cannot be read back (either layout)."""
+    why = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
+    return (f"checkpoint.load_path: '{path}' is damaged (truncated or corrupted: {why}); restore it, "
+            "or resume from an earlier iteration folder")
+
+
 def read_safetensors(path: str, names: Optional[list[str]] = None) -> dict[str, np.ndarray]:
     """Tensors of a safetensors file (all, or ``names``), BF16 read as float32. Parsed from
     the header directly: numpy has no bfloat16, so safetensors' numpy reader refuses BF16."""
+    size = os.path.getsize(path)
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(n))
+        try:
+            if n > size - 8:
+                raise ValueError(f"header of {n} bytes in a file of {size}")
+            header = json.loads(f.read(n))
+        except ValueError as err:
+            raise UserError(damaged_message(path, err)) from None
         header.pop("__metadata__", None)
         base = 8 + n
         out = {}
@@ -202,6 +222,9 @@ def read_safetensors(path: str, names: Optional[list[str]] = None) -> dict[str, 
             start, end = info["data_offsets"]
             f.seek(base + start)
             raw = f.read(end - start)
+            if len(raw) != end - start:
+                raise UserError(damaged_message(path, ValueError(f"'{name}' needs {end - start} bytes, "
+                                                                 f"{len(raw)} are left")))
             if info["dtype"] == "BF16":
                 a = (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
             elif info["dtype"] in _ST_DTYPES:
