@@ -1,5 +1,6 @@
-"""Damaged checkpoints are refused before any training starts (issue 17): one line naming
-the file and what to do, exit 2.
+"""Checkpoint faults (issue 17). Damaged checkpoints are refused before any training starts:
+one line naming the file and what to do, exit 2. A save_path that cannot be written, or has
+no room, is said before step 1; a save that fails mid-run is one line and training goes on.
 
 A real checkpoint comes from one run of run_mindformer.py (2 steps of the tiny model, saved
 at each step); each case damages a copy and loads it with the trainer's Checkpointer, and
@@ -34,10 +35,10 @@ def _overrides(tmp: str, extra=()) -> list[str]:
             f"monitor.metrics_dir={os.path.join(tmp, 'metrics')}", *extra]
 
 
-def _cli(tmp: str, extra=()) -> subprocess.CompletedProcess:
+def _cli(tmp: str, extra=(), env=None, preexec_fn=None) -> subprocess.CompletedProcess:
     args = [a for item in _overrides(tmp, extra) for a in ("--override", item)]
     return subprocess.run([sys.executable, ENTRY, "--config", TINY, "--mode", "1", *args], cwd=tmp,
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=900, env=env, preexec_fn=preexec_fn)
 
 
 @pytest.fixture(scope="module")
@@ -157,3 +158,46 @@ def test_command_line_refuses_before_step_one(saved):
     assert len(errors) == 1 and f"'{path}' is damaged" in errors[0], r.stderr[-2000:]
     assert "Traceback" not in r.stderr
     assert "{ step:" not in r.stdout
+
+
+def _one_error_before_step_one(r: subprocess.CompletedProcess, needle: str) -> None:
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    errors = [line for line in r.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and needle in errors[0], r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and "{ step:" not in r.stdout
+
+
+def test_unwritable_save_path_is_said_before_step_one(saved):
+    tmp, _ = saved
+    blocker = os.path.join(tmp, "a_file")
+    with open(blocker, "w") as f:
+        f.write("not a folder")
+    r = _cli(tmp, ["checkpoint.enable_save=true", f"checkpoint.save_path={os.path.join(blocker, 'ckpt')}"])
+    _one_error_before_step_one(r, f"checkpoint.save_path: '{os.path.join(blocker, 'ckpt')}' cannot be written")
+
+
+def test_no_room_for_a_checkpoint_is_said_before_step_one(saved):
+    import resource
+
+    tmp, _ = saved
+
+    def small_files():  # the largest file this process may write: 256 KiB (a real limit, ulimit -f)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, resource.RLIM_INFINITY))
+
+    r = _cli(tmp, ["checkpoint.enable_save=true", f"checkpoint.save_path={os.path.join(tmp, 'limited')}"],
+             preexec_fn=small_files)
+    _one_error_before_step_one(r, "may write files of at most 0.2 MiB (ulimit -f)")
+
+
+def test_a_failed_save_mid_run_is_one_line_and_training_goes_on(saved):
+    tmp, _ = saved
+    save = os.path.join(tmp, "disk_full")
+    env = dict(os.environ, MINDTRAIN_FAULT="save_error:2")
+    r = _cli(tmp, ["training.steps=4", "checkpoint.enable_save=true", "checkpoint.save_interleaved_steps=2",
+                   f"checkpoint.save_path={save}"], env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert ("mindtrain: checkpoint of step 2 not saved (OSError: [Errno 28] No space left on device: "
+            "'MINDTRAIN_FAULT'); training goes on, the next save is at step 4") in r.stdout
+    assert len([x for x in r.stdout.splitlines() if x.startswith("{ step:")]) == 4
+    assert sorted(os.listdir(save)) == ["iter_0000004", ck.TRACKER]  # nothing half-written left
+    _load(tmp, save)  # the next interval's checkpoint is whole

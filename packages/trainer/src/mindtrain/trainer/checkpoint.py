@@ -52,6 +52,15 @@ class CheckpointError(UserError):
     """A checkpoint to load is missing, incomplete or does not fit this run."""
 
 
+class SaveFailed(Exception):
+    """Writing one checkpoint failed on some rank (disk full, say); nothing was published,
+    the previous checkpoint and the training state are untouched."""
+
+    def __init__(self, step: int, why: str):
+        super().__init__(f"checkpoint of step {step} not saved ({why})")
+        self.step = step
+
+
 LAYOUTS = ("mindtrain", "mindformers")
 
 
@@ -96,7 +105,9 @@ class CheckpointWriter:
     """
 
     def __init__(self, save_path: str, keep_last: int = 0, rank: int = 0, world_size: int = 1,
-                 barrier: Callable[[], None] = lambda: None, layout: str = "mindtrain", async_save: bool = False):
+                 barrier: Callable[[], None] = lambda: None, layout: str = "mindtrain", async_save: bool = False,
+                 any_failed: Callable[[bool], bool] = lambda failed: failed):
+        self.any_failed = any_failed  # True on every rank when any rank's flag is True (a collective)
         self.save_path = save_path
         self.keep_last = keep_last
         self.rank = rank
@@ -117,13 +128,22 @@ class CheckpointWriter:
         self.wait()
         final = os.path.join(self.save_path, folder_name(step, self.layout))
         tmp = self._tmp(step)
+        error: Optional[BaseException] = None
         if self.rank == 0:
-            os.makedirs(self.save_path, exist_ok=True)
-            shutil.rmtree(tmp, ignore_errors=True)
-            os.makedirs(tmp)
-        self.barrier()
+            try:
+                os.makedirs(self.save_path, exist_ok=True)
+                shutil.rmtree(tmp, ignore_errors=True)
+                os.makedirs(tmp)
+            except OSError as err:
+                error = err
+        self._check(step, error)  # also the barrier: the folder exists for every rank
         if not self.async_save:
-            _write_files(tmp, tensors, json_files or {})
+            try:
+                faults.save_error(step)
+                _write_files(tmp, tensors, json_files or {})
+            except OSError as err:  # disk full, quota, I/O error: this save is lost, training is not
+                error = err
+            self._check(step, error)
             self._publish(step)
             return final
         # host copies first: training may overwrite the arrays it handed over
@@ -133,8 +153,9 @@ class CheckpointWriter:
 
         def write() -> None:
             try:
+                faults.save_error(step)
                 _write_files(tmp, tensors, json_files)
-            except BaseException as e:  # re-raised on the training thread by wait()
+            except BaseException as e:  # reported on the training thread by wait()
                 errors.append(e)
 
         thread = threading.Thread(target=write, name="mindtrain-async-save", daemon=True)
@@ -149,9 +170,19 @@ class CheckpointWriter:
         step, thread, errors = self._pending
         self._pending = None
         thread.join()
-        if errors:
+        if errors and not isinstance(errors[0], OSError):
             raise errors[0]
+        self._check(step, errors[0] if errors else None)
         self._publish(step)
+
+    def _check(self, step: int, error: Optional[BaseException]) -> None:
+        """Every rank learns whether any rank failed to write ``step`` (one collective); if one
+        did, the temporary folder goes and :class:`SaveFailed` is raised on every rank."""
+        if not self.any_failed(error is not None):
+            return
+        if self.rank == 0:
+            shutil.rmtree(self._tmp(step), ignore_errors=True)
+        raise SaveFailed(step, f"{type(error).__name__}: {error}" if error is not None else "on another rank")
 
     def _tmp(self, step: int) -> str:
         return os.path.join(self.save_path, f".tmp_{folder_name(step, self.layout)}")
@@ -316,7 +347,7 @@ class Checkpointer:
     """Loads and saves this rank's training state (``out``: rank 0's start-up lines)."""
 
     def __init__(self, cfg, rank: int, world_size: int, dp: int, barrier: Callable[[], None] = lambda: None,
-                 out: Callable[[str], None] = print):
+                 out: Callable[[str], None] = print, any_failed: Callable[[bool], bool] = lambda failed: failed):
         self.cfg = cfg
         self.ck = cfg.checkpoint
         self.rank = rank
@@ -327,9 +358,42 @@ class Checkpointer:
         if self.ck.enable_save:
             self.writer = CheckpointWriter(self.ck.save_path or os.path.join("output", "checkpoint"), self.ck.save_max,
                                            rank=rank, world_size=world_size, barrier=barrier, layout=self.ck.layout,
-                                           async_save=self.ck.async_save)
+                                           async_save=self.ck.async_save, any_failed=any_failed)
             for note in save_notes(self.ck):
                 out(f"mindtrain: {note}")
+
+    def check_storage(self, param_bytes: int) -> None:
+        """Before step 1: ``save_path`` can be created and written, and (rank 0, which writes
+        the tensors) has room for one checkpoint: the weights, plus AdamW's two moments unless
+        ``no_save_optim``, at float32 and full shape; also within the process's file-size limit."""
+        if self.writer is None:
+            return
+        path = self.writer.save_path
+        try:
+            os.makedirs(path, exist_ok=True)
+            probe = os.path.join(path, f".write_test_{self.rank}")
+            with open(probe, "wb") as f:
+                f.write(b"0")
+            os.remove(probe)
+        except OSError as err:
+            raise CheckpointError(f"checkpoint.save_path: '{path}' cannot be written ({err.strerror or err}); "
+                                  "choose a writable folder or set checkpoint.enable_save: false") from None
+        if self.rank != 0:
+            return
+        model_file = int(param_bytes)
+        need = model_file * (1 if self.ck.no_save_optim else 3) + (1 << 20)
+        free = shutil.disk_usage(path).free
+        if need > free:
+            raise CheckpointError(f"checkpoint.save_path: '{path}' has {free / 2**30:.2f} GiB free, but one checkpoint "
+                                  f"needs about {need / 2**30:.2f} GiB (weights and AdamW moments, float32); free "
+                                  "space or choose another folder")
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY and model_file > limit:
+            raise CheckpointError(f"checkpoint.save_path: the model file needs about {model_file / 2**20:.1f} MiB, but this "
+                                  f"process may write files of at most {limit / 2**20:.1f} MiB (ulimit -f); raise the "
+                                  "limit or set checkpoint.enable_save: false")
 
     # ------------------------------------------------------------------ load
     def load_weights(self, model) -> Optional[Resume]:

@@ -2,11 +2,13 @@
 
 - ``hang:RANK:STEP``: rank RANK sleeps for good before step STEP (the hang watch's test);
 - ``slow_save:SECONDS``: every rank sleeps SECONDS after writing a checkpoint's files and
-  before the folder is renamed into place (a window for a signal "during the save").
+  before the folder is renamed into place (a window for a signal "during the save");
+- ``save_error:STEP``: writing step STEP's checkpoint fails as on a full disk (ENOSPC).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from typing import Optional
@@ -32,3 +34,9 @@ def slow_save() -> None:
     parts = _spec()
     if len(parts) == 2 and parts[0] == "slow_save":
         time.sleep(float(parts[1]))
+
+
+def save_error(step: int) -> None:
+    parts = _spec()
+    if len(parts) == 2 and parts[0] == "save_error" and parts[1] == str(step):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "MINDTRAIN_FAULT")

@@ -105,7 +105,11 @@ class Trainer:
         self.step = 0
         self.consumed_samples = 0
         self.checkpointer = ckpt.Checkpointer(cfg, runtime.rank, runtime.world_size, self.dims.dp,
-                                              barrier=runtime.barrier, out=self.out)
+                                              barrier=runtime.barrier, out=self.out,
+                                              any_failed=lambda failed: bool(runtime.all_sum(
+                                                  np.array([float(failed)], np.float32))[0] > 0))
+        # an unwritable save_path or one without room is said now, not at the first save
+        self.checkpointer.check_storage(sum(int(np.prod(p.shape)) * 4 for p in self.model.get_parameters()))
         # weights load into the whole model before it is sharded; the rest of the state after
         resume = self.checkpointer.load_weights(self.model) if cfg.checkpoint.load_path else None
         from mindtrain.trainer.engine import build_engine
@@ -244,7 +248,7 @@ class Trainer:
             if reason is not None:
                 self._stop_preempted(reason, saved)
                 break
-        self.checkpointer.wait()  # an asynchronous save finishes before training returns
+        self._finish_saves()  # an asynchronous save finishes before training returns
         self.hooks.train_end()
         if self.metrics is not None:
             self.metrics.close()
@@ -255,7 +259,8 @@ class Trainer:
         saving is enabled, and say so in one line."""
         if self.checkpointer.writer is not None and saved is None:
             saved = self.save()
-        self.checkpointer.wait()
+        if not self._finish_saves():
+            saved = None
         if saved is not None:
             where = (f"checkpoint saved to {saved}; resume with checkpoint.load_path={os.path.dirname(saved)} "
                      "(or --load_checkpoint)")
@@ -277,7 +282,28 @@ class Trainer:
                 out[f"{kind}.{name}"] = a
         return out
 
-    def save(self) -> str:
+    def save(self) -> Optional[str]:
+        """Save this step (every rank). A save that fails (disk full, say) on any rank is one
+        line, and training goes on to the next interval; returns the folder, or None then."""
+        try:
+            self.checkpointer.wait()  # an earlier asynchronous save may have failed
+            return self._save()
+        except ckpt.SaveFailed as err:
+            every = self.cfg.checkpoint.save_interleaved_steps
+            nxt = f"the next save is at step {(self.step // every + 1) * every}" if every else "it is not retried"
+            self.out(f"mindtrain: {err}; training goes on, {nxt}")
+            return None
+
+    def _finish_saves(self) -> bool:
+        """Wait for an asynchronous save; False (and one line) if it failed."""
+        try:
+            self.checkpointer.wait()
+            return True
+        except ckpt.SaveFailed as err:
+            self.out(f"mindtrain: {err}")
+            return False
+
+    def _save(self) -> str:
         full = self._full_params()
         # checkpoint.no_save_optim: weights only (no optimizer, data or RNG state)
         optimizer_state = None if self.cfg.checkpoint.no_save_optim else self._full_optimizer_state()
