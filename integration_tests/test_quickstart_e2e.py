@@ -21,6 +21,7 @@ import time
 import pytest
 
 from mindtrain.trainer.quickstart import free_port, worker_env
+from mindtrain.trainer.runtime import worker_pid
 
 pytestmark = pytest.mark.msrun
 
@@ -91,7 +92,7 @@ def _kill_b_then_resume(work: str, b: dict) -> None:
         b["ended_early"] = proc.poll() is not None
         if b["ended_early"]:
             return
-        victim = _worker_pid(proc.pid, rank=1)
+        victim = worker_pid(proc.pid, rank=1)
         os.kill(victim, signal.SIGKILL)
         killed = time.time()
         proc.wait(timeout=120)
@@ -167,36 +168,3 @@ def test_worker_killed_mid_run_then_resume_matches(work, runs, run_a):
     assert [int(LINE.match(x).group(1)) for x in resumed] == [6, 7, 8, 9, 10]
     assert [_without_time(x) for x in resumed] == [_without_time(x) for x in _steps(run_a)[5:]]
     assert [_without_time(x) for x in _steps(log_dir)[:6]] == [_without_time(x) for x in _steps(run_a)[:6]]
-
-
-def _worker_pid(msrun_pid: int, rank: int) -> int:
-    """The pid of msrun's worker with RANK_ID=rank (found through /proc)."""
-    for _ in range(50):
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-                with open(f"/proc/{pid}/comm") as f:
-                    if f.read().strip() == "tail":
-                        continue  # msrun's `tail -f` of the worker's log has the worker's env too
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-            except (OSError, ValueError):
-                continue
-            if env.get(b"MS_ROLE") == b"MS_WORKER" and env.get(b"RANK_ID") == str(rank).encode() \
-                    and _descends(int(pid), msrun_pid):
-                return int(pid)
-        time.sleep(0.1)
-    raise AssertionError(f"no worker with RANK_ID={rank} under msrun {msrun_pid}")
-
-
-def _descends(pid: int, ancestor: int) -> bool:
-    while pid > 1:
-        if pid == ancestor:
-            return True
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                pid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            return False
-    return False

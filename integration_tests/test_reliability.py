@@ -33,6 +33,7 @@ import time
 import pytest
 
 from mindtrain.trainer.quickstart import free_port, worker_env
+from mindtrain.trainer.runtime import worker_pid
 
 pytestmark = pytest.mark.msrun
 
@@ -41,8 +42,6 @@ ENTRY = os.path.join(ROOT, "run_mindformer.py")
 TINY = os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml")
 STEPS = 6
 HANG_TIMEOUT = 30
-sys.path.insert(0, os.path.dirname(__file__))
-from test_quickstart_e2e import _worker_pid  # noqa: E402  (msrun's worker with a given RANK_ID)
 
 
 def _args(tmp: str, name: str, extra=()) -> list[str]:
@@ -163,7 +162,7 @@ def _joined(t: threading.Thread, timeout: float = 1800):
 def _preempt_then_resume(work: str, pre: dict) -> dict:
     """SIGTERM to rank 1's worker once step 2 is printed; when the job has ended, resume it."""
     _wait_for(lambda: len(_step_lines(pre)) >= 2, pre)
-    os.kill(_worker_pid(pre["proc"].pid, rank=1), signal.SIGTERM)
+    os.kill(worker_pid(pre["proc"].pid, rank=1), signal.SIGTERM)
     rc = _finish(pre)
     resume = _start(work, "resume", port=8623, extra=[f"checkpoint.load_path={os.path.join(work, 'pre', 'ckpt')}"])
     return {"rc": rc, "resume": resume}

@@ -72,7 +72,7 @@ def scheduler_message(text: str, first_gone: Optional[int] = None) -> str:
     return f"msrun scheduler: {first[:300]}"
 
 
-def _local_workers(launcher: Optional[int] = None) -> Optional[dict[int, int]]:
+def local_workers(launcher: Optional[int] = None) -> Optional[dict[int, int]]:
     """{RANK_ID: pid} of this msrun job's local workers that have a live process (single
     host: every worker is a child of the launcher, ``launcher`` or this process's parent);
     None when /proc cannot tell."""
@@ -99,9 +99,21 @@ def _local_workers(launcher: Optional[int] = None) -> Optional[dict[int, int]]:
     return alive
 
 
+def worker_pid(launcher: int, rank: int, timeout: float = 10.0) -> int:
+    """The pid of msrun ``launcher``'s local worker with RANK_ID ``rank`` (waits for it to appear)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pid = (local_workers(launcher) or {}).get(rank)
+        if pid is not None:
+            return pid
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no worker with RANK_ID={rank} under msrun {launcher}")
+        time.sleep(0.1)
+
+
 def _live_local_ranks(launcher: Optional[int] = None) -> Optional[set[int]]:
-    """RANK_IDs of the local workers with a live process (see :func:`_local_workers`)."""
-    workers = _local_workers(launcher)
+    """RANK_IDs of the local workers with a live process (see :func:`local_workers`)."""
+    workers = local_workers(launcher)
     return None if workers is None else set(workers)
 
 
@@ -131,7 +143,7 @@ def _watch(launcher: int, watcher_parent: int, expected: int) -> None:
     workers: dict[int, int] = {}
     while os.getppid() == watcher_parent:
         if len(workers) < expected:
-            found = _local_workers(launcher)
+            found = local_workers(launcher)
             if found is None:
                 return
             workers.update(found)
