@@ -52,8 +52,15 @@ def hf_state_dict(model) -> dict[str, np.ndarray]:
 
 
 def load_hf_state_dict(model, tensors: dict[str, np.ndarray], source: str = "checkpoint",
-                       allow_missing_mtp: bool = True) -> None:
-    """Copy HF-named arrays into the model; missing or mis-shaped weights are a UserError."""
+                       allow_missing_mtp: bool = True, in_place: bool = True) -> None:
+    """Copy HF-named arrays into the model; missing or mis-shaped weights are a UserError.
+
+    ``in_place`` (default) writes each parameter's existing buffer (``ops.assign``), which
+    layers compiled earlier read. A model that has not run yet and will be laid out next
+    (sharded with ``set_data``) must use ``in_place=False``: fresh storage per parameter. In
+    MindSpore 2.10 a parameter once written by ``ops.assign`` keeps that buffer for its
+    kernels, so a later ``set_data`` (a tensor-parallel or FSDP shard) is not seen by them
+    (``ops.gather`` then reads the old full-size weight)."""
     cfg = model.config
     params = {p.name: p for p in model.get_parameters()}
     stacked: dict[str, dict[int, np.ndarray]] = {}
@@ -104,8 +111,11 @@ def load_hf_state_dict(model, tensors: dict[str, np.ndarray], source: str = "che
         p = params[name]
         if tuple(arr.shape) != tuple(p.shape):
             raise UserError(f"{source}: {name} has shape {tuple(arr.shape)}, the model expects {tuple(p.shape)}")
-        # assign writes the existing buffer, which already-compiled (jit) layers read
-        ops.assign(p, Tensor(np.ascontiguousarray(arr, dtype=np.float32)))
+        value = Tensor(np.ascontiguousarray(arr, dtype=np.float32))
+        if in_place:  # the existing buffer, which already-compiled (jit) layers read
+            ops.assign(p, value)
+        else:
+            p.set_data(value)
 
 
 def _read_safetensors(path: str) -> dict[str, np.ndarray]:

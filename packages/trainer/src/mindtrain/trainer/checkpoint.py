@@ -411,7 +411,7 @@ class Checkpointer:
             except Exception as err:  # a truncated or corrupted safetensors file
                 raise damaged(folder, err) from None
             check_floating(weights, folder)
-            load_hf_state_dict(model, weights, source=folder)
+            load_hf_state_dict(model, weights, source=folder, in_place=False)  # not run yet; laid out next
             self.out(f"mindtrain: started from the weights of HF model directory {folder}")
             return None
         state = load_json(folder) if os.path.isfile(os.path.join(folder, STATE_FILE)) else None
@@ -432,7 +432,7 @@ class Checkpointer:
                 has_optimizer = os.path.isfile(os.path.join(folder, OPTIMIZER_FILE))
         self._check_model_config(folder)
         check_floating(weights, folder)
-        load_hf_state_dict(model, weights, source=folder)
+        load_hf_state_dict(model, weights, source=folder, in_place=False)  # not run yet; laid out next
         if self.ck.no_load_optim:
             self.out(f"mindtrain: loaded model weights from {folder} (checkpoint.no_load_optim is true)")
             return None
