@@ -29,6 +29,8 @@ import time
 
 import numpy as np
 
+from mindtrain.trainer.log_line import read_step_lines, without_timing
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 ENTRY = os.path.join(ROOT, "run_mindformer.py")
 TINY = os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml")
@@ -56,15 +58,7 @@ def launch(tmp: str, name: str, launch_no: int, port: int, args: list[str]) -> t
 
 
 def step_lines(log_dir: str) -> list[str]:
-    path = os.path.join(log_dir, "worker_0.log")
-    if not os.path.exists(path):
-        return []
-    with open(path, errors="replace") as f:
-        return [line.rstrip("\n") for line in f if line.startswith("{ step:")]
-
-
-def without_time(line: str) -> str:
-    return re.sub(r"per_step_time: +\d+ms, ", "", re.sub(r", throughput: .*\}$", "", line))
+    return read_step_lines(os.path.join(log_dir, "worker_0.log"))
 
 
 def main() -> int:
@@ -119,7 +113,7 @@ def main() -> int:
     by_step: dict[int, str] = {}
     for line in b_lines:
         by_step[int(re.match(r"\{ step:\[ *(\d+)/", line).group(1))] = line
-    same_lines = rc_a == 0 and [without_time(x) for x in lines_a] == [without_time(by_step[s]) for s in sorted(by_step)]
+    same_lines = rc_a == 0 and [without_timing(x) for x in lines_a] == [without_timing(by_step[s]) for s in sorted(by_step)]
     last = f"iter_{a.steps:07d}"
     worst = 0.0
     for fname in ("model.safetensors", "optimizer.safetensors"):

@@ -21,6 +21,7 @@ import time
 import pytest
 
 from mindtrain.trainer.quickstart import free_port, worker_env
+from mindtrain.trainer.log_line import read_step_lines, without_timing
 from mindtrain.trainer.runtime import worker_pid
 
 pytestmark = pytest.mark.msrun
@@ -51,12 +52,7 @@ def _msrun(tmp, name: str, extra=(), port: int = 8300) -> tuple[list[str], str]:
 
 
 def _steps(log_dir: str) -> list[str]:
-    with open(os.path.join(log_dir, "worker_0.log"), encoding="utf-8", errors="replace") as f:
-        return [line.rstrip("\n") for line in f if line.startswith("{ step:")]
-
-
-def _without_time(line: str) -> str:
-    return re.sub(r"per_step_time: +\d+ms, ", "", re.sub(r", throughput: .*\}$", "", line))
+    return read_step_lines(os.path.join(log_dir, "worker_0.log"))
 
 
 @pytest.fixture(scope="module")
@@ -166,5 +162,5 @@ def test_worker_killed_mid_run_then_resume_matches(work, runs, run_a):
     assert c.returncode == 0, open(console_c, errors="replace").read()[-6000:]
     resumed = _steps(log_c)
     assert [int(LINE.match(x).group(1)) for x in resumed] == [6, 7, 8, 9, 10]
-    assert [_without_time(x) for x in resumed] == [_without_time(x) for x in _steps(run_a)[5:]]
-    assert [_without_time(x) for x in _steps(log_dir)[:6]] == [_without_time(x) for x in _steps(run_a)[:6]]
+    assert [without_timing(x) for x in resumed] == [without_timing(x) for x in _steps(run_a)[5:]]
+    assert [without_timing(x) for x in _steps(log_dir)[:6]] == [without_timing(x) for x in _steps(run_a)[:6]]

@@ -33,6 +33,7 @@ import time
 import pytest
 
 from mindtrain.trainer.quickstart import free_port, worker_env
+from mindtrain.trainer.log_line import read_step_lines, without_timing
 from mindtrain.trainer.runtime import worker_pid
 
 pytestmark = pytest.mark.msrun
@@ -81,14 +82,7 @@ def _text(job) -> str:
 
 def _step_lines(job, worker: int = 0) -> list[str]:
     path = os.path.join(job["log_dir"], f"worker_{worker}.log") if os.path.isdir(job["log_dir"]) else job["console"]
-    if not os.path.exists(path):
-        return []
-    with open(path, errors="replace") as f:
-        return [line.rstrip("\n") for line in f if line.startswith("{ step:")]
-
-
-def _without_time(line: str) -> str:
-    return re.sub(r"per_step_time: +\d+ms, ", "", re.sub(r", throughput: .*\}$", "", line))
+    return read_step_lines(path)
 
 
 def _wait_for(cond, job, timeout: float = 900) -> None:
@@ -237,7 +231,7 @@ def test_sigterm_to_one_worker_stops_every_rank_after_a_saved_step(work, jobs, p
     for worker in (0, 1):
         lines = _step_lines(pre, worker)
         assert [int(re.match(r"\{ step:\[ *(\d+)/", x).group(1)) for x in lines] == list(range(1, stopped + 1))
-    assert [_without_time(x) for x in _step_lines(pre)] == [_without_time(x) for x in reference[:stopped]]
+    assert [without_timing(x) for x in _step_lines(pre)] == [without_timing(x) for x in reference[:stopped]]
     ckpt = os.path.join(work, "pre", "ckpt")
     assert open(os.path.join(ckpt, "latest_checkpointed_iteration.txt")).read().strip() == str(stopped)
     assert os.path.isdir(os.path.join(ckpt, f"iter_{stopped:07d}"))
@@ -250,7 +244,7 @@ def test_resume_after_preemption_prints_the_uninterrupted_lines(preempted, refer
     stopped, _, resume = preempted
     assert _finish(resume) == 0, _text(resume)[-4000:]
     lines = _step_lines(resume)
-    assert [_without_time(x) for x in lines] == [_without_time(x) for x in reference[stopped:]]
+    assert [without_timing(x) for x in lines] == [without_timing(x) for x in reference[stopped:]]
 
 
 def test_hung_rank_ends_the_job_naming_rank_and_step(work, jobs):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import re
 from typing import Optional, Sequence
 
 
@@ -44,3 +46,20 @@ def format_step_line(step: int, total: int, loss: float, step_ms: float, lr: flo
     parts += [f"{name}: {value:10.6f}" for name, value in mtp]
     parts += [f"lr: {lr:.6e}", f"grad_norm: {grad_norm:10.6f}", f"throughput: {format_flops(flops_per_second)}"]
     return "{ " + ", ".join(parts) + " }"
+
+
+_TIMING = (re.compile(r"per_step_time: +\d+ms, "), re.compile(r", throughput: .*\}$"))
+
+
+def read_step_lines(path: str) -> list[str]:
+    """The step lines of a log file (``[]`` while it does not exist), as printed."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return [line.rstrip("\n") for line in f if line.startswith("{ step:")]
+
+
+def without_timing(line: str) -> str:
+    """A step line without its time-dependent fields (per_step_time, throughput): what two
+    runs of the same training must print alike."""
+    return _TIMING[0].sub("", _TIMING[1].sub("", line))
