@@ -10,12 +10,14 @@ tokens per step) on 2 workers for 6 steps, saving every 3:
 - ``hang``: rank 1 sleeps before step 3 (``MINDTRAIN_FAULT=hang:1:3``) with
   ``monitor.hang_timeout=30``: the job must end soon after, naming rank 1 and step 3, and
   leave no process behind.
+- ``pre_msrun``: msrun itself gets SIGTERM once step 2 is printed; it dies without passing
+  the signal on, and its workers must stop after a saved step on their own.
 - ``double``: one process saving every 2 steps with a slow save window
   (``MINDTRAIN_FAULT=slow_save:8``) gets SIGTERM after step 3, then a second SIGTERM while
   step 3's save has written its files but not renamed them: it exits at once with 143 and
   the step-2 checkpoint stays the newest and whole.
 
-ref, pre, hang and double start together; resume starts when pre has ended.
+ref, pre, pre_msrun, hang and double start together; resume starts when pre has ended.
 """
 
 from __future__ import annotations
@@ -162,6 +164,19 @@ def _preempt_then_resume(work: str, pre: dict) -> dict:
     return {"rc": rc, "resume": resume}
 
 
+def _preempt_msrun(work: str, job: dict) -> dict:
+    """SIGTERM to msrun itself once step 2 is printed: msrun dies without passing it on; its
+    workers must notice and stop as if signalled. Waits until no process of the job is left."""
+    _wait_for(lambda: len(_step_lines(job)) >= 2, job)
+    job["proc"].send_signal(signal.SIGTERM)
+    job["proc"].wait(timeout=60)
+    folder = os.path.join(work, job["name"])
+    deadline = time.time() + 600
+    while _job_processes(folder) and time.time() < deadline:
+        time.sleep(0.5)
+    return {"left": _job_processes(folder)}
+
+
 def _watch_hang(hang: dict) -> dict:
     _wait_for(lambda: len(_step_lines(hang)) >= 2, hang)
     second = time.time()
@@ -191,10 +206,12 @@ def jobs(work):
         "hang": _start(work, "hang", port=8622, fault="hang:1:3", extra=[f"monitor.hang_timeout={HANG_TIMEOUT}"]),
         "double": _start(work, "double", workers=1, fault="slow_save:8",
                          extra=["checkpoint.save_interleaved_steps=2"]),
+        "pre_msrun": _start(work, "pre_msrun", port=8624),
     }
     watchers = {"pre": _in_thread(_preempt_then_resume, work, started["pre"]),
                 "hang": _in_thread(_watch_hang, started["hang"]),
-                "double": _in_thread(_double_signal, work, started["double"])}
+                "double": _in_thread(_double_signal, work, started["double"]),
+                "pre_msrun": _in_thread(_preempt_msrun, work, started["pre_msrun"])}
     yield started, watchers
     for t in watchers.values():
         if "result" in t.box and "resume" in t.box["result"]:
@@ -272,3 +289,17 @@ def test_second_signal_during_a_save_exits_at_once_keeping_the_last_checkpoint(w
     weights = load_file(os.path.join(ckpt, "iter_0000002", "model.safetensors"))
     assert len(weights) > 10
     assert json.load(open(os.path.join(ckpt, "iter_0000002", "trainer_state.json")))["step"] == 2
+
+
+def test_sigterm_to_msrun_stops_its_workers_the_same_way(work, jobs, reference):
+    started, watchers = jobs
+    out = _joined(watchers["pre_msrun"])
+    job = started["pre_msrun"]
+    assert out["left"] == [], "workers outlived msrun"
+    log0 = open(os.path.join(job["log_dir"], "worker_0.log"), errors="replace").read()
+    m = re.search(r"mindtrain: msrun ended: stopped after step (\d+) of 6; checkpoint saved to", log0)
+    assert m, log0[-3000:]
+    stopped = int(m.group(1))
+    ckpt = os.path.join(work, "pre_msrun", "ckpt")
+    assert open(os.path.join(ckpt, "latest_checkpointed_iteration.txt")).read().strip() == str(stopped)
+    assert [without_timing(x) for x in _step_lines(job)] == [without_timing(x) for x in reference[:stopped]]

@@ -64,8 +64,17 @@ class HangWatch:
         self._step = 0
         self._fault = faults.hang_step(rank)
         self._beat(0)
+        self._stop = threading.Event()
+        self._thread = None
         if self.timeout > 0:
-            threading.Thread(target=self._watch, daemon=True, name="mindtrain-hang-watch").start()
+            self._thread = threading.Thread(target=self._watch, daemon=True, name="mindtrain-hang-watch")
+            self._thread.start()
+
+    def close(self) -> None:
+        """End the watch thread (training is over): nothing runs beside interpreter shutdown."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
 
     def step_begin(self, step: int) -> None:
         if self._fault is not None and step == self._fault:
@@ -95,8 +104,7 @@ class HangWatch:
         return out
 
     def _watch(self) -> None:
-        while True:
-            time.sleep(min(1.0, self.timeout / 10))
+        while not self._stop.wait(min(1.0, self.timeout / 10)):
             if self._armed and time.monotonic() - self._last > self.timeout:
                 self._fire()
 

@@ -36,10 +36,19 @@ class Preemption:
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
                 signal.signal(sig, self._on_signal)
+        self._stop = threading.Event()
+        self._thread = None
         if watch_parent:
             parent = os.getppid()
-            threading.Thread(target=self._watch_parent, args=(parent,), daemon=True,
-                             name="mindtrain-launcher-watch").start()
+            self._thread = threading.Thread(target=self._watch_parent, args=(parent,), daemon=True,
+                                            name="mindtrain-launcher-watch")
+            self._thread.start()
+
+    def close(self) -> None:
+        """End the launcher watch (training is over)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
 
     def _on_signal(self, signum, _frame) -> None:
         if self.reason is not None or self.stopping:
@@ -48,8 +57,7 @@ class Preemption:
         self.reason = signal.Signals(signum).name
 
     def _watch_parent(self, parent: int) -> None:
-        stop = threading.Event()
-        while not stop.wait(1.0):
+        while not self._stop.wait(1.0):
             if os.getppid() != parent:  # msrun ended (it does not forward SIGTERM)
                 if self.reason is None:
                     self.reason = "msrun ended"

@@ -248,6 +248,9 @@ class Trainer:
             if reason is not None:
                 self._stop_preempted(reason, saved)
                 break
+        preempt.close()
+        if hang is not None:
+            hang.close()
         self._finish_saves()  # an asynchronous save finishes before training returns
         self.hooks.train_end()
         if self.metrics is not None:
