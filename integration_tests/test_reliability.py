@@ -106,8 +106,10 @@ def _finish(job, timeout: float = 1500) -> int:
         raise
 
 
-def _job_processes(tmp: str) -> list[int]:
-    """Live processes (not zombies) whose command line names this job's folder."""
+def _job_processes(tmp: str, kind: str = "python") -> list[int]:
+    """Live processes (not zombies) whose command line names this job's folder: the job's own
+    (``kind="python"``: scheduler and workers), or msrun's ``tail -f`` log followers
+    (``kind="tail"``), which msrun leaves behind when it is killed itself."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -115,9 +117,11 @@ def _job_processes(tmp: str) -> list[int]:
                 cmd = f.read().decode(errors="replace")
             with open(f"/proc/{pid}/stat") as f:
                 state = f.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{pid}/comm") as f:
+                is_tail = f.read().strip() == "tail"
         except OSError:
             continue
-        if tmp in cmd and state != "Z":
+        if tmp in cmd and state != "Z" and is_tail == (kind == "tail"):
             found.append(int(pid))
     return found
 
@@ -174,6 +178,8 @@ def _preempt_msrun(work: str, job: dict) -> dict:
     deadline = time.time() + 600
     while _job_processes(folder) and time.time() < deadline:
         time.sleep(0.5)
+    for pid in _job_processes(folder, kind="tail"):  # msrun's, orphaned by its death
+        os.kill(pid, signal.SIGKILL)
     return {"left": _job_processes(folder)}
 
 
