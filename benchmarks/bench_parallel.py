@@ -1,193 +1,143 @@
-"""FSDP step time: 2 msrun workers x 1 core each vs 1 process on both cores, same global batch.
+"""Every layout of the real trainer against one process, on the same global batch, in one run.
 
-    hatch run python benchmarks/bench_parallel.py [--sizes tiny,bench] [--steps 3]
+    hatch run python benchmarks/bench_parallel.py [--steps 12] [--layouts single,zero2,...]
+                                                  [--transport shm|mccl|both]
 
-For each model size it runs (a) one process, unpinned (MindSpore's CPU kernels use both
-cores), training the plain model on the whole global batch, and (b) msrun with 2 workers,
-each pinned to one core, training the same model with FSDP (each strategy asked for) on
-half the batch each. Prints ms/step, the ratio, and the share of the FSDP step spent in
-collectives (timed with a sync after each collective, so the share is an upper bound).
-The optimizer is plain SGD written with set_data, the same in both runs.
+Each layout runs ``run_mindformer.py --config configs/pynative_ds3_tiny.yaml`` (the quick
+start's job: global batch 2 x seq 256) with the layout's overrides: the single process
+with ``local_batch_size=2`` as ``python run_mindformer.py``, the others under msrun. The
+layouts run one after another, interleaved with the single process (it runs again before
+every third layout) so load drift shows up in its spread. From each run:
+
+- median step time of steps 3..N (rank 0's metrics; steps 1-2 compile) and its ratio to the
+  single process's median;
+- collective calls and seconds per step (``MINDTRAIN_COMM_STATS``: every top-level
+  collective call is counted and timed; on the shared-memory transport the time is real,
+  on mccl it is only the time to enqueue);
+- peak RSS per rank.
+
+Prints a markdown table (the parallel README's). The 4-worker rows run 4 workers on a
+2-core host, so their ratio includes 2x oversubscription.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-SIZES = {  # vocab, hidden, layers, heads, ffn, seq, global batch
-    "tiny": dict(V=512, D=128, L=3, H=4, FF=256, S=64, B=8),
-    "bench": dict(V=4096, D=256, L=4, H=8, FF=1024, S=128, B=8),
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, ROOT)
+CONFIG = os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml")
+
+ZERO = "parallelism.data_parallel_shard_strategy="
+LAYOUTS = {  # name: (workers, overrides); global batch 2 everywhere
+    "single": (1, ["training.local_batch_size=2", "parallelism.data_parallel_shard=1"]),
+    "zero1": (2, [ZERO + "optim"]),
+    "zero2": (2, [ZERO + "optim_grads"]),
+    "zero3": (2, [ZERO + "optim_grads_params"]),
+    "tp2": (2, ["parallelism.tensor_parallel=2", "training.local_batch_size=2"]),
+    "ep2": (2, ["parallelism.expert_parallel=2"]),
+    "cp2": (2, ["parallelism.context_parallel=2", "training.local_batch_size=2"]),
+    "pp2": (2, ["parallelism.pipeline_parallel=2", "training.local_batch_size=1"]),
+    "dp2_tp2": (4, ["parallelism.tensor_parallel=2"]),
+    "dp2_ep2": (4, ["parallelism.expert_parallel=2", "training.global_batch_size=2"]),
+    "pp2_dp2": (4, ["parallelism.pipeline_parallel=2"]),
 }
 
 
-def build(cfg, seed=0):
-    import numpy as np
-    import mindspore as ms
-    from mindspore import Parameter, Tensor, mint, nn, ops
+def prepare_data() -> str:
+    from mindtrain.trainer.quickstart import prepare_data as prepare
 
-    V, D, L, H, FF, S = (cfg[k] for k in ("V", "D", "L", "H", "FF", "S"))
-    rng = np.random.RandomState(seed)
-
-    def p(*shape, scale=0.05):
-        return Parameter(Tensor((rng.randn(*shape) * scale).astype(np.float32)))
-
-    def rms(x, g):
-        return x * mint.rsqrt((x * x).mean(-1, keep_dims=True) + 1e-6) * g
-
-    matmul_t = ops.MatMul(transpose_b=True)
-
-    def lin(x, w):
-        return matmul_t(x.reshape(-1, x.shape[-1]), w).reshape(x.shape[:-1] + (w.shape[0],))
-
-    class Block(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.n1, self.n2 = Parameter(Tensor(np.ones(D, np.float32))), Parameter(Tensor(np.ones(D, np.float32)))
-            self.wqkv, self.wo, self.w1, self.w2 = p(3 * D, D), p(D, D), p(FF, D), p(D, FF)
-
-        def construct(self, x, mask):
-            b = x.shape[0]
-            q, k, v = mint.split(lin(rms(x, self.n1), self.wqkv), D, -1)
-            q, k, v = (t.reshape(b, S, H, D // H).transpose(0, 2, 1, 3) for t in (q, k, v))
-            att = ops.softmax(mint.matmul(q, k.transpose(0, 1, 3, 2)) * (D // H) ** -0.5 + mask, -1)
-            x = x + lin(mint.matmul(att, v).transpose(0, 2, 1, 3).reshape(b, S, D), self.wo)
-            return x + lin(ops.silu(lin(rms(x, self.n2), self.w1)), self.w2)
-
-    class LM(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.embed = p(V, D, scale=0.5)
-            self.blocks = nn.CellList([Block() for _ in range(L)])
-            self.norm, self.head = Parameter(Tensor(np.ones(D, np.float32))), p(V, D)
-            self.mask = Tensor(np.triu(np.full((S, S), -1e9, np.float32), 1))
-
-        def construct(self, ids, labels):
-            x = self.embed[ids]
-            for blk in self.blocks:
-                x = blk(x, self.mask)
-            logits = lin(rms(x, self.norm), self.head)
-            return ops.cross_entropy(logits.reshape(-1, V), labels.reshape(-1))
-
-    return LM(), [f"blocks.{i}" for i in range(L)]
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # the tiny config's data_path is relative to the repository root
+    try:
+        return prepare()
+    finally:
+        os.chdir(cwd)
 
 
-def batches(cfg, steps):
-    import numpy as np
+def run(name: str, steps: int, port: int, work: str, transport: str) -> dict:
+    from mindtrain.trainer.quickstart import worker_env
 
-    rng = np.random.RandomState(0)
-    for _ in range(steps):
-        ids = rng.randint(0, cfg["V"], (cfg["B"], cfg["S"] + 1)).astype(np.int32)
-        yield ids[:, :-1], ids[:, 1:]
-
-
-def sgd(params, grads, lr=0.1):
-    for prm, g in zip(params, grads):
-        prm.set_data(prm - lr * g)
-
-
-def run_single(cfg, steps, warmup):
-    import mindspore as ms
-    from mindspore import Tensor
-
-    ms.set_device("CPU")
-    model, _ = build(cfg)
-    params = model.trainable_params()
-    grad_fn = ms.value_and_grad(model, None, weights=params)
-    times = []
-    for i, (ids, labels) in enumerate(batches(cfg, warmup + steps)):
-        t0 = time.perf_counter()
-        loss, grads = grad_fn(Tensor(ids), Tensor(labels))
-        sgd(params, grads)
-        loss = float(loss.asnumpy())
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return {"ms_per_step": 1000 * sum(times) / len(times), "loss": loss}
-
-
-def run_worker(cfg, steps, warmup, strategy):
-    import mindspore as ms
-    from mindspore import Tensor
-
-    from mindtrain.config import ParallelismConfig
-    from mindtrain.parallel import DeviceMesh, collectives as C, fully_shard, init_distributed
-
-    ms.set_device("CPU")
-    world, rank = init_distributed()
-    os.sched_setaffinity(0, {rank % os.cpu_count()})
-    mesh = DeviceMesh.from_config(ParallelismConfig(), world, rank).init_process_groups()
-    model, units = build(cfg)
-    fsdp = fully_shard(model, mesh, units=units, strategy=strategy)
-    step_fn = fsdp.value_and_grad(model)
-    local = cfg["B"] // world
-    times, comm = [], []
-    for i, (ids, labels) in enumerate(batches(cfg, warmup + steps)):
-        C.barrier()
-        C.reset_timing(True)
-        t0 = time.perf_counter()
-        rows = slice(rank * local, (rank + 1) * local)
-        loss = step_fn(Tensor(ids[rows]), Tensor(labels[rows]))
-        sgd(fsdp.params, fsdp.grads)
-        fsdp.finish_step()
-        loss = float(C.all_reduce(Tensor([float(loss.asnumpy())]), mesh.group("dp"), op="avg").asnumpy()[0])
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-            comm.append(C.reset_timing(False))
-    return {"ms_per_step": 1000 * sum(times) / len(times), "comm_ms": 1000 * sum(comm) / len(comm),
-            "loss": loss, "rank": rank}
+    workers, extra = LAYOUTS[name]
+    out = os.path.join(work, f"{name}_{transport}_{port}")
+    os.makedirs(out)
+    items = [f"training.steps={steps}", "checkpoint.enable_save=false",
+             f"monitor.metrics_dir={os.path.join(out, 'metrics')}", *extra]
+    args = ["--config", CONFIG, "--mode", "1"] + [a for item in items for a in ("--override", item)]
+    env = dict(worker_env(), MINDTRAIN_COMM_STATS=os.path.join(out, "comm"), GLOG_v="3",
+               MINDTRAIN_CPU_TRANSPORT=transport)
+    entry = os.path.join(ROOT, "run_mindformer.py")
+    if workers == 1:
+        cmd = [sys.executable, entry, *args]
+    else:
+        cmd = ["msrun", f"--worker_num={workers}", f"--local_worker_num={workers}", f"--master_port={port}",
+               "--join=True", f"--log_dir={os.path.join(out, 'log')}", entry, *args]
+    t0 = time.time()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        tail = proc.stdout[-1500:] + proc.stderr[-1500:]
+        for log in sorted(glob.glob(os.path.join(out, "log", "worker_*.log"))):
+            tail += open(log, errors="replace").read()[-1500:]
+        raise SystemExit(f"bench_parallel: {name} failed ({proc.returncode}):\n{tail}")
+    rows = [json.loads(line) for f in glob.glob(os.path.join(out, "metrics", "*", "metrics.jsonl"))
+            for line in open(f)]
+    times = [r["per_step_time_ms"] for r in rows if r["step"] >= 3]
+    stats = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(out, "comm.rank*.json")))]
+    return {"name": name, "workers": workers, "transport": stats[0]["transport"] if stats else "none",
+            "step_ms": statistics.median(times), "spread": (min(times), max(times)),
+            "calls": sum(s["calls"] for s in stats) / max(len(stats), 1) / steps,
+            "comm_s": sum(s["seconds"] for s in stats) / max(len(stats), 1) / steps,
+            "rss_mb": [round(s["peak_rss_mb"]) for s in stats], "wall_s": time.time() - t0}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="tiny,bench")
-    ap.add_argument("--strategies", default="optim_grads_params,optim_grads")
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--port", type=int, default=8290)
-    ap.add_argument("--bench-worker", nargs=3, metavar=("SIZE", "STRATEGY", "OUT"), help=argparse.SUPPRESS)
-    ap.add_argument("--bench-single", nargs=2, metavar=("SIZE", "OUT"), help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    if a.bench_worker:
-        res = run_worker(SIZES[a.bench_worker[0]], a.steps, a.warmup, a.bench_worker[1])
-        if res["rank"] == 0:
-            json.dump(res, open(a.bench_worker[2], "w"))
-        return
-    if a.bench_single:
-        json.dump(run_single(SIZES[a.bench_single[0]], a.steps, a.warmup), open(a.bench_single[1], "w"))
-        return
-
-    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    tmp = tempfile.mkdtemp(prefix="bench_parallel_")
-    me = os.path.abspath(__file__)
-    common = ["--steps", str(a.steps), "--warmup", str(a.warmup)]
-    rows = []
-    for size in a.sizes.split(","):
-        out = os.path.join(tmp, f"single_{size}.json")
-        subprocess.run([sys.executable, me, "--bench-single", size, out, *common], env=env, check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        single = json.load(open(out))
-        for strategy in a.strategies.split(","):
-            out = os.path.join(tmp, f"fsdp_{size}_{strategy}.json")
-            subprocess.run(["msrun", "--worker_num=2", "--local_worker_num=2", f"--master_port={a.port}",
-                            f"--log_dir={tmp}/log_{size}_{strategy}", "--join=True", me,
-                            "--bench-worker", size, strategy, out, *common], env=env, check=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            fsdp = json.load(open(out))
-            rows.append((size, strategy, single, fsdp))
-    print(f"load average at end: {os.getloadavg()[0]:.1f}")
-    print("| model | strategy | 1 worker x 2 cores ms/step | 2 workers x 1 core FSDP ms/step | ratio (FSDP/single) "
-          "| comm ms/step | comm share | loss single / FSDP |")
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--layouts", default=",".join(n for n in LAYOUTS if n != "single"))
+    p.add_argument("--transport", choices=["shm", "mccl", "both"], default="shm")
+    p.add_argument("--port", type=int, default=8790)
+    a = p.parse_args()
+    names = [n for n in a.layouts.split(",") if n]
+    unknown = [n for n in names if n not in LAYOUTS]
+    if unknown:
+        print(f"bench_parallel: unknown layout(s) {unknown}; choose from {', '.join(LAYOUTS)}", file=sys.stderr)
+        return 2
+    prepare_data()
+    transports = ["shm", "mccl"] if a.transport == "both" else [a.transport]
+    results, singles = [], []
+    port = a.port
+    with tempfile.TemporaryDirectory() as work:
+        for i, name in enumerate(names):
+            if i % 3 == 0:
+                singles.append(run("single", a.steps, port, work, "shm"))
+                print(f"single: {singles[-1]['step_ms']:.0f} ms/step", flush=True)
+            for tr in transports:
+                port += 1
+                r = run(name, a.steps, port, work, tr)
+                results.append(r)
+                print(f"{name} ({r['transport']}): {r['step_ms']:.0f} ms/step, {r['calls']:.0f} collectives/step",
+                      flush=True)
+    base = statistics.median(s["step_ms"] for s in singles)
+    print(f"\nsingle process (local batch 2): median {base:.0f} ms/step over {len(singles)} runs "
+          f"({', '.join(f'{s['step_ms']:.0f}' for s in singles)})\n")
+    print("| layout | workers | transport | ms/step (min-max) | ratio to 1 process | collectives/step | "
+          "collective s/step | peak RSS per rank (MB) |")
     print("|---|---|---|---|---|---|---|---|")
-    for size, strategy, s, f in rows:
-        print(f"| {size} | {strategy} | {s['ms_per_step']:.0f} | {f['ms_per_step']:.0f} | "
-              f"{f['ms_per_step'] / s['ms_per_step']:.2f} | {f['comm_ms']:.0f} | "
-              f"{f['comm_ms'] / f['ms_per_step']:.0%} | {s['loss']:.4f} / {f['loss']:.4f} |")
+    for r in results:
+        lo, hi = r["spread"]
+        print(f"| {r['name']} | {r['workers']} | {r['transport']} | {r['step_ms']:.0f} ({lo:.0f}-{hi:.0f}) | "
+              f"{r['step_ms'] / base:.2f}x | {r['calls']:.0f} | {r['comm_s']:.3f} | "
+              f"{', '.join(map(str, r['rss_mb']))} |")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -24,6 +24,9 @@ from mindtrain.parallel import DeviceMesh, collectives as C, functional as F, in
 
 ms.set_device("CPU")
 world, rank = init_distributed()
+expected = os.environ["EXPECT_TRANSPORT"]
+if C.transport() != expected:
+    sys.exit(f"rank {rank}: transport {C.transport()}, expected {expected}")
 out_dir = sys.argv[1]
 errors: dict[str, float] = {}
 
@@ -51,6 +54,10 @@ def run_group(tag, g):
     check(f"{tag}/all_reduce_sum_view", C.all_reduce(view, g), total)
     check(f"{tag}/all_reduce_avg", C.all_reduce(Tensor(xs[me]), g, op="avg"), total / n)
     check(f"{tag}/all_reduce_keeps_input", view, xs[me])
+    # 1.2 MB moves the shared-memory transport to a larger segment; the next call uses it
+    bigs = [data(r, (300_000,), 5) for r in members]
+    check(f"{tag}/all_reduce_big", C.all_reduce(Tensor(bigs[me]), g), sum(bigs))
+    check(f"{tag}/all_reduce_float64", C.all_reduce(Tensor(xs[me].astype(np.float64)), g), total)
     check(f"{tag}/all_gather_dim0", C.all_gather(view, g), np.concatenate(xs, 0))
     check(f"{tag}/all_gather_dim1", C.all_gather(Tensor(xs[me]), g, dim=1), np.concatenate(xs, 1))
     check(f"{tag}/reduce_scatter_dim0", C.reduce_scatter(view, g), np.split(total, n, 0)[me])

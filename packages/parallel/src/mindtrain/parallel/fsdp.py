@@ -380,6 +380,17 @@ class FSDP:
         out: list[Optional[Tensor]] = [None] * len(slots)
         for grp, idx in _by_group(slots).items():
             n = grp.size
+            if C.on_host(grp, slots[idx[0]].dtype) and len({slots[i].dtype for i in idx}) == 1:
+                # shared-memory transport: slice on the host (no per-parameter device ops)
+                flat = np.concatenate([shards[i].asnumpy().reshape(-1) for i in idx])
+                table = C.host_all_gather(flat, grp)
+                off = 0
+                for i in idx:
+                    s = slots[i]
+                    part = table[:, off:off + s.shard_numel].reshape((s.local_rows * n,) + s.rest)
+                    off += s.shard_numel
+                    out[i] = Tensor(np.ascontiguousarray(part[:s.rows]).reshape(s.shape))
+                continue
             parts = [shards[i].reshape(-1) for i in idx]
             flat = mint.cat(parts) if len(parts) > 1 else parts[0]
             table = C.all_gather(flat, grp).reshape(n, -1)
@@ -396,6 +407,21 @@ class FSDP:
         out: list[Optional[Tensor]] = [None] * len(slots)
         for grp, idx in _by_group(slots).items():
             n = grp.size
+            if C.on_host(grp, slots[idx[0]].dtype) and len({slots[i].dtype for i in idx}) == 1:
+                host = []
+                for i in idx:
+                    s = slots[i]
+                    g = fulls[i].asnumpy().reshape((s.rows,) + s.rest)
+                    if s.local_rows * n != s.rows:
+                        g = np.concatenate([g, np.zeros((s.local_rows * n - s.rows,) + s.rest, g.dtype)])
+                    host.append(g.reshape(n, -1))
+                mine = C.host_reduce_scatter(np.concatenate(host, axis=1), grp, op=self.reduce_op)
+                off = 0
+                for i in idx:
+                    s = slots[i]
+                    out[i] = Tensor(mine[off:off + s.shard_numel].reshape((s.local_rows,) + s.rest).copy())
+                    off += s.shard_numel
+                continue
             cols = []
             for i in idx:
                 s = slots[i]

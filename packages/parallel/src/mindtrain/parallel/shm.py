@@ -1,0 +1,213 @@
+"""Same-host collectives through shared memory, for CPU workers (numpy only, no MindSpore).
+
+MindSpore's CPU collectives (mccl) go over TCP through the framework's comm threads; on a
+loaded host each call costs 8-40 ms even for a few KB and 45-120 ms for 4-8 MB (measured,
+see the parallel README). When every rank of a job runs on one host, a collective can
+instead be a copy into a shared segment, one arrival flag per rank and a read: this module.
+
+One :class:`Segment` per group (its global ranks). Layout of the mapped file::
+
+    header: one int64 arrival counter per member, each on its own 64-byte line
+    data:   2 buffers x members x capacity bytes
+
+Every operation is collective over the group and goes: write this rank's bytes into its
+slot of buffer ``seq % 2``, publish ``seq`` in its counter, wait until every member has
+published ``seq``, read. A member reaches operation ``seq + 2`` (the next use of the same
+buffer) only after every member published ``seq + 1``, which each does only after it has
+finished reading operation ``seq``: two buffers need no second barrier. Reductions add
+the members' contributions in member order, so every rank gets the same bits.
+
+The segment's file is unlinked as soon as every member has mapped it, so a killed job
+leaves nothing in ``/dev/shm``. A larger payload than the capacity makes every member
+move to a new, larger segment at the same operation (all members of a collective pass
+equally sized payloads, or exchange sizes first).
+
+Ordering relies on x86-64's store order (data stores become visible before the counter
+store that follows them); :func:`supported` says whether this host qualifies.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import platform
+import time
+from typing import Optional, Sequence
+
+import numpy as np
+
+_LINE = 64
+_DIR = "/dev/shm"
+
+
+def supported() -> bool:
+    """x86-64 Linux with a writable /dev/shm."""
+    return (platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64")
+            and os.path.isdir(_DIR) and os.access(_DIR, os.W_OK))
+
+
+class Segment:
+    """A group's shared buffers, as seen by member ``index`` of ``size``."""
+
+    def __init__(self, token: str, ranks: Sequence[int], index: int, capacity: int = 1 << 16,
+                 generation: int = 0):
+        self.token = token
+        self.ranks = tuple(ranks)
+        self.index = index
+        self.size = len(self.ranks)
+        self.capacity = _round_up(max(capacity, 1))
+        self.generation = generation
+        self.seq = 0
+        header = _LINE * self.size
+        total = header + 2 * self.size * self.capacity
+        path = os.path.join(_DIR, f"mindtrain-{token}-{'_'.join(map(str, self.ranks))}-g{generation}")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if os.fstat(fd).st_size < total:
+                os.ftruncate(fd, total)
+            self._map = mmap.mmap(fd, total)
+        finally:
+            os.close(fd)
+        self._counters = np.ndarray((self.size,), np.int64, self._map, 0, (_LINE,))
+        self._data = np.ndarray((2, self.size, self.capacity), np.uint8, self._map, header)
+        self._arrive()  # every member has mapped the file: it may go
+        if index == 0:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    def close(self) -> None:
+        self._counters = self._data = None
+        self._map.close()
+
+    # ---- the one primitive -----------------------------------------------------------------
+    def _arrive(self) -> int:
+        """Publish this member's next sequence number and wait for every member's."""
+        self.seq += 1
+        seq = self.seq
+        self._counters[self.index] = seq
+        counters = self._counters
+        pause = 2e-5
+        while int(counters.min()) < seq:
+            time.sleep(pause)
+            pause = min(pause * 1.5, 1e-3)
+        return seq
+
+    def _grow(self, nbytes: int) -> "Segment":
+        nxt = Segment(self.token, self.ranks, self.index, nbytes, self.generation + 1)
+        self.close()
+        return nxt
+
+    def exchange(self, payload: np.ndarray) -> np.ndarray:
+        """Every member's bytes of ``payload`` (all the same size): uint8 array (size, nbytes),
+        a view valid until the operation after next; copy out what you keep."""
+        raw = np.ascontiguousarray(payload).reshape(-1).view(np.uint8)
+        n = raw.size
+        buf = self._data[(self.seq + 1) % 2]
+        buf[self.index, :n] = raw
+        self._arrive()
+        return buf[:, :n]
+
+
+class Transport:
+    """Shared-memory collectives for the groups of one job on one host."""
+
+    def __init__(self, token: str):
+        self.token = token
+        self._segments: dict[tuple[int, ...], Segment] = {}
+
+    def _segment(self, ranks: Sequence[int], index: int, nbytes: int) -> Segment:
+        ranks = tuple(ranks)
+        seg = self._segments.get(ranks)
+        if seg is None:
+            seg = Segment(self.token, ranks, index, max(nbytes, 1 << 16))
+        elif nbytes > seg.capacity:
+            seg = seg._grow(nbytes)
+        self._segments[ranks] = seg
+        return seg
+
+    def close(self) -> None:
+        for seg in self._segments.values():
+            seg.close()
+        self._segments.clear()
+
+    # ---- collectives on numpy arrays ---------------------------------------------------------
+    def all_gather(self, x: np.ndarray, ranks: Sequence[int], index: int) -> np.ndarray:
+        """Every member's ``x`` (same shape and dtype everywhere), stacked: shape (size, *x.shape)."""
+        x = np.ascontiguousarray(x)
+        table = self._segment(ranks, index, x.nbytes).exchange(x)
+        return table.view(x.dtype).reshape((len(ranks),) + x.shape).copy()
+
+    def all_reduce(self, x: np.ndarray, ranks: Sequence[int], index: int) -> np.ndarray:
+        """Sum over members, added in member order (the same bits on every member)."""
+        x = np.ascontiguousarray(x)
+        table = self._segment(ranks, index, x.nbytes).exchange(x).view(x.dtype).reshape(len(ranks), -1)
+        out = table[0].copy()
+        for row in table[1:]:
+            out += row
+        return out.reshape(x.shape)
+
+    def reduce_scatter(self, x: np.ndarray, ranks: Sequence[int], index: int) -> np.ndarray:
+        """Sum over members of chunk ``index`` of ``x``'s flat data (size divisible by members)."""
+        x = np.ascontiguousarray(x)
+        size = len(ranks)
+        table = self._segment(ranks, index, x.nbytes).exchange(x).view(x.dtype).reshape(size, size, -1)
+        mine = table[:, index]
+        out = mine[0].copy()
+        for row in mine[1:]:
+            out += row
+        return out
+
+    def broadcast(self, x: np.ndarray, src: int, ranks: Sequence[int], index: int) -> np.ndarray:
+        """Member ``src``'s ``x`` (every member passes an array of the same shape and dtype)."""
+        x = np.ascontiguousarray(x)
+        table = self._segment(ranks, index, x.nbytes).exchange(x)
+        return table[src].view(x.dtype).reshape(x.shape).copy()
+
+    def all_to_all(self, x: np.ndarray, send_rows: Sequence[int], ranks: Sequence[int],
+                   index: int) -> np.ndarray:
+        """Rows ``send_rows[j]`` of ``x`` (dim 0, in order) go to member j; returns the rows
+        received from members 0..size-1 concatenated (two exchanges: the splits, the rows)."""
+        x = np.ascontiguousarray(x)
+        row_bytes = int(np.prod(x.shape[1:], dtype=np.int64)) * x.itemsize
+        splits = self.all_gather(np.asarray(send_rows, np.int64), ranks, index)  # [sender, receiver]
+        most = int(splits.sum(axis=1).max()) * row_bytes
+        flat = x.reshape(-1).view(np.uint8)
+        padded = flat if flat.size == most else np.concatenate([flat, np.zeros(most - flat.size, np.uint8)])
+        table = self._segment(ranks, index, most).exchange(padded)
+        starts = np.concatenate([np.zeros((len(ranks), 1), np.int64), np.cumsum(splits, axis=1)], axis=1)
+        parts = [table[j, starts[j, index] * row_bytes:starts[j, index + 1] * row_bytes]
+                 for j in range(len(ranks))]
+        rows = int(splits[:, index].sum())
+        return np.concatenate(parts).view(x.dtype).reshape((rows,) + x.shape[1:]).copy()
+
+    def barrier(self, ranks: Sequence[int], index: int) -> None:
+        self._segment(ranks, index, 0)._arrive()
+
+
+def _round_up(n: int) -> int:
+    """Next power of two (at least 64 bytes), so a growing payload rarely moves segments."""
+    n = max(int(n), _LINE)
+    return 1 << (n - 1).bit_length()
+
+
+_transport: Optional[Transport] = None
+
+
+def transport() -> Optional[Transport]:
+    return _transport
+
+
+def start(token: str) -> Transport:
+    global _transport
+    if _transport is None:
+        _transport = Transport(token)
+    return _transport
+
+
+def stop() -> None:
+    global _transport
+    if _transport is not None:
+        _transport.close()
+        _transport = None
