@@ -47,7 +47,6 @@ LAYOUTS = {  # name: (workers, overrides); global batch 2 everywhere
     "cp2": (2, ["parallelism.context_parallel=2", "training.local_batch_size=2"]),
     "pp2": (2, ["parallelism.pipeline_parallel=2", "training.local_batch_size=1"]),
     "dp2_tp2": (4, ["parallelism.tensor_parallel=2"]),
-    "dp2_ep2": (4, ["parallelism.expert_parallel=2", "training.global_batch_size=2"]),
     "pp2_dp2": (4, ["parallelism.pipeline_parallel=2"]),
 }
 
@@ -126,8 +125,8 @@ def main() -> int:
                 print(f"{name} ({r['transport']}): {r['step_ms']:.0f} ms/step, {r['calls']:.0f} collectives/step",
                       flush=True)
     base = statistics.median(s["step_ms"] for s in singles)
-    print(f"\nsingle process (local batch 2): median {base:.0f} ms/step over {len(singles)} runs "
-          f"({', '.join(f'{s['step_ms']:.0f}' for s in singles)})\n")
+    each = ", ".join(f"{s['step_ms']:.0f}" for s in singles)
+    print(f"\nsingle process (local batch 2): median {base:.0f} ms/step over {len(singles)} runs ({each})\n")
     print("| layout | workers | transport | ms/step (min-max) | ratio to 1 process | collectives/step | "
           "collective s/step | peak RSS per rank (MB) |")
     print("|---|---|---|---|---|---|---|---|")

@@ -1,0 +1,34 @@
+"""Probe: a compiled (ms.jit) layer keeps reading the parameter storage it saw when it compiled.
+
+    hatch run python benchmarks/probe_jit_storage.py
+
+Why ZeRO-3 (and any layout that swaps a parameter's storage with set_data) runs eager layers:
+after ``set_data`` the compiled graph still reads the old buffer, and even a later in-place
+``ops.assign`` (which writes the new buffer) is not seen; freeing and re-gathering (set_data to
+0 elements, then to the full weight) leaves the graph on the first buffer. Measured on
+MindSpore 2.10 CPU (output of this script): 2, 2 / eager 4, 2, 2 where the current weight
+would give 2, 4, 6, 8.
+"""
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+ms.set_device("CPU")
+
+class Lin(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.w = Parameter(Tensor(np.ones((2, 2), np.float32)), name="w")
+    @ms.jit
+    def construct(self, x):
+        return ops.matmul(x, self.w)
+
+net = Lin()
+x = Tensor(np.ones((1, 2), np.float32))
+print("compiled, w=1:", net(x).asnumpy())
+net.w.set_data(Tensor(np.full((2, 2), 2, np.float32)))
+print("after set_data(w=2):", net(x).asnumpy(), "eager reads", ops.matmul(x, net.w).asnumpy())
+ops.assign(net.w, Tensor(np.full((2, 2), 3, np.float32)))
+print("after assign(w=3):", net(x).asnumpy())
+net.w.set_data(Tensor(np.zeros((0,), np.float32)))
+net.w.set_data(Tensor(np.full((2, 2), 4, np.float32)))
+print("after free + regather (set_data 0-size then w=4):", net(x).asnumpy())
