@@ -14,6 +14,6 @@ def test_collectives_match_numpy(msrun, tmp_path, workers, port, transport):
     results = msrun.results(tmp_path, "collectives", workers)
     expected_groups = 1 if workers == 2 else 3
     for rank, errors in enumerate(results):
-        assert len(errors) == 22 * expected_groups, sorted(errors)
+        assert len(errors) == 23 * expected_groups, sorted(errors)
         bad = {k: v for k, v in errors.items() if not v <= 1e-5}
         assert not bad, f"rank {rank}: {bad}"

@@ -91,6 +91,18 @@ def run_group(tag, g):
         got = C.recv(payload.shape, payload.dtype, prv, g)
         C.send(payload, nxt, g)
     check(f"{tag}/send_recv_ring", got, xs[prv][:, :, 0])
+    # three messages in a row, the second large enough to move the channel to a bigger segment
+    msgs = {r: [data(r, (7,), 6), data(r, (300_000,), 7), data(r, (3, 2), 8)] for r in members}
+    if me % 2 == 0:
+        for m in msgs[members[me]]:
+            C.send(Tensor(m), nxt, g)
+        got3 = [C.recv(m.shape, ms.float32, prv, g) for m in msgs[members[prv]]]
+    else:
+        got3 = [C.recv(m.shape, ms.float32, prv, g) for m in msgs[members[prv]]]
+        for m in msgs[members[me]]:
+            C.send(Tensor(m), nxt, g)
+    check(f"{tag}/send_recv_three", np.concatenate([t.asnumpy().reshape(-1) for t in got3]),
+          np.concatenate([m.reshape(-1) for m in msgs[members[prv]]]))
     C.barrier(g)
 
     # differentiable forms: loss_r = sum(c_r * f(x_r)); the sum of losses over members has

@@ -11,8 +11,9 @@ One backend choice at start-up (:func:`init_distributed`):
 On CPU, when every rank runs on one host, all_reduce, all_gather, reduce_scatter,
 all_to_all, broadcast and barrier go through shared memory instead
 (:mod:`mindtrain.parallel.shm`): mccl's per-call cost on a loaded host (8-40 ms for a few
-KB, 45-120 ms for 4-8 MB) dominated a data-parallel step. ``MINDTRAIN_CPU_TRANSPORT=mccl``
-keeps MindSpore's collectives; send/recv always use them. Ascend and GPU are untouched.
+KB, 45-120 ms for 4-8 MB) dominated a data-parallel step. send/recv use a shared buffer per
+direction too. ``MINDTRAIN_CPU_TRANSPORT=mccl`` keeps MindSpore's collectives. Ascend and
+GPU are untouched.
 
 Every function returns a new contiguous tensor and never writes into its argument: the
 framework's in-place collectives silently do nothing on a view or slice, so each call
@@ -39,7 +40,9 @@ from mindtrain.parallel.group import Group
 
 _state = {"backend": None, "world_size": 1, "rank": 0, "world_name": None, "shm": None}
 # dtypes the shared-memory path carries (bfloat16 has no plain numpy dtype: it uses mccl)
-_SHM_DTYPES = (ms.float16, ms.float32, ms.float64, ms.int8, ms.uint8, ms.int32, ms.int64, ms.bool_)
+_SHM_NUMPY = {ms.float16: np.float16, ms.float32: np.float32, ms.float64: np.float64, ms.int8: np.int8,
+              ms.uint8: np.uint8, ms.int32: np.int32, ms.int64: np.int64, ms.bool_: np.bool_}
+_SHM_DTYPES = tuple(_SHM_NUMPY)
 
 
 def init_distributed(backend: Optional[str] = None) -> tuple[int, int]:
@@ -444,10 +447,16 @@ def broadcast(x: Tensor, src: int = 0, group: Optional[Group] = None) -> Tensor:
 
 @_timed
 def send(x: Tensor, dst: int, group: Optional[Group] = None) -> None:
-    """Blocking send of ``x`` to member ``dst``; pair with :func:`recv` on that member."""
+    """Send ``x`` to member ``dst``; pair with :func:`recv` on that member. Blocking on mccl;
+    on the shared-memory transport it returns once ``x`` is buffered (at most two messages
+    per direction are in flight)."""
     g = _g(group)
     if dst == g.index:
         raise ValueError("send: dst is this rank")
+    t = _shm(x)
+    if t is not None:
+        t.send(x.asnumpy(), g.global_rank(g.index), g.global_rank(dst))
+        return
     import mindspore.mint.distributed as dist
 
     dist.send(fresh(x), dst=g.global_rank(dst), group=_name(g))
@@ -459,6 +468,9 @@ def recv(shape: Sequence[int], dtype, src: int, group: Optional[Group] = None) -
     g = _g(group)
     if src == g.index:
         raise ValueError("recv: src is this rank")
+    if _state["shm"] is not None and dtype in _SHM_DTYPES:
+        arr = _state["shm"].recv(shape, _SHM_NUMPY[dtype], g.global_rank(g.index), g.global_rank(src))
+        return Tensor(arr)
     import mindspore.mint.distributed as dist
 
     buf = mint.zeros(tuple(shape), dtype=dtype)
