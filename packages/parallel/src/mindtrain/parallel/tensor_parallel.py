@@ -31,6 +31,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindtrain.config import ConfigError
 from mindtrain.parallel import collectives as C
 from mindtrain.parallel import functional as F
+from mindtrain.parallel.layout import split_piece
 from mindtrain.parallel.mesh import DeviceMesh, Group
 
 SEQ_DIM = 1
@@ -57,10 +58,7 @@ def _override(cell: nn.Cell, fn) -> None:
 
 
 def _shard(p: Parameter, dim: int, tp: int, index: int) -> None:
-    full = p.asnumpy()
-    n = full.shape[dim] // tp
-    local = np.take(full, np.arange(index * n, (index + 1) * n), axis=dim)
-    p.set_data(Tensor(np.ascontiguousarray(local)))
+    p.set_data(Tensor(split_piece(p.asnumpy(), dim, tp, index)))
 
 
 class _VocabParallelCE(nn.Cell):
@@ -125,15 +123,15 @@ class TensorParallel:
             return list(grads)
         return [C.all_reduce(g, self.group) if n in self.replicated else g for n, g in zip(names, grads)]
 
-    def grad_sq_norm(self, names: Sequence[str], grads: Sequence[Tensor]) -> float:
-        """Squared L2 norm over the TP group of synced gradients (sharded ones summed over
-        TP, replicated ones counted once). With FSDP shards, sum the result over ``dp``."""
-        shard = sum(float((g.astype(ms.float32) ** 2).sum().asnumpy()) for n, g in zip(names, grads)
-                    if n not in self.replicated)
-        rep = sum(float((g.astype(ms.float32) ** 2).sum().asnumpy()) for n, g in zip(names, grads)
-                  if n in self.replicated)
-        total = C.all_reduce(Tensor([shard], ms.float64), self.group).asnumpy()[0] if self.size > 1 else shard
-        return float(total) + rep
+    def replicas(self, name: str) -> int:
+        """How many TP ranks hold the same (synced) gradient of parameter ``name``."""
+        return self.size if name in self.replicated else 1
+
+    def local_param(self, name: str, full: np.ndarray) -> np.ndarray:
+        """This rank's piece of the full array of parameter ``name`` (no communication)."""
+        if name not in self.sharded or self.size == 1:
+            return np.asarray(full)
+        return split_piece(full, self.sharded[name][1], self.size, self.index)
 
     def full_param(self, name: str, local: np.ndarray) -> np.ndarray:
         """The unsharded value of parameter ``name`` from this rank's ``local`` array
