@@ -481,7 +481,7 @@ def fully_shard(model: nn.Cell, mesh_or_group, units: Sequence[str] = (),
                 param_groups: Optional[Mapping[str, Any]] = None, reshard_after_forward: bool = True) -> FSDP:
     """Shard ``model``'s trainable parameters over the mesh's ``dim`` group (or a Group).
 
-    ``units``: sub-Cell paths (as in ``model.cells_and_names()``, e.g. ``"model.layers.0"``)
+    ``units``: sub-Cell paths (as in ``model.cells_and_names()``, e.g. a plan unit's ``path``)
     gathered one at a time under ZeRO-3; each unit's inputs must be Tensors and its forward
     deterministic (it is recomputed in backward). ``shared``: parameter name -> units whose
     forward uses it; such a parameter stays in the root (gathered for the whole

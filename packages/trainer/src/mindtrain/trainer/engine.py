@@ -186,13 +186,10 @@ def _zero3_units(model, plan) -> tuple[tuple[str, ...], dict[str, list[str]]]:
     by the head) stays gathered with the root."""
     cells = dict(model.cells_and_names())
     units = []
-    for u in plan["units"]:
-        if u["kind"] not in ("decoder", "mtp") or u["layer"] is None:
-            continue
-        path = f"model.layers.{u['layer']}"
-        if path in cells:
-            units.append(path)
-    shared = {name: [] for name in plan["params"] if ".shared_head." in name and plan["params"][name]["trainable"]}
+    for u in plan.units:
+        if u.kind in ("decoder", "mtp") and u.path in cells:
+            units.append(u.path)
+    shared = {name: [] for name, p in plan.params.items() if p.applied_outside and p.trainable}
     return tuple(units), shared
 
 
