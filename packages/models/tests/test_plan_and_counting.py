@@ -46,3 +46,28 @@ def test_counts_match_the_model():
     flops = mm.flops_per_token(cfg, 16)
     embed = 64 * 32
     assert 6 * (active - embed) < flops < 6 * (active + embed) + 6 * 2 * 16 * 28 * 4
+
+
+def test_plan_roles_regions_and_split_fields():
+    ms.set_seed(0)
+    model = mm.build_model(ModelConfig(**CFG), jit=False)
+    plan = model.parallel_plan()
+    p = plan.params
+    assert p["model.embed_tokens.weight"].role == "embedding" and p["lm_head.weight"].role == "head"
+    assert p["model.norm.weight"].role == "head" and p["model.layers.0.input_layernorm.weight"].role is None
+    assert p["model.layers.0.self_attn.q_b_proj.weight"].role == "attention"
+    assert p["model.layers.0.mlp.down_proj.weight"].role == "mlp"
+    assert p["model.layers.1.mlp.experts.down_proj"].role == "moe" and p["model.layers.1.mlp.gate.weight"].role == "moe"
+    assert p["lm_head.weight"].split_field == p["model.embed_tokens.weight"].split_field == "model.vocab_size"
+    assert p["model.layers.1.mlp.experts.up_proj"].split_field == "model.moe_intermediate_size"
+    assert p["model.layers.0.self_attn.o_proj.weight"].split_field == "model.num_attention_heads"
+    assert p["model.layers.0.self_attn.q_a_proj.weight"].split_field is None
+    cells = dict(model.cells_and_names())
+    # every decoder and MTP layer's attention and MLP/MoE block is a region; every region is a cell
+    assert plan.role_regions("attention") == [f"model.layers.{i}.self_attn" for i in range(4)]
+    assert plan.role_regions("mlp") == ["model.layers.0.mlp"]
+    assert plan.role_regions("moe") == [f"model.layers.{i}.mlp" for i in (1, 2, 3)]
+    assert all(r.path in cells for r in plan.regions)
+    assert [u.path for u in plan.units] == ["model.embed_tokens", "model.layers.0", "model.layers.1",
+                                             "model.layers.2", None, "model.layers.3"]
+    assert [n for n, q in p.items() if q.applied_outside] == ["model.layers.3.shared_head.norm.weight"]

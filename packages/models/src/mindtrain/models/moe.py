@@ -49,6 +49,11 @@ class MoE(nn.Cell):
         # context-parallel hook, see sequence_balance_loss
         self.sequence_reduce = None
 
+    def shared_output(self, x):
+        """The shared experts' output for ``x`` [B,S,H], or None without shared experts (for
+        a layout that runs the routed part itself, e.g. tensor parallelism)."""
+        return self.shared_experts(x) if self.n_shared else None
+
     def construct(self, x):
         b, s, h = x.shape
         flat = x.reshape(b * s, h)

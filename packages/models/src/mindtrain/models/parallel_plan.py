@@ -1,4 +1,5 @@
-"""How the model may be sharded, as plain data (the parallel package applies it).
+"""How the model may be sharded, as a typed plan (:mod:`mindtrain.config.plan`; the parallel
+package applies it).
 
 Weights are HF-shaped ``[out, in]``; routed experts are stacked ``[E, out, in]``.
 """
@@ -6,7 +7,8 @@ Weights are HF-shaped ``[out, in]``; routed experts are stacked ``[E, out, in]``
 from __future__ import annotations
 
 import re
-from typing import Any
+
+from mindtrain.config.plan import ParallelPlan, ParamPlan, Region, UnitPlan
 
 # (suffix pattern, tensor-parallel style, split dim); first match wins
 _TP_RULES: list[tuple[str, str, int | None]] = [
@@ -29,28 +31,83 @@ def _tp(name: str) -> tuple[str, int | None]:
     return "replicated", None
 
 
-def parallel_plan(model) -> dict[str, Any]:
-    """``{"params": {name: {...}}, "units": [...], ...}`` for every parameter of ``model``.
+def _split_field(name: str, style: str, dim: int | None, expert: bool) -> str | None:
+    """The config field a TP split of ``name`` must divide (named when it does not)."""
+    if style == "replicated":
+        return None
+    if style == "vocab" or name == "lm_head.weight":
+        return "model.vocab_size"
+    if expert:
+        return "model.moe_intermediate_size"
+    if ".mlp.shared_experts." in name:
+        return "model.moe_intermediate_size x n_shared_experts"
+    if ".mlp." in name:
+        return "model.intermediate_size"
+    if ".self_attn." in name:
+        return "model.num_attention_heads"
+    return f"model ({name} dim {dim})"
+
+
+def _regions(model) -> list[Region]:
+    """The cells the layouts treat as a whole, by role: the embedding, every attention
+    block, every dense MLP outside a MoE block, every MoE block, the head projection."""
+    from mindtrain.models.attention import MLAttention
+    from mindtrain.models.mlp import MLP
+    from mindtrain.models.moe import MoE
+
+    regions: list[Region] = [Region("model.embed_tokens", "embedding")]
+    moe_paths: list[str] = []
+    for path, cell in model.cells_and_names():
+        if not path or any(path.startswith(m + ".") for m in moe_paths):
+            continue  # a MoE block's shared experts run inside its own forward
+        if isinstance(cell, MLAttention):
+            regions.append(Region(path, "attention"))
+        elif isinstance(cell, MoE):
+            moe_paths.append(path)
+            regions.append(Region(path, "moe"))
+        elif isinstance(cell, MLP):
+            regions.append(Region(path, "mlp"))
+    regions.append(Region("lm_head", "head"))
+    return regions
+
+
+def _role(name: str, regions: list[Region]) -> str | None:
+    if name in ("lm_head.weight", "model.norm.weight"):
+        return "head"
+    for r in regions:
+        if name.startswith(r.path + "."):
+            return r.role
+    return None
+
+
+def parallel_plan(model) -> ParallelPlan:
+    """The :class:`mindtrain.config.plan.ParallelPlan` of ``model``: every parameter, the
+    units, the shared weights and the regions.
 
     Per parameter: ``shape``; ``tp`` ("column": split the output dim, "row": split the input
-    dim, "vocab": split the vocabulary rows, "replicated") and ``tp_dim``; ``expert`` (True
-    for routed-expert weights), ``expert_dim`` (0) and ``num_experts``; ``trainable``; ``unit``.
+    dim, "vocab": split the vocabulary rows, "replicated") and ``tp_dim``; ``split_field``
+    (the config field the split must divide); ``expert`` (True for routed-expert weights),
+    ``expert_dim`` (0) and ``num_experts``; ``trainable``; ``unit``; ``role`` (embedding,
+    attention, mlp, moe, head, or None for layer norms and MTP projections);
+    ``applied_outside`` (an MTP module's shared-head norm, which the head applies).
     ``units`` is the ordered list of modules FSDP wraps and pipeline stages hold: the
     embedding, each decoder layer, the final norm + lm_head, each MTP module; each with
-    ``name``, ``kind`` ("embedding", "decoder", "head", "mtp"), ``layer`` index or None and
-    its ``params``. ``shared`` lists weights used by more than one unit (the MTP modules use
-    the embedding and the head).
+    ``name``, ``kind`` ("embedding", "decoder", "head", "mtp"), ``layer`` index or None, its
+    ``params`` and its cell ``path``. ``shared`` lists weights used by more than one unit (the
+    MTP modules use the embedding and the head); ``regions`` the cells by role.
     """
     cfg = model.config
     n_layers = cfg.num_hidden_layers
-    units: list[dict[str, Any]] = [{"name": "embedding", "kind": "embedding", "layer": None, "params": []}]
-    units += [{"name": f"layers.{i}", "kind": "decoder", "layer": i, "params": []} for i in range(n_layers)]
-    units.append({"name": "head", "kind": "head", "layer": None, "params": []})
-    units += [{"name": f"mtp.{k}", "kind": "mtp", "layer": n_layers + k, "params": []}
-              for k in range(cfg.num_nextn_predict_layers)]
-    by_name = {u["name"]: u for u in units}
+    n_mtp = cfg.num_nextn_predict_layers
+    unit_args = [("embedding", "embedding", None, "model.embed_tokens")]
+    unit_args += [(f"layers.{i}", "decoder", i, f"model.layers.{i}") for i in range(n_layers)]
+    unit_args.append(("head", "head", None, None))
+    unit_args += [(f"mtp.{k}", "mtp", n_layers + k, f"model.layers.{n_layers + k}") for k in range(n_mtp)]
+    units = [UnitPlan(name, kind, layer, [], path) for name, kind, layer, path in unit_args]
+    by_name = {u.name: u for u in units}
+    regions = _regions(model)
 
-    params: dict[str, dict[str, Any]] = {}
+    params: dict[str, ParamPlan] = {}
     for p in model.get_parameters():
         name = p.name
         m = re.match(r"^model\.layers\.(\d+)\.", name)
@@ -63,25 +120,24 @@ def parallel_plan(model) -> dict[str, Any]:
             unit = "head"  # model.norm.weight, lm_head.weight
         style, dim = _tp(name)
         expert = bool(re.search(r"\.mlp\.experts\.(gate_proj|up_proj|down_proj)$", name))
-        params[name] = {
-            "shape": tuple(p.shape),
-            "tp": style,
-            "tp_dim": dim,
-            "expert": expert,
-            "expert_dim": 0 if expert else None,
-            "num_experts": cfg.n_routed_experts if expert else None,
-            "trainable": bool(p.requires_grad),
-            "unit": unit,
-        }
-        by_name[unit]["params"].append(name)
+        params[name] = ParamPlan(
+            shape=tuple(p.shape),
+            tp=style,
+            tp_dim=dim,
+            expert=expert,
+            expert_dim=0 if expert else None,
+            num_experts=cfg.n_routed_experts if expert else None,
+            trainable=bool(p.requires_grad),
+            unit=unit,
+            role=_role(name, regions),
+            split_field=_split_field(name, style, dim, expert),
+            # an MTP module's shared-head norm is applied by the head, outside the module
+            applied_outside=".shared_head." in name,
+        )
+        by_name[unit].params.append(name)
     shared = {}
-    if cfg.num_nextn_predict_layers:
-        shared = {"model.embed_tokens.weight": ["embedding"] + [f"mtp.{k}" for k in range(cfg.num_nextn_predict_layers)],
-                  "lm_head.weight": ["head"] + [f"mtp.{k}" for k in range(cfg.num_nextn_predict_layers)]}
-    return {
-        "params": params,
-        "units": units,
-        "shared": shared,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_experts": cfg.n_routed_experts,
-    }
+    if n_mtp:
+        shared = {"model.embed_tokens.weight": ["embedding"] + [f"mtp.{k}" for k in range(n_mtp)],
+                  "lm_head.weight": ["head"] + [f"mtp.{k}" for k in range(n_mtp)]}
+    return ParallelPlan(params=params, units=units, shared=shared, regions=regions,
+                        num_attention_heads=cfg.num_attention_heads, num_experts=cfg.n_routed_experts)

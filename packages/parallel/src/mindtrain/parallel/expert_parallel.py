@@ -42,6 +42,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindtrain.config import ConfigError
 from mindtrain.parallel import collectives as C
 from mindtrain.parallel import functional as F
+from mindtrain.parallel.layout import split_piece
 from mindtrain.parallel.mesh import DeviceMesh, Group
 
 _WEIGHTS = ("gate_proj", "up_proj", "down_proj")
@@ -147,14 +148,16 @@ class ExpertParallel:
         for s in self.slots.values():
             s.grad = None
 
-    def grad_sq_norm(self) -> float:
-        """Squared L2 norm of every expert gradient of the model (all EP, edp and TP shards)."""
-        local = sum(float((g.astype(ms.float32) ** 2).sum().asnumpy()) for g in self.grads)
-        total = C.all_reduce(Tensor([local], ms.float64), self.ep_group)
-        total = C.all_reduce(total, self.edp_group)
-        if self.tp_group.size > 1 and any(s.tp_dim is not None for s in self.slots.values()):
-            total = C.all_reduce(total, self.tp_group)
-        return float(total.asnumpy()[0])
+    @property
+    def replicas(self) -> int:
+        """How many ranks hold the same expert gradient (local experts that do not divide
+        over ``edp`` stay whole on every ``edp`` rank)."""
+        return self.edp_replicas.size
+
+    def param_bytes(self, names: Optional[Sequence[str]] = None) -> int:
+        """Bytes of this rank's pieces of the expert weights ``names`` (default: all)."""
+        names = list(self.slots) if names is None else names
+        return int(sum(self.slots[n].param.size * self.slots[n].param.itemsize for n in names))
 
     def full_value(self, name: str, local: Tensor) -> np.ndarray:
         """The full ``[E, ...]`` array of expert weight ``name`` from this rank's piece
@@ -172,8 +175,7 @@ class ExpertParallel:
         s = self.slots[name]
         a = np.asarray(full)
         if s.tp_dim is not None:
-            n = a.shape[s.tp_dim] // self.tp_group.size
-            a = np.take(a, np.arange(self.tp_group.index * n, (self.tp_group.index + 1) * n), axis=s.tp_dim)
+            a = split_piece(a, s.tp_dim, self.tp_group.size, self.tp_group.index)
         a = a[self.first_expert:self.first_expert + self.local_experts]
         if self.edp_group.size > 1:
             n = self.local_experts // self.edp_group.size
@@ -185,7 +187,7 @@ class ExpertParallel:
         return {name: self.full_value(name, s.param) for name, s in self.slots.items()}
 
     def memory_bytes(self) -> int:
-        return int(sum(s.param.size * s.param.itemsize for s in self.slots.values()))
+        return self.param_bytes()
 
     # ---- used by the local-experts step ---------------------------------------------------
     def full_weights(self, slots: list[_ExpertSlot]) -> list[Tensor]:

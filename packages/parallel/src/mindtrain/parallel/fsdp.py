@@ -35,6 +35,7 @@ from mindspore import Parameter, Tensor, mint, nn, ops
 
 from mindtrain.config import ZERO3, ZERO_STRATEGIES
 from mindtrain.parallel import collectives as C
+from mindtrain.parallel.layout import grad_sq_sums
 from mindtrain.parallel.mesh import DeviceMesh, Group
 
 STRATEGIES = ZERO_STRATEGIES  # the names live once, in mindtrain.config
@@ -264,11 +265,7 @@ class FSDP:
         outside FSDP (experts on other EP ranks, TP shards) must still be summed over those
         groups by the caller before taking the root, then passed to ``clip_grad_norm(norm=)``.
         """
-        local: dict[Group, float] = {}
-        for s, g in zip(self.slots.values(), self.grads):
-            sq = (g.asnumpy().astype(np.float64) ** 2).sum()
-            local[s.group] = local.get(s.group, 0.0) + float(sq)
-        return {grp: float(C.all_reduce(Tensor([v], ms.float64), grp).asnumpy()[0]) for grp, v in local.items()}
+        return grad_sq_sums(self.grads, [s.group for s in self.slots.values()])
 
     def grad_norm(self) -> float:
         """L2 norm of the whole (unsharded) gradient, over all shards."""
@@ -285,6 +282,21 @@ class FSDP:
                 if s.grad is not None:
                     s.grad = s.grad * coef
         return norm
+
+    def gather_params(self) -> None:
+        """Gather the full parameters outside every unit (all of them without units) until
+        :meth:`free_params`: for a caller that runs several forwards and backwards of the
+        same weights in a row (a pipeline stage's micro-batches). A no-op while gathered."""
+        self._materialize(self.root)
+
+    def free_params(self) -> None:
+        """Free what :meth:`gather_params` gathered (ZeRO-3 keeps only the shards)."""
+        self._release(self.root)
+
+    def reduce_scatter(self, grads: Sequence[Tensor]) -> list[Tensor]:
+        """This rank's shards of full gradients aligned with :attr:`params`, reduced over the
+        group (``reduce_op``), without accumulating them."""
+        return self._reduce_scatter(list(self.slots.values()), list(grads))
 
     def zero_grad(self) -> None:
         for s in self.slots.values():
@@ -495,7 +507,7 @@ def fully_shard(model: nn.Cell, mesh_or_group, units: Sequence[str] = (),
                 param_groups: Optional[Mapping[str, Any]] = None, reshard_after_forward: bool = True) -> FSDP:
     """Shard ``model``'s trainable parameters over the mesh's ``dim`` group (or a Group).
 
-    ``units``: sub-Cell paths (as in ``model.cells_and_names()``, e.g. ``"model.layers.0"``)
+    ``units``: sub-Cell paths (as in ``model.cells_and_names()``, e.g. a plan unit's ``path``)
     gathered one at a time under ZeRO-3; each unit's inputs must be Tensors and its forward
     deterministic (it is recomputed in backward). ``shared``: parameter name -> units whose
     forward uses it; such a parameter stays in the root (gathered for the whole

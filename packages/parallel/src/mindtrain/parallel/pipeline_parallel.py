@@ -45,6 +45,7 @@ from mindtrain.parallel import collectives as C
 from mindtrain.parallel.context_parallel import apply_context_parallel, split_batch
 from mindtrain.parallel.expert_parallel import apply_expert_parallel
 from mindtrain.parallel.fsdp import FSDP
+from mindtrain.parallel.layout import full_arrays, grad_norm, local_arrays
 from mindtrain.parallel.mesh import DeviceMesh, Group
 from mindtrain.parallel.tensor_parallel import apply_tensor_parallel
 from mindtrain.parallel.pipeline_schedule import op_messages, resolve_schedule, stage_ops
@@ -259,7 +260,7 @@ class PipelineSchedule:
         busy = 0.0
         self.ep.zero_grad()
         if self._zero3:
-            self.fsdp._materialize(self.fsdp.root)
+            self.fsdp.gather_params()
         mbs = [self.split(b) for b in micro_batches]
         m = len(mbs)
         b, s_local = mbs[0]["input_ids"].shape
@@ -310,7 +311,7 @@ class PipelineSchedule:
         for work, _ in pending:
             work.wait()
         if self._zero3:
-            self.fsdp._release(self.fsdp.root)
+            self.fsdp.free_params()
         result = self._finish(acc, figures, load, m)
         self.last_timing = {"step_s": time.perf_counter() - start, "busy_s": busy}
         return result
@@ -320,7 +321,7 @@ class PipelineSchedule:
         ``dp``, of which this rank keeps its shard."""
         if self.cp.size > 1:
             grads = self._sum_over(list(grads), list(range(len(grads))), self.cp)
-        return self.fsdp._reduce_scatter(list(self.fsdp.slots.values()), list(grads))
+        return self.fsdp.reduce_scatter(grads)
 
     def _finish(self, acc, figures, load, m):
         reduced = self._shard_each  # the gradients are already reduced shards
@@ -372,21 +373,48 @@ class PipelineSchedule:
         """Global L2 norm of the whole model's gradient (each weight counted once), from
         ``grads`` aligned with :attr:`params`; the same float on every rank."""
         dp_cp = self.mesh.size("dp_cp")
-        # each rank adds its squares divided by how many ranks hold the same values
+        # each rank's squares are divided by how many ranks hold the same values
         dense_rep = self.cp.size * (1 if self.fsdp is not None else self.dp.size)
         expert_rep = dp_cp // (self.ep.ep_group.size * self.ep.edp_group.size) if self.expert_names else 1
         tp_rep = set(self._tp_replicated)
-        total = 0.0
-        for i, g in enumerate(grads):
-            if i < len(self.dense_names):
-                if not self._norm_mask[i]:
+        n_dense = len(self.dense_names)
+        # a tied weight counts on the stage that owns its unit only
+        counted = [i for i in range(len(grads)) if i >= n_dense or self._norm_mask[i]]
+        replicas = [dense_rep * (self.tp.size if i in tp_rep else 1) if i < n_dense else expert_rep
+                    for i in counted]
+        return grad_norm([grads[i] for i in counted], self.mesh.group("world"), replicas)
+
+    def to_full(self, tensors: Sequence[Tensor]) -> dict[str, np.ndarray]:
+        """Full arrays of every stage's tensors laid out like :attr:`params` (the weights
+        themselves or optimizer moments), on every rank: each stage un-shards its own, then
+        they are broadcast over ``pp`` stage by stage (collective over the mesh)."""
+        mine = full_arrays(self.fsdp, self.tp, self.ep, self.dense_names, self.expert_names, tensors)
+        if self.num_stages == 1:
+            return mine
+        out: dict[str, np.ndarray] = {}
+        for stage, part in enumerate(self.parts):
+            for u in self.plan["units"]:
+                if u["name"] not in part:
                     continue
-                rep = dense_rep * (self.tp.size if i in tp_rep else 1)
-            else:
-                rep = expert_rep
-            total += float((g.asnumpy().astype(np.float64) ** 2).sum()) / rep
-        total = C.all_reduce(Tensor([total], ms.float64), self.mesh.group("world")).asnumpy()[0]
-        return float(np.sqrt(total))
+                for n in u["params"]:
+                    info = self.plan["params"][n]
+                    if not info["trainable"]:
+                        continue
+                    x = Tensor(np.ascontiguousarray(mine[n])) if stage == self.stage_index \
+                        else Tensor(np.zeros(info["shape"], np.float32))
+                    out[n] = C.broadcast(x, stage, self.pp).asnumpy()
+        return out
+
+    def to_local(self, full: Mapping[str, Any]) -> list[Tensor]:
+        """This rank's pieces of full arrays, aligned with :attr:`params` (no communication)."""
+        return local_arrays(self.fsdp, self.tp, self.ep, self.dense_names, self.expert_names, full)
+
+    def memory_bytes(self) -> int:
+        """Bytes of parameters resident on this rank between steps: the stage's full weights
+        (kept resident), its FSDP shards and its expert pieces."""
+        resident = sum(q.size * q.itemsize for q in self.stage_params)
+        shards = sum(q.size * q.itemsize for q in self.fsdp.params) if self.fsdp is not None else 0
+        return int(resident + shards + self.ep.param_bytes(self.expert_names))
 
     def finish_step(self) -> None:
         """After the optimizer updated :attr:`params`: with ZeRO-1/2 all-gather the updated
@@ -401,7 +429,7 @@ class PipelineSchedule:
         (collective over the mesh: every rank must call it). Includes the router correction
         biases; a weight shared by two stages comes from the stage that owns its unit."""
         if self._zero3:
-            self.fsdp._materialize(self.fsdp.root)
+            self.fsdp.gather_params()
         named = {p.name: p for p in self.model.get_parameters()}
         experts = self.ep.full_state() if self.ep.slots else {}
         mine = {}
@@ -411,7 +439,7 @@ class PipelineSchedule:
             else:
                 mine[n] = self.tp.full_param(n, named[n].asnumpy())
         if self._zero3:
-            self.fsdp._release(self.fsdp.root)
+            self.fsdp.free_params()
         if self.num_stages == 1:
             return mine
         out = {}

@@ -1,9 +1,9 @@
 """One pipeline stage: a contiguous range of the model's units and its forward/backward.
 
 The stage runs the model's own pieces (duck-typed: ``embed``, ``rope``, ``run_layers``,
-``lm_loss``, ``mtp_forward``, ``combine_losses``; ``config``, ``moe_layer_ids``; see
-``DeepseekV3ForCausalLM`` in the models package) on the units of its parallel plan (plain
-data), so the model's forward and loss rules are written once, in the model. What the stage
+``lm_loss``, ``mtp_forward``, ``combine_losses``; ``config``, ``moe_layer_ids``; see the
+causal LM of the models package) on the units of its parallel plan
+(:class:`mindtrain.config.plan.ParallelPlan`), so the model's forward and loss rules are written once, in the model. What the stage
 adds is the split: the inputs come from :func:`mindtrain.parallel.context_parallel.split_batch`
 (MTP targets shifted on the whole sequence, masks for local queries against all keys), and
 each loss is this rank's *share* (the shares over CP ranks and stages add up to the
@@ -67,7 +67,8 @@ class ModelStage:
         self.decoder_ids = [by_name[n]["layer"] for n in self.unit_names if by_name[n]["kind"] == "decoder"]
         self.mtp_ids = [by_name[n]["layer"] for n in self.unit_names if by_name[n]["kind"] == "mtp"]
         owned = [p for n in self.unit_names for p in by_name[n]["params"]]
-        # weights of other units this stage also uses (MTP uses the embedding and lm_head)
+        # weights of other units this stage also uses (the plan's shared weights: MTP modules
+        # use the embedding and the head)
         self.shared = [p for p, users in plan.get("shared", {}).items()
                        if p not in owned and any(u in self.unit_names for u in users)]
         named = dict((p.name, p) for p in model.get_parameters())

@@ -31,6 +31,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindtrain.config import ConfigError
 from mindtrain.parallel import collectives as C
 from mindtrain.parallel import functional as F
+from mindtrain.parallel.layout import split_piece
 from mindtrain.parallel.mesh import DeviceMesh, Group
 
 SEQ_DIM = 1
@@ -57,10 +58,7 @@ def _override(cell: nn.Cell, fn) -> None:
 
 
 def _shard(p: Parameter, dim: int, tp: int, index: int) -> None:
-    full = p.asnumpy()
-    n = full.shape[dim] // tp
-    local = np.take(full, np.arange(index * n, (index + 1) * n), axis=dim)
-    p.set_data(Tensor(np.ascontiguousarray(local)))
+    p.set_data(Tensor(split_piece(p.asnumpy(), dim, tp, index)))
 
 
 class _VocabParallelCE(nn.Cell):
@@ -125,15 +123,15 @@ class TensorParallel:
             return list(grads)
         return [C.all_reduce(g, self.group) if n in self.replicated else g for n, g in zip(names, grads)]
 
-    def grad_sq_norm(self, names: Sequence[str], grads: Sequence[Tensor]) -> float:
-        """Squared L2 norm over the TP group of synced gradients (sharded ones summed over
-        TP, replicated ones counted once). With FSDP shards, sum the result over ``dp``."""
-        shard = sum(float((g.astype(ms.float32) ** 2).sum().asnumpy()) for n, g in zip(names, grads)
-                    if n not in self.replicated)
-        rep = sum(float((g.astype(ms.float32) ** 2).sum().asnumpy()) for n, g in zip(names, grads)
-                  if n in self.replicated)
-        total = C.all_reduce(Tensor([shard], ms.float64), self.group).asnumpy()[0] if self.size > 1 else shard
-        return float(total) + rep
+    def replicas(self, name: str) -> int:
+        """How many TP ranks hold the same (synced) gradient of parameter ``name``."""
+        return self.size if name in self.replicated else 1
+
+    def local_param(self, name: str, full: np.ndarray) -> np.ndarray:
+        """This rank's piece of the full array of parameter ``name`` (no communication)."""
+        if name not in self.sharded or self.size == 1:
+            return np.asarray(full)
+        return split_piece(full, self.sharded[name][1], self.size, self.index)
 
     def full_param(self, name: str, local: np.ndarray) -> np.ndarray:
         """The unsharded value of parameter ``name`` from this rank's ``local`` array
@@ -147,12 +145,13 @@ class TensorParallel:
 def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> TensorParallel:
     """Shard ``model`` in place over ``mesh``'s TP group, with sequence parallelism.
 
-    The model must be a DeepSeek-V3-like Cell (duck-typed): attention cells have
-    ``num_heads``; MoE cells ``gate`` (router returning ``(topk_idx, weights, scores)``),
-    ``experts`` (``(x, idx, w) -> (y, counts)``) and optional ``shared_experts``; the model
-    has a head cell with a ``sequence_gather`` hook and a loss cell with a ``token_loss``
-    component (the vocabulary-parallel loss is a component swap, see
-    :func:`_vocab_parallel_loss`). Raises
+    The plan's regions say which cells are what (``role``): "attention" cells have
+    ``num_heads`` and ``o_proj``; "moe" cells ``gate`` (router returning ``(topk_idx, weights,
+    scores)``), ``experts`` (``(x, idx, w) -> (y, counts)``) and ``shared_output(x)`` (None
+    without shared experts); "mlp" cells run whole on the gathered sequence. The parameter
+    roles "embedding" and "head" name the vocabulary-split weights. The model has a head
+    cell with a ``sequence_gather`` hook and a loss cell with a ``token_loss`` component (the
+    vocabulary-parallel loss is a component swap, see :func:`_vocab_parallel_loss`). Raises
     ConfigError when heads, intermediate sizes or the vocabulary do not divide by TP, or
     (at the first forward) the sequence length. Needs eager mode (no ``set_jit``).
     Returns a :class:`TensorParallel`; a TP degree of 1 changes nothing.
@@ -171,17 +170,7 @@ def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> Tenso
         if info["tp"] == "replicated":
             continue
         dim = info["tp_dim"]
-        field = {"vocab": "model.vocab_size"}.get(info["tp"], f"model ({name} dim {dim})")
-        if name == "lm_head.weight":
-            field = "model.vocab_size"
-        elif info.get("expert"):
-            field = "model.moe_intermediate_size"
-        elif ".mlp.shared_experts." in name:
-            field = "model.moe_intermediate_size x n_shared_experts"
-        elif ".mlp." in name:
-            field = "model.intermediate_size"
-        elif ".self_attn." in name:
-            field = "model.num_attention_heads"
+        field = info.get("split_field") or {"vocab": "model.vocab_size"}.get(info["tp"], f"model ({name} dim {dim})")
         _divisible(info["shape"][dim], size, field)
     heads = plan.get("num_attention_heads")
     if heads is not None:
@@ -199,7 +188,7 @@ def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> Tenso
             cell.out_features = p.shape[0]
         if info["tp"] == "column" and info.get("expert") and hasattr(cell, "intermediate_size"):
             cell.intermediate_size = p.shape[info["tp_dim"]]  # stacked experts [E, I, H]
-        if info["tp"] in ("vocab", "column") and name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if info["tp"] == "vocab" or (info["tp"] == "column" and info.get("role") == "head"):
             vocab_start[name] = index * p.shape[0]
 
     def sp_gather(x):
@@ -208,19 +197,16 @@ def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> Tenso
     def sp_scatter(y):
         return F.reduce_scatter(y, group, SEQ_DIM)
 
-    # 3. regions: attention, dense MLPs, MoE blocks
-    moe_paths = [path for path, c in cells.items() if hasattr(c, "gate") and hasattr(c, "experts")]
-    for path, cell in cells.items():
-        if not path:
-            continue
-        if any(path.startswith(m + ".") for m in moe_paths):
-            continue  # the MoE's own forward gathers for its shared experts
-        if path in moe_paths:
+    # 3. regions, by the plan's roles: attention, dense MLPs, MoE blocks (a MoE block's own
+    # forward gathers for its shared experts, which the plan lists in no region of their own)
+    for path, role in _regions(plan, cells):
+        cell = cells[path]
+        if role == "moe":
             _override(cell, _moe_forward(cell, group))
-        elif hasattr(cell, "num_heads") and hasattr(cell, "o_proj"):
+        elif role == "attention":
             cell.num_heads = cell.num_heads // size
             _override(cell, _attention_forward(cell, sp_gather, sp_scatter))
-        elif hasattr(cell, "down_proj") and hasattr(cell, "gate_proj") and not hasattr(cell, "n_experts"):
+        elif role == "mlp":
             _override(cell, _region_forward(cell, sp_gather, sp_scatter))
 
     # 4. vocab-parallel embedding (reduce-scatter to sequence shards) and head + loss
@@ -228,9 +214,33 @@ def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> Tenso
     if emb_path is not None:
         emb, attr = _owner(cells, emb_path)
         _override(emb, _embedding_forward(emb, getattr(emb, attr), vocab_start[emb_path], group))
-    if "lm_head.weight" in vocab_start:
-        _vocab_parallel_loss(cells, _VocabParallelCE(group, vocab_start["lm_head.weight"]), sp_gather)
+    head = next((n for n in vocab_start if plan["params"][n].get("role") == "head"), None)
+    if head is not None:
+        _vocab_parallel_loss(cells, _VocabParallelCE(group, vocab_start[head]), sp_gather)
     return tp
+
+
+def _regions(plan, cells: dict[str, nn.Cell]) -> list[tuple[str, str]]:
+    """``(cell path, role)`` of the plan's regions. A plan without regions (the earlier
+    dict form) gets them from the cells' interfaces: attention cells have ``num_heads`` and
+    ``o_proj``, MoE cells ``gate`` and ``experts`` (their sub-cells run inside their own
+    forward), dense MLP cells ``gate_proj`` and ``down_proj``."""
+    regions = plan.get("regions")
+    if regions is not None:
+        return [(r["path"], r["role"]) for r in regions]
+    out: list[tuple[str, str]] = []
+    moe_paths: list[str] = []
+    for path, cell in cells.items():
+        if not path or any(path.startswith(m + ".") for m in moe_paths):
+            continue
+        if hasattr(cell, "gate") and hasattr(cell, "experts"):
+            moe_paths.append(path)
+            out.append((path, "moe"))
+        elif hasattr(cell, "num_heads") and hasattr(cell, "o_proj"):
+            out.append((path, "attention"))
+        elif hasattr(cell, "down_proj") and hasattr(cell, "gate_proj") and not hasattr(cell, "n_experts"):
+            out.append((path, "mlp"))
+    return out
 
 
 def _vocab_parallel_loss(cells: dict[str, nn.Cell], ce: "_VocabParallelCE", sp_gather) -> None:
@@ -307,8 +317,9 @@ def _moe_forward(cell, group: Group):
         w_full = F.all_gather(topk_weight.reshape(b, s_local, k), group, SEQ_DIM).reshape(b * s, k)
         y, counts = cell.experts(full_x.reshape(b * s, h), idx_full, w_full)
         y = y.reshape(b, s, h)
-        if getattr(cell, "n_shared", 0):
-            y = y + cell.shared_experts(full_x)
+        shared = cell.shared_output(full_x)
+        if shared is not None:
+            y = y + shared
         y = F.reduce_scatter(y, group, SEQ_DIM)
         # under context parallelism as well, the per-sequence statistics span the CP group too
         balance = _sp_balance_loss(scores, topk_idx, b, s, n_experts, group,

@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 import mindspore as ms
 import numpy as np
-from mindspore import Tensor, ops
+from mindspore import Tensor
 
 from mindtrain.config import MindTrainConfig, ParallelDims, StepFigures
 
@@ -55,11 +55,11 @@ class Engine:
             model.set_jit(False)
         plan = parallel_plan(model)
         if dims.tp > 1:
-            from mindtrain.parallel.tensor_parallel import apply_tensor_parallel
+            from mindtrain.parallel import apply_tensor_parallel
 
             self.tp = apply_tensor_parallel(model, plan, self.mesh)
         if dims.ep > 1:
-            from mindtrain.parallel.expert_parallel import apply_expert_parallel
+            from mindtrain.parallel import apply_expert_parallel
 
             self.ep = apply_expert_parallel(model, plan, self.mesh)
         dense = [(p.name, p) for p in model.trainable_params()]
@@ -97,11 +97,11 @@ class Engine:
         self.dense_names = [n for n, _ in self.named_dense]
         self.expert_named = self.ep.named_parameters() if self.ep is not None else []
         self.named_params = list(self.named_dense) + list(self.expert_named)
-        # a TP-replicated gradient is the same on every TP rank: count it once in the norm
-        self._norm_weight = [1.0 / dims.tp if self.tp is not None and n in self.tp.replicated else 1.0
-                             for n in self.dense_names]
-        # expert weights that stay whole on several edp ranks (experts not divisible over edp)
-        self._expert_weight = 1.0 / self.ep.edp_replicas.size if self.ep is not None else 1.0
+        # a TP-replicated gradient is the same on every TP rank, and expert weights that stay
+        # whole on several edp ranks (experts not divisible over edp) too: count each once
+        self._replicas = [self.tp.replicas(n) if self.tp is not None else 1 for n in self.dense_names]
+        if self.ep is not None:
+            self._replicas += [self.ep.replicas] * len(self.expert_named)
 
     # ------------------------------------------------------------------ step
     def run_step(self, batches: Sequence[dict]) -> list[StepFigures]:
@@ -130,17 +130,9 @@ class Engine:
     def grad_norm(self, grads: Sequence[Tensor]) -> float:
         """Global L2 norm of the whole model's gradient, in float64 on the host (the same
         digits run after run, whatever order a multi-threaded kernel would add in)."""
-        n_dense = len(self.dense_names)
-        local = 0.0
-        for i, g in enumerate(grads):
-            g64 = g.asnumpy().astype(np.float64)
-            w = self._norm_weight[i] if i < n_dense else self._expert_weight
-            local += w * float(np.sum(g64 * g64))
-        if self.dims.world_size > 1:
-            from mindtrain.parallel import collectives as C
+        from mindtrain.parallel import grad_norm
 
-            local = float(C.all_reduce(Tensor([local], ms.float64), self.mesh.group("world")).asnumpy()[0])
-        return float(np.sqrt(local))
+        return grad_norm(grads, self.mesh.group("world"), self._replicas)
 
     def finish_step(self) -> None:
         """After the optimizer step: refresh gathered parameters, drop gradients."""
@@ -156,7 +148,7 @@ class Engine:
         load = self.model.take_expert_load()
         if self.dims.world_size == 1:
             return load
-        from mindtrain.parallel.expert_parallel import global_expert_load
+        from mindtrain.parallel import global_expert_load
 
         return global_expert_load(load, self.mesh)
 
@@ -165,11 +157,15 @@ class Engine:
         """Full-shape arrays, keyed by parameter name, of tensors laid out like
         :attr:`named_params` (the parameters themselves or optimizer moments). A collective:
         every rank calls it and gets the result."""
-        return _to_full(self.fsdp, self.tp, self.ep, self.dense_names, [n for n, _ in self.expert_named], tensors)
+        from mindtrain.parallel import full_arrays
+
+        return full_arrays(self.fsdp, self.tp, self.ep, self.dense_names, [n for n, _ in self.expert_named], tensors)
 
     def to_local(self, full: dict[str, np.ndarray]) -> list[Tensor]:
         """This rank's pieces of full-shape arrays, aligned with :attr:`named_params`."""
-        return _to_local(self.fsdp, self.tp, self.ep, self.dense_names, [n for n, _ in self.expert_named], full)
+        from mindtrain.parallel import local_arrays
+
+        return local_arrays(self.fsdp, self.tp, self.ep, self.dense_names, [n for n, _ in self.expert_named], full)
 
     def full_params(self) -> dict[str, np.ndarray]:
         """Every trainable parameter at full shape (collective; all ranks get it)."""
@@ -179,47 +175,9 @@ class Engine:
         """Bytes of parameters resident on this rank between steps: FSDP shards plus any
         full parameters kept gathered (ZeRO-1/2 keep all of them), TP/EP local pieces."""
         if self.fsdp is not None:
-            experts = sum(p.size * p.itemsize for _, p in self.expert_named)
+            experts = self.ep.param_bytes() if self.ep is not None else 0
             return int(self.fsdp.memory_bytes()["params"] + experts)
         return int(sum(p.size * p.itemsize for _, p in self.named_params))
-
-
-def _to_full(fsdp, tp, ep, dense_names: Sequence[str], expert_names: Sequence[str],
-             tensors: Sequence[Tensor]) -> dict[str, np.ndarray]:
-    """Undo FSDP (dim-0 shards over dp), TP (splits over tp) and EP (experts over ep, their
-    rows over edp, their TP split over tp) for tensors aligned with ``dense_names + expert_names``; collective."""
-    n_dense = len(dense_names)
-    dense = list(tensors[:n_dense])
-    if fsdp is not None:
-        arrays = fsdp.gather_full(dense, list(dense_names))
-    else:
-        arrays = [t.asnumpy().copy() for t in dense]
-    out = {}
-    for name, a in zip(dense_names, arrays):
-        out[name] = tp.full_param(name, a) if tp is not None else a
-    for name, t in zip(expert_names, tensors[n_dense:]):
-        out[name] = ep.full_value(name, t)
-    return out
-
-
-def _to_local(fsdp, tp, ep, dense_names: Sequence[str], expert_names: Sequence[str],
-              full: dict) -> list[Tensor]:
-    """This rank's pieces of full arrays: the inverse of :func:`_to_full` (no communication)."""
-    dense = []
-    for name in dense_names:
-        a = np.asarray(full[name])
-        if tp is not None and tp.size > 1 and name in tp.sharded:
-            dim = tp.sharded[name][1]
-            n = a.shape[dim] // tp.size
-            a = np.take(a, np.arange(tp.index * n, (tp.index + 1) * n), axis=dim)
-        dense.append(a)
-    if fsdp is not None:
-        local = fsdp.shard_full(dense, list(dense_names))
-    else:
-        local = [Tensor(np.ascontiguousarray(a)) for a in dense]
-    for name in expert_names:
-        local.append(Tensor(ep.local_value(name, full[name])))
-    return local
 
 
 def _zero3_units(model, plan) -> tuple[tuple[str, ...], dict[str, list[str]]]:
@@ -228,13 +186,10 @@ def _zero3_units(model, plan) -> tuple[tuple[str, ...], dict[str, list[str]]]:
     by the head) stays gathered with the root."""
     cells = dict(model.cells_and_names())
     units = []
-    for u in plan["units"]:
-        if u["kind"] not in ("decoder", "mtp") or u["layer"] is None:
-            continue
-        path = f"model.layers.{u['layer']}"
-        if path in cells:
-            units.append(path)
-    shared = {name: [] for name in plan["params"] if ".shared_head." in name and plan["params"][name]["trainable"]}
+    for u in plan.units:
+        if u.kind in ("decoder", "mtp") and u.path in cells:
+            units.append(u.path)
+    shared = {name: [] for name, p in plan.params.items() if p.applied_outside and p.trainable}
     return tuple(units), shared
 
 
@@ -250,7 +205,7 @@ class PipelineEngine:
                  accumulation: int):
         from mindtrain.models import parallel_plan
         from mindtrain.parallel import DeviceMesh
-        from mindtrain.parallel.pipeline_parallel import PipelineSchedule, relax_receive_timeout
+        from mindtrain.parallel import PipelineSchedule, relax_receive_timeout
 
         self.model = model
         self.dims = dims
@@ -294,41 +249,17 @@ class PipelineEngine:
         return self._load
 
     def to_full(self, tensors: Sequence[Tensor]) -> dict[str, np.ndarray]:
-        """Full arrays of every stage's tensors (laid out like each stage's parameters);
-        each stage's own are un-sharded, then broadcast over ``pp`` stage by stage."""
-        s = self.sched
-        mine = _to_full(s.fsdp, s.tp, s.ep, s.dense_names, s.expert_names, tensors)
-        if s.num_stages == 1:
-            return mine
-        from mindtrain.parallel import collectives as C
-
-        out: dict[str, np.ndarray] = {}
-        for stage, part in enumerate(s.parts):
-            for u in self.plan["units"]:
-                if u["name"] not in part:
-                    continue
-                for n in u["params"]:
-                    info = self.plan["params"][n]
-                    if not info["trainable"]:
-                        continue
-                    x = Tensor(np.ascontiguousarray(mine[n])) if stage == s.stage_index \
-                        else Tensor(np.zeros(info["shape"], np.float32))
-                    out[n] = C.broadcast(x, stage, s.pp).asnumpy()
-        return out
+        """Full arrays of every stage's tensors (laid out like each stage's parameters)."""
+        return self.sched.to_full(tensors)
 
     def to_local(self, full: dict[str, np.ndarray]) -> list[Tensor]:
-        s = self.sched
-        return _to_local(s.fsdp, s.tp, s.ep, s.dense_names, s.expert_names, full)
+        return self.sched.to_local(full)
 
     def full_params(self) -> dict[str, np.ndarray]:
         return self.to_full(self.sched.params)
 
     def memory_bytes(self) -> int:
-        s = self.sched
-        resident = sum(q.size * q.itemsize for q in s.stage_params)  # full stage weights stay resident
-        shards = sum(q.size * q.itemsize for q in s.fsdp.params) if s.fsdp is not None else 0
-        experts = sum(s.ep.slots[n].param.size * s.ep.slots[n].param.itemsize for n in s.expert_names)
-        return int(resident + shards + experts)
+        return self.sched.memory_bytes()
 
 
 def build_engine(model, cfg: MindTrainConfig, dims: ParallelDims, rank: int, distributed: bool,

@@ -214,9 +214,9 @@ class Runtime:
         if not self.distributed:
             return values
         import mindspore as ms
-        from mindtrain.parallel import collectives
+        from mindtrain.parallel import all_reduce
 
-        return collectives.all_reduce(ms.Tensor(np.ascontiguousarray(values, np.float32))).asnumpy()
+        return all_reduce(ms.Tensor(np.ascontiguousarray(values, np.float32))).asnumpy()
 
 
 def start(device_target: Optional[str]) -> tuple[Runtime, str]:

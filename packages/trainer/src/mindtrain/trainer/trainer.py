@@ -172,9 +172,9 @@ class Trainer:
         slots = np.zeros((world, len(StepFigures._fields)), np.float64)
         slots[self.rt.rank] = local
         if self.rt.distributed:
-            from mindtrain.parallel import collectives
+            from mindtrain.parallel import all_reduce
 
-            slots = collectives.all_reduce(Tensor(slots)).asnumpy().astype(np.float64)
+            slots = all_reduce(Tensor(slots)).asnumpy().astype(np.float64)
         per_device = [StepFigures(*row) for row in slots]
         step_figures = StepFigures(*slots.mean(axis=0))
         micro_losses = [m.lm_loss for m in micro]

@@ -1,0 +1,132 @@
+"""The parallel plan: how a model may be sharded, as typed plain data.
+
+A model package builds it (``mindtrain.models.parallel_plan``) and the parallel package
+applies it; both import it from here, so neither imports the other, and the parallel code
+reads roles and paths from the plan instead of parameter or module names.
+
+Pure Python. Every class also reads like the mapping it replaces (``plan["params"]``,
+``info["tp"]``, ``info.get("expert")``), so code written against the earlier dict form keeps
+working.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional
+
+ROLES = ("embedding", "attention", "mlp", "moe", "head")
+"""What a region of the model is, for the layouts: the token embedding, an attention block,
+a dense MLP, a mixture-of-experts block, the output head (its norm, projection and loss)."""
+
+TP_STYLES = ("column", "row", "vocab", "replicated")
+UNIT_KINDS = ("embedding", "decoder", "head", "mtp")
+
+
+class _Record:
+    """Mapping-style reads of a dataclass's fields (``x["name"]``, ``x.get("name")``)."""
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._names():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key) if key in self._names() else default
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._names()
+
+    def keys(self):
+        return list(self._names())
+
+    @classmethod
+    def _names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+
+@dataclass(frozen=True)
+class ParamPlan(_Record):
+    """One parameter.
+
+    ``tp``: "column" (split the output dim), "row" (the input dim), "vocab" (the vocabulary
+    rows) or "replicated", split along ``tp_dim``; ``split_field``: the config field whose
+    value must divide by the TP degree for that split (named in the error when it does not).
+    ``expert``: a routed-expert weight stacked on ``expert_dim`` over ``num_experts``.
+    ``unit``: the name of the :class:`UnitPlan` holding it; ``role``: the region it belongs
+    to (one of :data:`ROLES`, or None for norms and projections outside every region);
+    ``applied_outside``: the model applies it outside its unit's cell (so a layout that
+    gathers a unit's weights only while the unit runs must keep it gathered with the rest).
+    """
+
+    shape: tuple[int, ...]
+    tp: str = "replicated"
+    tp_dim: Optional[int] = None
+    expert: bool = False
+    expert_dim: Optional[int] = None
+    num_experts: Optional[int] = None
+    trainable: bool = True
+    unit: str = ""
+    role: Optional[str] = None
+    split_field: Optional[str] = None
+    applied_outside: bool = False
+
+    def __post_init__(self):
+        if self.tp not in TP_STYLES:
+            raise ValueError(f"ParamPlan.tp must be one of {', '.join(TP_STYLES)}, got {self.tp!r}")
+        if self.role is not None and self.role not in ROLES:
+            raise ValueError(f"ParamPlan.role must be one of {', '.join(ROLES)} or None, got {self.role!r}")
+
+
+@dataclass(frozen=True)
+class UnitPlan(_Record):
+    """A module that FSDP wraps and a pipeline stage holds: the embedding, a decoder layer,
+    the head, an MTP module. ``path`` is its cell path in the model (None when it is not
+    one cell, e.g. the head's norm and projection); ``layer`` its decoder-layer index."""
+
+    name: str
+    kind: str
+    layer: Optional[int] = None
+    params: list[str] = field(default_factory=list)
+    path: Optional[str] = None
+
+    def __post_init__(self):
+        if self.kind not in UNIT_KINDS:
+            raise ValueError(f"UnitPlan.kind must be one of {', '.join(UNIT_KINDS)}, got {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class Region(_Record):
+    """A cell the layouts treat as a whole (tensor parallelism replaces its forward):
+    ``path`` in the model, ``role`` one of :data:`ROLES`."""
+
+    path: str
+    role: str
+
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise ValueError(f"Region.role must be one of {', '.join(ROLES)}, got {self.role!r}")
+
+
+@dataclass(frozen=True)
+class ParallelPlan(_Record):
+    """Every parameter (``params``, by name), the ordered ``units``, the weights used by more
+    than one unit (``shared``: name -> unit names), the ``regions`` and the sizes the splits
+    must divide."""
+
+    params: dict[str, ParamPlan]
+    units: list[UnitPlan]
+    shared: dict[str, list[str]] = field(default_factory=dict)
+    regions: list[Region] = field(default_factory=list)
+    num_attention_heads: Optional[int] = None
+    num_experts: Optional[int] = None
+
+    def role_params(self, role: str) -> list[str]:
+        """Names of the parameters with ``role``, in plan order."""
+        return [n for n, p in self.params.items() if p.role == role]
+
+    def role_regions(self, role: str) -> list[str]:
+        """Cell paths of the regions with ``role``, in plan order."""
+        return [r.path for r in self.regions if r.role == role]
+
+
+__all__ = ["ParallelPlan", "ParamPlan", "ROLES", "Region", "TP_STYLES", "UNIT_KINDS", "UnitPlan"]

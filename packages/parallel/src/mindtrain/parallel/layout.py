@@ -1,0 +1,97 @@
+"""What every layout shares: the one gradient norm, and the one way between this rank's
+pieces of the parameters and their full arrays.
+
+A layout (FSDP x TP x EP in one process per rank, or a pipeline stage with CP inside) holds
+each parameter as a *piece*: an FSDP dim-0 shard over ``dp``, a TP split, an EP / ``edp``
+slice of the stacked experts, or the whole tensor. :func:`grad_norm` adds the squares of
+those pieces over the ranks that hold distinct ones; :func:`full_arrays` and
+:func:`local_arrays` undo and redo the split, given the objects that made it (any of them
+may be ``None``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import Tensor
+
+from mindtrain.parallel import collectives as C
+from mindtrain.parallel.group import Group
+
+
+def split_piece(full: np.ndarray, dim: int, parts: int, index: int) -> np.ndarray:
+    """Piece ``index`` of ``parts`` equal pieces of ``full`` along ``dim`` (the one TP
+    slicing rule: weights, their moments, expert weights' TP split)."""
+    full = np.asarray(full)
+    n = full.shape[dim] // parts
+    return np.ascontiguousarray(np.take(full, np.arange(index * n, (index + 1) * n), axis=dim))
+
+
+def grad_sq_sums(grads: Sequence[Tensor], groups: Union[Group, Sequence[Group]],
+                 replicas: Optional[Sequence[int]] = None) -> dict[Group, float]:
+    """Sum of squared gradients per group, each summed over its group (one all-reduce per
+    distinct group, in float64 on the host: the same digits run after run).
+
+    ``grads[i]`` is this rank's piece of a gradient whose pieces are distinct over
+    ``groups[i]`` (one Group for all); ``replicas[i]`` (default 1) is how many ranks of that
+    group hold the same piece, so a piece held by several ranks is counted once.
+    """
+    per = [groups] * len(grads) if isinstance(groups, Group) else list(groups)
+    local: dict[Group, float] = {}
+    for i, (g, grp) in enumerate(zip(grads, per)):
+        g64 = g.asnumpy().astype(np.float64)
+        sq = float(np.sum(g64 * g64))
+        if replicas is not None and replicas[i] != 1:
+            sq /= replicas[i]
+        local[grp] = local.get(grp, 0.0) + sq
+    return {grp: float(C.all_reduce(Tensor([v], ms.float64), grp).asnumpy()[0]) if grp.size > 1 else v
+            for grp, v in local.items()}
+
+
+def grad_norm(grads: Sequence[Tensor], groups: Union[Group, Sequence[Group]],
+              replicas: Optional[Sequence[int]] = None) -> float:
+    """Global L2 norm of a gradient held in pieces: the square root of the sum over the
+    groups of :func:`grad_sq_sums`. The same float on every rank of the groups."""
+    return float(math.sqrt(sum(grad_sq_sums(grads, groups, replicas).values())))
+
+
+def full_arrays(fsdp, tp, ep, dense_names: Sequence[str], expert_names: Sequence[str],
+                tensors: Sequence[Tensor]) -> dict[str, np.ndarray]:
+    """Full-shape arrays, keyed by name, of ``tensors`` laid out like the parameters
+    ``dense_names + expert_names`` (the parameters themselves or optimizer moments): undo
+    FSDP (dim-0 shards), TP (splits over ``tp``) and EP (experts over ``ep``, their rows over
+    ``edp``, their TP split). A collective: every rank calls it and gets the result."""
+    n_dense = len(dense_names)
+    dense = list(tensors[:n_dense])
+    if fsdp is not None:
+        arrays = fsdp.gather_full(dense, list(dense_names))
+    else:
+        arrays = [t.asnumpy().copy() for t in dense]
+    out = {}
+    for name, a in zip(dense_names, arrays):
+        out[name] = tp.full_param(name, a) if tp is not None else a
+    for name, t in zip(expert_names, tensors[n_dense:]):
+        out[name] = ep.full_value(name, t)
+    return out
+
+
+def local_arrays(fsdp, tp, ep, dense_names: Sequence[str], expert_names: Sequence[str],
+                 full: Mapping[str, Any]) -> list[Tensor]:
+    """This rank's pieces of full arrays, aligned with ``dense_names + expert_names``: the
+    inverse of :func:`full_arrays` (no communication)."""
+    dense = [tp.local_param(name, full[name]) if tp is not None else np.asarray(full[name])
+             for name in dense_names]
+    if fsdp is not None:
+        local = fsdp.shard_full(dense, list(dense_names))
+    else:
+        local = [Tensor(np.ascontiguousarray(a)) for a in dense]
+    for name in expert_names:
+        local.append(Tensor(ep.local_value(name, full[name])))
+    return local
+
+
+__all__ = ["full_arrays", "grad_norm", "grad_sq_sums", "local_arrays", "split_piece"]
