@@ -117,7 +117,7 @@ def test_plan_grammar_and_errors():
         RecomputePlan(full=(0,), select={"mlp": (1,)})
     with pytest.raises(ConfigError, match="recompute.full_recompute_layer: layer 7 does not exist"):
         recompute_plan(RecomputeConfig(mode="full", full_recompute_layer=["0-7"]), 4)
-    with pytest.raises(ConfigError, match="recompute.select_module is required"):
+    with pytest.raises(ConfigError, match="recompute.select_module: is required"):
         recompute_plan(RecomputeConfig(mode="select"), 4)
     ms.set_seed(0)
     with pytest.raises(ConfigError, match="recompute.select_module.nothing: matches no module"):
