@@ -150,9 +150,9 @@ def test_startup_notes_name_what_has_no_effect():
     assert all("\n" not in line for line in cpu)
     named = [line.split("=")[0] for line in cpu]
     for field in ("model.use_flash_attention", "model.moe_grouped_gemm", "model.bias_swiglu_fusion",
-                  "model.mla_qkv_concat", "model.moe_token_drop_policy", "recompute.mode"):
+                  "model.mla_qkv_concat", "model.moe_token_drop_policy"):
         assert field in named, (field, cpu)
-    assert any("activations are not recomputed yet (#16)" in line for line in cpu)
+    assert "recompute.mode" not in named  # recompute acts (#16)
     ascend = [line.split("=")[0] for line in startup_notes(mf, "Ascend")]
     assert "model.use_flash_attention" not in ascend and "model.mla_qkv_concat" in ascend
     assert startup_notes(load_config(TINY_PATH), "CPU") == []  # nothing set that has no effect
@@ -209,7 +209,8 @@ def test_accepted_parallel_forms():
 @pytest.mark.parametrize("overrides", [
     ["recompute.mode=full", "recompute.full_recompute_layer=[0-3]"],
     ["recompute.mode=full", "recompute.full_recompute_layer=[0, '2-3']"],
-    ["recompute.mode=select", "recompute.select_module={'layers.*.self_attention.*': [0-15], 'layers.*.mlp.*': [0-9]}"],
+    ["recompute.mode=full", "recompute.full_recompute_layer='[0-2]'"],
+    ["recompute.mode=select", "recompute.select_module={'self_attention.*': [0-3], 'mlp.experts': [1-2]}"],
     ["recompute_comm.enable=true", "recompute_comm.select_module=['layers.*.mlp']"],
     ["swap.enable=true", "swap.layer_swap=[{layers: [0-1], backward_prefetch: 1}]",
      "swap.op_swap=[{op_name: attention, layers: true}]"],
@@ -225,8 +226,11 @@ def test_good_forms_load(overrides):
 
 @pytest.mark.parametrize("overrides, start", [
     (["recompute.mode=partial"], "recompute.mode: must be one of None, full, select"),
-    (["recompute.full_recompute_layer=['3-1']"], "recompute.full_recompute_layer[0]: must be a layer id or a range"),
-    (["recompute.full_recompute_layer=[x]"], "recompute.full_recompute_layer[0]:"),
+    (["recompute.full_recompute_layer=['3-1']"], "recompute.full_recompute_layer: '3-1': a range \"a-b\" needs"),
+    (["recompute.full_recompute_layer=[x]"], "recompute.full_recompute_layer: 'x' is not a layer id"),
+    (["recompute.mode=full", "recompute.full_recompute_layer=[0-4]"],
+     "recompute.full_recompute_layer: layer 4 does not exist: the model has layers 0-3"),
+    (["recompute.mode=select"], "recompute.select_module: is required when recompute.mode is select"),
     (["recompute.select_module=5"], "recompute.select_module: must map module paths"),
     (["swap.layer_swap=[{backward_prefetch: 1}]"], "swap.layer_swap[0].layers: is required"),
     (["swap.op_swap=[{layers: [0]}]"], "swap.op_swap[0].op_name: is required"),

@@ -12,7 +12,6 @@ from typing import Any, Callable
 
 from mindtrain.config.schema import MindTrainConfig
 
-_RECOMPUTE_LATER = "accepted and validated; activations are not recomputed yet (#16)"
 
 # (section path, field, applies(value, device) -> bool, why it has no effect)
 _Rule = tuple[str, str, Callable[[Any, str], bool], str]
@@ -78,10 +77,13 @@ RULES: list[_Rule] = [
     ("profiler", "mstx", lambda v, d: v is True and d.upper() != "ASCEND", "mstx markers need Ascend"),
     ("profiler", "profile_memory", lambda v, d: v is True and d.upper() == "CPU",
      "the CPU profiler records no device memory"),
-    ("recompute", "mode", lambda v, d: v not in ("None", None), _RECOMPUTE_LATER),
-    ("recompute_comm", "enable", _set, _RECOMPUTE_LATER),
-    ("swap", "enable", _set, "accepted and validated; activations are not offloaded yet (#16)"
-                             "; on CPU they already live in host memory"),
+    ("recompute_comm", "enable", _set,
+     "the communication of a recomputed tensor/expert-parallel region is recomputed with it "
+     "(recompute.select_module names the regions); no communication is recomputed alone"),
+    ("recompute", "exclude_op", _set, "operators are not kept out of recompute; whole modules recompute"),
+    ("swap", "enable", _on_cpu, "on CPU activations already live in host memory (nothing to offload)"),
+    ("swap", "enable", lambda v, d: _set(v, d) and d.upper() != "CPU",
+     "activation offload to host is not built; use recompute to save activation memory"),
 ]
 
 

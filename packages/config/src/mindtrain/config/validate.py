@@ -11,6 +11,7 @@ from mindtrain.config.derived import (check_degrees, check_zero_strategy, num_ac
 from mindtrain.config.errors import ConfigError
 from mindtrain.config.fsdp_policy import reshard_after_forward
 from mindtrain.config.pipeline import check_micro_batches, layer_counts, microbatch_note, resolve_schedule
+from mindtrain.config.recompute import layer_ids, recompute_plan
 from mindtrain.config.schema import (
     GPTDatasetConfig,
     MindTrainConfig,
@@ -318,24 +319,9 @@ RECOMPUTE_MODES = ("None", "full", "select")
 
 
 def _layer_ranges(value, path: str) -> None:
-    """Layer selections as MindFormers writes them: ids and "a-b" ranges, e.g. [0, "2-3"] or [0-3]."""
-    if isinstance(value, bool):
-        return  # true/false: all layers or none
-    if isinstance(value, (int, str)):
-        value = [value]
-    if not isinstance(value, list):
-        raise ConfigError(path, f"must be a list of layer ids and \"a-b\" ranges, got {value!r}")
-    for i, item in enumerate(value):
-        if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
-            continue
-        if isinstance(item, list):  # per-stage lists (pipeline) of ids/ranges
-            _layer_ranges(item, f"{path}[{i}]")
-            continue
-        text = str(item).replace(" ", "") if isinstance(item, str) else None
-        parts = text.split("-") if text else []
-        if len(parts) in (1, 2) and all(p.isdigit() for p in parts) and int(parts[0]) <= int(parts[-1]):
-            continue
-        raise ConfigError(f"{path}[{i}]", f"must be a layer id or a range \"a-b\" with a <= b, got {item!r}")
+    """Layer selections as MindFormers writes them (the one grammar: recompute.layer_ids)."""
+    if not isinstance(value, bool):  # true/false: all layers or none
+        layer_ids(value, 1 << 30, path)
 
 
 def _select_module(value, path: str) -> None:
@@ -379,9 +365,11 @@ def validate_mindformers_sections(cfg: MindTrainConfig) -> None:
     r = cfg.recompute
     if r.mode not in RECOMPUTE_MODES:
         raise ConfigError("recompute.mode", f"must be one of {', '.join(RECOMPUTE_MODES)}, got {r.mode!r}")
-    if r.full_recompute_layer is not None:
-        _layer_ranges(r.full_recompute_layer, "recompute.full_recompute_layer")
     _select_module(r.select_module, "recompute.select_module")
+    m = cfg.model
+    n_layers = m.num_hidden_layers + (m.num_nextn_predict_layers or 0)
+    layer_ids(r.full_recompute_layer, n_layers, "recompute.full_recompute_layer")
+    recompute_plan(r, n_layers)
     if r.exclude_op is not None and not all(isinstance(o, str) and o for o in r.exclude_op):
         raise ConfigError("recompute.exclude_op", f"must be a list of operator names, got {r.exclude_op!r}")
     _select_module(cfg.recompute_comm.select_module, "recompute_comm.select_module")

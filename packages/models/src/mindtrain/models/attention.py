@@ -14,6 +14,29 @@ from mindtrain.models.rope import softmax_scale
 from mindtrain.models.softmax import Softmax
 
 
+class CoreAttention(nn.Cell):
+    """softmax(q k^T + mask) v: ``construct(q [B,N,S,d], k [B,N,Sk,d], v [B,N,Sk,dv], mask_add)``
+    -> [B,N,S,dv]. Its own cell so it can be recomputed alone (``recompute.select_module``):
+    the probabilities [B,N,S,Sk] are most of an attention layer's activations."""
+
+    matmul_dtype = None
+    fast_kernels = False
+
+    def __init__(self):
+        super().__init__()
+        self.softmax = Softmax()
+        self.bmm_t = ops.BatchMatMul(transpose_b=True)
+        self.bmm = ops.BatchMatMul()
+
+    def construct(self, q, k, v, mask_add):
+        cd = self.matmul_dtype
+        if self.fast_kernels and cd is not None:
+            return kernels.fast_attention(q, k, v, mask_add)
+        # scores in the matmul dtype; adding the float32 mask makes them float32 for the softmax
+        probs = self.softmax(self.bmm_t(q, k) + mask_add)
+        return self.bmm(to_compute(probs, cd), v)
+
+
 class MLAttention(nn.Cell):
     """HF DeepseekV3Attention's math and parameter names (q_a_proj/q_a_layernorm/q_b_proj or
     q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj).
@@ -54,9 +77,7 @@ class MLAttention(nn.Cell):
         self.kv_b_proj = Linear(self.kv_lora_rank, self.num_heads * (self.nope + self.v_dim), init_std=std)
         self.o_proj = Linear(self.num_heads * self.v_dim, h, bias=bias, init_std=std)
         self.scaling = softmax_scale(self.qk_head_dim, cfg.rope_scaling)
-        self.softmax = Softmax()
-        self.bmm_t = ops.BatchMatMul(transpose_b=True)
-        self.bmm = ops.BatchMatMul()
+        self.core_attention = CoreAttention()
         self.kv_exchange = None
         self.matmul_t = ops.MatMul(transpose_b=True)
         half = self.rope // 2
@@ -127,11 +148,6 @@ class MLAttention(nn.Cell):
         v = ops.transpose(v.reshape(b, sk, n, self.v_dim), (0, 2, 1, 3))
         k = ops.concat((k_nope, ops.broadcast_to(to_compute(k_rot, cd), (b, n, sk, self.rope))), -1)
 
-        if self.fast_kernels and cd is not None:
-            out = kernels.fast_attention(q, k, v, mask_add)
-        else:
-            # scores in the matmul dtype; adding the float32 mask makes them float32 for the softmax
-            probs = self.softmax(self.bmm_t(q, k) + mask_add)
-            out = self.bmm(to_compute(probs, cd), v)
+        out = self.core_attention(q, k, v, mask_add)
         out = ops.transpose(out, (0, 2, 1, 3)).reshape(b, s, n * self.v_dim)
         return self.o_proj(out)

@@ -3,6 +3,7 @@ plus the sequence-wise balance loss, aux-loss-free bias update and multi-token p
 
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 import mindspore as ms
@@ -10,7 +11,8 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, initializer
 
-from mindtrain.config import ModelConfig
+from mindtrain.config import ConfigError, ModelConfig, RecomputePlan, recompute_plan
+from mindtrain.config.schema import RecomputeConfig
 from mindtrain.models import kernels
 from mindtrain.models.attention_mask import additive_mask
 from mindtrain.models.decoder import DecoderLayer
@@ -19,9 +21,27 @@ from mindtrain.models.linear import Linear
 from mindtrain.models.loss import MaskedCrossEntropy
 from mindtrain.models.mtp import MTPLayer
 from mindtrain.models.norm import RMSNorm
+from mindtrain.models.recompute import Recompute, recompute_submodule
 from mindtrain.models.precision import (DTYPES, check_param_dtype, current_device, resolve_compute_dtype,
                                         to_compute)
 from mindtrain.models.rope import RotaryEmbedding
+
+
+# MindFormers' names of a decoder layer's modules (its select_module patterns use them)
+_MF_NAMES = (("self_attn", "self_attention"), ("post_attention_layernorm", "pre_mlp_layernorm"),
+             ("mlp.gate", "mlp.router"))
+
+
+def _mindformers_path(path: str) -> str:
+    for ours, theirs in _MF_NAMES:
+        if path == ours or path.startswith(ours + "."):
+            path = theirs + path[len(ours):]
+    return path
+
+
+def _ranges(ids) -> str:
+    ids = sorted(ids)
+    return f"{ids[0]}-{ids[-1]}" if len(ids) > 1 else str(ids[0])
 
 
 class Embedding(nn.Cell):
@@ -94,7 +114,7 @@ class DeepseekV3ForCausalLM(nn.Cell):
     """
 
     def __init__(self, cfg: ModelConfig, moe_block: int = 32, jit: bool = False,
-                 compute_dtype: Optional[str] = None):
+                 compute_dtype: Optional[str] = None, recompute: Optional[RecomputeConfig] = None):
         super().__init__()
         check_param_dtype(cfg.param_init_dtype)
         self.compute_dtype = resolve_compute_dtype(cfg.compute_dtype, compute_dtype, current_device())
@@ -110,8 +130,15 @@ class DeepseekV3ForCausalLM(nn.Cell):
         self._jit = False
         self._rope_mask_cache: dict = {}
         self._configure_cells()
+        self._recompute_layers: dict[int, Recompute] = {}
+        self.recompute_plan = RecomputePlan()
+        self.recompute_wrappers: dict[str, Recompute] = {}
+        """Every recompute wrapper by what it recomputes ("model.layers.3",
+        "model.layers.3.self_attn.core_attention"); their ``forward_calls`` count runs."""
         if jit:
             self.set_jit(True)
+        if recompute is not None:
+            self.set_recompute(recompute)
 
     def _configure_cells(self) -> None:
         """Give every layer that has the attributes the matmul dtype and the kernel choice;
@@ -147,6 +174,65 @@ class DeepseekV3ForCausalLM(nn.Cell):
     @property
     def jit_enabled(self) -> bool:
         return self._jit
+
+    # ------------------------------------------------------------------ recompute
+    def set_recompute(self, recompute) -> "DeepseekV3ForCausalLM":
+        """Recompute activations as ``recompute`` (a ``RecomputeConfig`` or a resolved
+        :class:`mindtrain.config.RecomputePlan`) says; call once, before the first step.
+
+        Whole layers (``full``): the layer runs through :class:`~mindtrain.models.recompute.Recompute`
+        (no activations kept, forward run again in backward; a compiled layer stays compiled).
+        Modules (``select``): each pattern is a regular expression matched in full against
+        the dotted sub-cell paths of a layer (``self_attn``, ``self_attn.core_attention``,
+        ``mlp``, ``mlp.experts``, ``mlp.shared_experts``, ...; MindFormers' names
+        ``self_attention``, ``pre_mlp_layernorm`` and ``mlp.router`` match too); a match
+        inside another match is covered by it. A pattern matching nothing is a ConfigError.
+        """
+        plan = recompute if isinstance(recompute, RecomputePlan) else \
+            recompute_plan(recompute, len(self.model.layers))
+        if self._recompute_layers or self.recompute_wrappers:
+            raise RuntimeError("set_recompute: recompute is already set on this model")
+        for i in plan.full:
+            self._recompute_layers[i] = Recompute(self.model.layers[i])
+            self.recompute_wrappers[f"model.layers.{i}"] = self._recompute_layers[i]
+        for pattern, ids in plan.select.items():
+            try:
+                rx = re.compile(pattern)
+            except re.error as e:
+                raise ConfigError(f"recompute.select_module.{pattern}", f"is not a regular expression ({e})") from None
+            matched = False
+            for i in ids:
+                layer = self.model.layers[i]
+                paths = [name for name, _ in layer.cells_and_names() if name]
+                hits = [p for p in paths if rx.fullmatch(p) or rx.fullmatch(_mindformers_path(p))]
+                hits = [p for p in hits if not any(p.startswith(q + ".") for q in hits)]
+                for path in hits:
+                    key = f"model.layers.{i}.{path}"
+                    if key in self.recompute_wrappers or any(key.startswith(k + ".") for k in self.recompute_wrappers):
+                        continue
+                    cell = dict(layer.cells_and_names())[path]
+                    self.recompute_wrappers[key] = recompute_submodule(cell)
+                    matched = True
+            if not matched:
+                names = sorted(p for p, _ in self.model.layers[ids[0]].cells_and_names() if p)
+                raise ConfigError(f"recompute.select_module.{pattern}",
+                                  f"matches no module of layer(s) {_ranges(ids)}; modules are e.g. "
+                                  f"{', '.join(n for n in names if n.count('.') < 2)}")
+        self.recompute_plan = plan
+        return self
+
+    def _layer_call(self, i: int):
+        """Layer ``i`` as the forward calls it: its recompute wrapper, unless the layer
+        (e.g. a ZeRO-3 unit, which already frees and replays its forward) has a custom
+        backward of its own or layouts replaced the layer object."""
+        layer = self.model.layers[i]
+        rc = self._recompute_layers.get(i)
+        if rc is None or layer.has_bprop:
+            return layer
+        if rc.target is not layer:  # a layout swapped the layer object
+            rc = self._recompute_layers[i] = Recompute(layer)
+            self.recompute_wrappers[f"model.layers.{i}"] = rc
+        return rc
 
     # ------------------------------------------------------------------ forward
     def construct(self, input_ids, labels=None, loss_mask=None, position_ids=None, attention_mask=None):
@@ -191,7 +277,7 @@ class DeepseekV3ForCausalLM(nn.Cell):
         counts, balances = [], []
         for i in layer_ids:
             layer = self.model.layers[i]
-            h, c, bal = layer(h, cos, sin, mask_add)
+            h, c, bal = self._layer_call(i)(h, cos, sin, mask_add)
             if layer.is_moe:
                 counts.append(c)
                 balances.append(bal)
@@ -222,7 +308,7 @@ class DeepseekV3ForCausalLM(nn.Cell):
         losses, counts, balances = [], [], []
         for k, (ids_k, labels_k, mask_k) in enumerate(depths, 1):
             layer = self.model.layers[self.num_layers + k - 1]
-            h, c, bal = layer(h, self.embed(ids_k), cos, sin, mask_add)
+            h, c, bal = self._layer_call(self.num_layers + k - 1)(h, self.embed(ids_k), cos, sin, mask_add)
             if layer.is_moe:
                 counts.append(c)
                 balances.append(bal)

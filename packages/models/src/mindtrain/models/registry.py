@@ -30,12 +30,17 @@ def model_class(model_type: str, architecture: str) -> type:
 
 
 def build_model(model_cfg: ModelConfig, jit: Optional[bool] = None, compute_dtype: Optional[str] = None,
-                **kwargs: Any):
+                recompute: Any = None, **kwargs: Any):
     """Validate ``model_cfg`` and build its model (float32 parameters initialised from
     ms.set_seed's state). ``jit`` None means DEFAULT_JIT. ``compute_dtype`` ("float32",
     "float16", "bfloat16") is the matmul dtype; None means ``model_cfg.compute_dtype`` after
     :func:`mindtrain.models.effective_compute_dtype` for the current device (bfloat16 on CPU
-    runs as float32); an explicit dtype the device lacks raises ConfigError."""
+    runs as float32); an explicit dtype the device lacks raises ConfigError. ``recompute``
+    (the config's ``recompute`` section, or a ``RecomputePlan``) sets activation recompute
+    (``model.set_recompute``)."""
     validate_model(model_cfg)
     cls = model_class(model_cfg.model_type, model_cfg.architectures)
-    return cls(model_cfg, jit=DEFAULT_JIT if jit is None else jit, compute_dtype=compute_dtype, **kwargs)
+    model = cls(model_cfg, jit=DEFAULT_JIT if jit is None else jit, compute_dtype=compute_dtype, **kwargs)
+    if recompute is not None:
+        model.set_recompute(recompute)
+    return model

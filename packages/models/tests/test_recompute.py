@@ -1,0 +1,125 @@
+import pytest
+"""Activation recompute: the recomputed layer's forward really runs again in backward (so
+its activations were not kept), and losses, gradients and weights after optimizer steps
+equal the run without recompute bit for bit (same ops, same order, deterministic on CPU)."""
+
+import numpy as np
+
+
+import mindspore as ms
+from mindspore import Tensor, nn
+
+import mindtrain.models as mm
+from mindtrain.config import ConfigError, ModelConfig, RecomputePlan
+from mindtrain.config.schema import RecomputeConfig
+
+CFG = dict(vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+           num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2, n_routed_experts=4,
+           n_group=2, topk_group=1, num_experts_per_tok=2, first_k_dense_replace=1, kv_lora_rank=8,
+           q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8, seq_length=16,
+           max_position_embeddings=64, num_nextn_predict_layers=1, aux_loss_alpha=0.01)
+
+
+def _batch():
+    rng = np.random.RandomState(0)
+    ids = Tensor(rng.randint(0, 64, (2, 16)).astype(np.int32))
+    labels = Tensor(rng.randint(0, 64, (2, 16)).astype(np.int32))
+    return ids, labels, Tensor(np.ones((2, 16), np.float32))
+
+
+def _train(recompute, jit, steps=2, counting=None):
+    """Two SGD steps; returns (losses, grads of the first step, final weights, model)."""
+    ms.set_seed(0)
+    model = mm.build_model(ModelConfig(**CFG), jit=jit, recompute=recompute)
+    if counting is not None:
+        _count_calls(model, counting)
+    ids, labels, mask = _batch()
+    params = model.trainable_params()
+    opt = nn.SGD(params, learning_rate=0.5)
+
+    def loss_fn():
+        return model(ids, labels=labels, loss_mask=mask)[0]
+
+    grad_fn = ms.value_and_grad(loss_fn, None, params)
+    losses, first = [], None
+    for _ in range(steps):
+        loss, grads = grad_fn()
+        losses.append(loss.asnumpy())
+        if first is None:
+            first = [g.asnumpy() for g in grads]
+        opt(grads)
+    return losses, first, [p.asnumpy() for p in params], model
+
+
+def _count_calls(model, counts):
+    """Count the Python forward runs of every layer (eager layers)."""
+    for i, layer in enumerate(model.model.layers):
+        forward = type(layer).construct.__get__(layer)
+
+        def counted(*args, _i=i, _f=forward):
+            counts[_i] = counts.get(_i, 0) + 1
+            return _f(*args)
+
+        object.__setattr__(layer, "construct", counted)
+
+
+def _same(a, b):
+    la, ga, wa, _ = a
+    lb, gb, wb, _ = b
+    for x, y in zip(la + ga + wa, lb + gb + wb):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_full_recompute_reruns_the_layer_and_changes_no_number():
+    calls_off, calls_on = {}, {}
+    off = _train(None, jit=False, steps=1, counting=calls_off)
+    on = _train(RecomputeConfig(mode="full", full_recompute_layer=["0-1", 3]), jit=False, steps=1,
+                counting=calls_on)
+    # layers 0, 1 and the MTP module (3) ran twice: once without a graph, once in backward
+    assert calls_off == {0: 1, 1: 1, 2: 1, 3: 1}
+    assert calls_on == {0: 2, 1: 2, 2: 1, 3: 2}
+    assert on[3].recompute_wrappers["model.layers.0"].forward_calls == 2
+    _same(off, on)
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_full_recompute_equal_over_steps(jit):
+    off = _train(None, jit=jit)
+    on = _train(RecomputeConfig(mode="full"), jit=jit)
+    assert sorted(on[3].recompute_wrappers) == [f"model.layers.{i}" for i in range(4)]
+    _same(off, on)
+    # parameter names (HF names) are untouched by the wrappers
+    assert [p.name for p in on[3].trainable_params()] == [p.name for p in off[3].trainable_params()]
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_select_recompute_attention_core_and_experts(jit):
+    rc = RecomputeConfig(mode="select", select_module={"self_attention.core_attention": ["0-2"],
+                                                       "mlp.experts": True})
+    off = _train(None, jit=jit)
+    on = _train(rc, jit=jit)
+    wrappers = on[3].recompute_wrappers
+    assert "model.layers.0.self_attn.core_attention" in wrappers
+    assert "model.layers.1.mlp.experts" in wrappers and "model.layers.0.mlp.experts" not in wrappers  # dense
+    if not jit:  # an eager layer calls the wrapper: forward once per step, again in backward
+        assert wrappers["model.layers.0.self_attn.core_attention"].forward_calls == 4
+    _same(off, on)
+
+
+def test_plan_grammar_and_errors():
+    from mindtrain.config import layer_ids, recompute_plan
+
+    assert layer_ids("[0-3]", 6, "f") == (0, 1, 2, 3)
+    assert layer_ids(["0-1", 4, ["5"]], 6, "f") == (0, 1, 4, 5)
+    assert layer_ids(True, 3, "f") == (0, 1, 2)
+    assert recompute_plan(RecomputeConfig(mode="select", full_recompute_layer=[0],
+                                          select_module={"mlp": ["0-1"]}), 2) == \
+        RecomputePlan(full=(0,), select={"mlp": (1,)})
+    with pytest.raises(ConfigError, match="recompute.full_recompute_layer: layer 7 does not exist"):
+        recompute_plan(RecomputeConfig(mode="full", full_recompute_layer=["0-7"]), 4)
+    with pytest.raises(ConfigError, match="recompute.select_module: is required"):
+        recompute_plan(RecomputeConfig(mode="select"), 4)
+    ms.set_seed(0)
+    with pytest.raises(ConfigError, match="recompute.select_module.nothing: matches no module"):
+        mm.build_model(ModelConfig(**CFG), jit=False,
+                       recompute=RecomputeConfig(mode="select", select_module={"nothing": True}))
