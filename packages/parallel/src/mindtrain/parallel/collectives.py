@@ -448,8 +448,8 @@ def broadcast(x: Tensor, src: int = 0, group: Optional[Group] = None) -> Tensor:
 @_timed
 def send(x: Tensor, dst: int, group: Optional[Group] = None) -> None:
     """Send ``x`` to member ``dst``; pair with :func:`recv` on that member. Blocking on mccl;
-    on the shared-memory transport it returns once ``x`` is buffered (at most two messages
-    per direction are in flight)."""
+    on the shared-memory transport it returns once ``x`` is buffered (up to 16 messages per
+    direction in flight)."""
     g = _g(group)
     if dst == g.index:
         raise ValueError("send: dst is this rank")
@@ -460,6 +460,41 @@ def send(x: Tensor, dst: int, group: Optional[Group] = None) -> None:
     import mindspore.mint.distributed as dist
 
     dist.send(fresh(x), dst=g.global_rank(dst), group=_name(g))
+
+
+class _Sent:
+    """A finished send (shared memory: the bytes are already in the channel)."""
+
+    def wait(self) -> None:
+        return None
+
+
+class _Pending:
+    """An mccl isend in flight; keeps its buffer alive until :meth:`wait`."""
+
+    def __init__(self, work, buf):
+        self.work, self.buf = work, buf
+
+    def wait(self) -> None:
+        self.work.wait()
+        self.buf = None
+
+
+@_timed
+def isend(x: Tensor, dst: int, group: Optional[Group] = None):
+    """Start sending ``x`` to member ``dst``; returns a handle whose ``wait()`` ends the send
+    (call it before the step ends). Pair with :func:`recv` on that member."""
+    g = _g(group)
+    if dst == g.index:
+        raise ValueError("isend: dst is this rank")
+    t = _shm(x)
+    if t is not None:
+        t.send(x.asnumpy(), g.global_rank(g.index), g.global_rank(dst))
+        return _Sent()
+    import mindspore.mint.distributed as dist
+
+    buf = fresh(x)
+    return _Pending(dist.isend(buf, dst=g.global_rank(dst), group=_name(g)), buf)
 
 
 @_timed

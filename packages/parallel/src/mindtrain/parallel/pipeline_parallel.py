@@ -16,8 +16,8 @@ neighbours never wait on each other's sends.
 With interleaving (``chunks > 1``) a rank holds several non-contiguous model chunks
 (virtual stages, see :mod:`~mindtrain.parallel.pipeline_schedule`) and the tensors of
 chunk ``c`` go to and come from the ranks before and after it in virtual-stage order
-(rank ``P - 1``'s chunk ``c`` feeds rank 0's chunk ``c + 1``). The CPU backend has no batched send/recv, and
-:mod:`mindtrain.parallel.collectives` only has a blocking send, hence :func:`_isend` here.
+(rank ``P - 1``'s chunk ``c`` feeds rank 0's chunk ``c + 1``). The CPU backend has no batched
+send/recv; sends go through :func:`mindtrain.parallel.collectives.isend`.
 
 The other dimensions of the mesh compose inside each stage: tensor (+ sequence) parallelism
 and expert parallelism are applied to the model by the schedule itself, data parallelism
@@ -74,15 +74,6 @@ def relax_receive_timeout(seconds: int = RECEIVE_TIMEOUT_S) -> None:
 
 def _unit_params(plan: Mapping[str, Any], unit: str) -> list[str]:
     return next(u["params"] for u in plan["units"] if u["name"] == unit)
-
-
-def _isend(x: Tensor, dst: int, group: Group):
-    """Start sending ``x`` to member ``dst``; returns what must be kept until ``wait``."""
-    import mindspore.mint.distributed as dist
-
-    buf = C.fresh(x)
-    work = dist.isend(buf, dst=group.global_rank(dst), group=group.name)
-    return work, buf
 
 
 class _StageParameters:
@@ -285,7 +276,7 @@ class PipelineSchedule:
                     out = st.forward_only(h, mbs[i])
                     out.asnumpy()  # the CPU runs ops asynchronously; wait so the time is the compute
                     busy += time.perf_counter() - t
-                    pending.append(_isend(out, send[0], self.pp))
+                    pending.append(C.isend(out, send[0], self.pp))
                 continue
             sens = None if recv is None else C.recv(act_shape, ms.float32, recv[0], self.pp)
             t = time.perf_counter()
@@ -293,7 +284,7 @@ class PipelineSchedule:
             fig.asnumpy()
             busy += time.perf_counter() - t
             if send is not None:
-                pending.append(_isend(gh, send[0], self.pp))
+                pending.append(C.isend(gh, send[0], self.pp))
             mine = partial.setdefault(i, [None] * n_dense)
             for k, g in zip(self._chunk_index[c], grads):
                 mine[k] = g if mine[k] is None else mine[k] + g
@@ -308,7 +299,7 @@ class PipelineSchedule:
             if self._shard_each:
                 grads = self._reduce_micro(grads)
             acc = grads if acc is None else [a + g for a, g in zip(acc, grads)]
-        for work, _ in pending:
+        for work in pending:
             work.wait()
         if self._zero3:
             self.fsdp.free_params()

@@ -217,11 +217,12 @@ class Channel:
     """One direction of point-to-point traffic, ``src`` -> ``dst`` (global ranks).
 
     Counters: messages sent (written by src), messages taken (written by dst), and one
-    attach flag each. Message k uses buffer ``k % 2``; the sender waits until message
-    ``k - 2`` was taken before writing, so a send returns as soon as its bytes are in place
-    (buffered, never later than mccl's blocking send would). Sender and receiver both know
-    each message's size (the receiver passes its shape), so both move to a larger segment at
-    the same message.
+    attach flag each. Message k uses slot ``k % slots``; the sender waits until message
+    ``k - slots`` was taken before writing, so a send returns as soon as its bytes are in
+    place: up to ``slots`` (16, fewer for messages over 16 MB) messages may be in flight,
+    which is what a pipeline schedule's non-blocking sends need. Sender and receiver both
+    know each message's size (the receiver passes its shape), so both move to a larger
+    segment at the same message.
     """
 
     def __init__(self, token: str, src: int, dst: int, sending: bool, capacity: int = 1 << 16,
@@ -230,7 +231,8 @@ class Channel:
         self.capacity = _round_up(max(capacity, 1))
         self.generation = generation
         self.count = 0
-        total = 4 * _LINE + 2 * self.capacity
+        self.slots = max(2, min(16, (256 << 20) // self.capacity))
+        total = 4 * _LINE + self.slots * self.capacity
         path = os.path.join(_DIR, f"mindtrain-{token}-p2p-{src}-{dst}-g{generation}")
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -241,7 +243,7 @@ class Channel:
             os.close(fd)
         # [sent, taken, src attached, dst attached]
         self._flags = np.ndarray((4,), np.int64, self._map, 0, (_LINE,))
-        self._data = np.ndarray((2, self.capacity), np.uint8, self._map, 4 * _LINE)
+        self._data = np.ndarray((self.slots, self.capacity), np.uint8, self._map, 4 * _LINE)
         self._flags[2 if sending else 3] = 1
         _wait(self._flags, 3 if sending else 2, 1)
         if sending:
@@ -256,15 +258,15 @@ class Channel:
 
     def send(self, raw: np.ndarray) -> None:
         k = self.count + 1
-        _wait(self._flags, 1, k - 2)
-        self._data[k % 2, :raw.size] = raw
+        _wait(self._flags, 1, k - self.slots)
+        self._data[k % self.slots, :raw.size] = raw
         self._flags[0] = k
         self.count = k
 
     def recv(self, out: np.ndarray) -> None:
         k = self.count + 1
         _wait(self._flags, 0, k)
-        out[:] = self._data[k % 2, :out.size]
+        out[:] = self._data[k % self.slots, :out.size]
         self._flags[1] = k
         self.count = k
 
