@@ -445,23 +445,6 @@ def broadcast(x: Tensor, src: int = 0, group: Optional[Group] = None) -> Tensor:
     return buf
 
 
-@_timed
-def send(x: Tensor, dst: int, group: Optional[Group] = None) -> None:
-    """Send ``x`` to member ``dst``; pair with :func:`recv` on that member. Blocking on mccl;
-    on the shared-memory transport it returns once ``x`` is buffered (up to 16 messages per
-    direction in flight)."""
-    g = _g(group)
-    if dst == g.index:
-        raise ValueError("send: dst is this rank")
-    t = _shm(x)
-    if t is not None:
-        t.send(x.asnumpy(), g.global_rank(g.index), g.global_rank(dst))
-        return
-    import mindspore.mint.distributed as dist
-
-    dist.send(fresh(x), dst=g.global_rank(dst), group=_name(g))
-
-
 class _Sent:
     """A finished send (shared memory: the bytes are already in the channel)."""
 
@@ -495,6 +478,14 @@ def isend(x: Tensor, dst: int, group: Optional[Group] = None):
 
     buf = fresh(x)
     return _Pending(dist.isend(buf, dst=g.global_rank(dst), group=_name(g)), buf)
+
+
+@_timed
+def send(x: Tensor, dst: int, group: Optional[Group] = None) -> None:
+    """Send ``x`` to member ``dst``; pair with :func:`recv` on that member. Blocking on mccl;
+    on the shared-memory transport it returns once ``x`` is buffered (up to 16 messages per
+    direction in flight)."""
+    isend(x, dst, group).wait()
 
 
 @_timed

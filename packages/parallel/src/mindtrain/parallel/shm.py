@@ -61,13 +61,7 @@ class Segment:
         header = _LINE * self.size
         total = header + 2 * self.size * self.capacity
         path = os.path.join(_DIR, f"mindtrain-{token}-{'_'.join(map(str, self.ranks))}-g{generation}")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            if os.fstat(fd).st_size < total:
-                os.ftruncate(fd, total)
-            self._map = mmap.mmap(fd, total)
-        finally:
-            os.close(fd)
+        self._map = _map_file(path, total)
         self._counters = np.ndarray((self.size,), np.int64, self._map, 0, (_LINE,))
         self._data = np.ndarray((2, self.size, self.capacity), np.uint8, self._map, header)
         self._arrive()  # every member has mapped the file: it may go
@@ -234,13 +228,7 @@ class Channel:
         self.slots = max(2, min(16, (256 << 20) // self.capacity))
         total = 4 * _LINE + self.slots * self.capacity
         path = os.path.join(_DIR, f"mindtrain-{token}-p2p-{src}-{dst}-g{generation}")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            if os.fstat(fd).st_size < total:
-                os.ftruncate(fd, total)
-            self._map = mmap.mmap(fd, total)
-        finally:
-            os.close(fd)
+        self._map = _map_file(path, total)
         # [sent, taken, src attached, dst attached]
         self._flags = np.ndarray((4,), np.int64, self._map, 0, (_LINE,))
         self._data = np.ndarray((self.slots, self.capacity), np.uint8, self._map, 4 * _LINE)
@@ -269,6 +257,17 @@ class Channel:
         out[:] = self._data[k % self.slots, :out.size]
         self._flags[1] = k
         self.count = k
+
+
+def _map_file(path: str, total: int) -> mmap.mmap:
+    """Map ``path`` (created, or opened if a peer was first) at ``total`` bytes."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if os.fstat(fd).st_size < total:
+            os.ftruncate(fd, total)
+        return mmap.mmap(fd, total)
+    finally:
+        os.close(fd)
 
 
 def _wait(flags: np.ndarray, i: int, value: int) -> None:
