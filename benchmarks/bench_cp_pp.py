@@ -28,6 +28,7 @@ def worker(out_dir: str, micros: list[int], seq: int, steps: int, chunks: int = 
     import mindspore as ms
 
     ms.set_device("CPU")
+    ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer runs them on CPU
     from mindtrain.config import ParallelDims, load_config
     from mindtrain.models import build_model, parallel_plan
     from mindtrain.parallel import DeviceMesh

@@ -50,6 +50,7 @@ def run_one(mode: str, seq: int, steps: int, jit: bool) -> dict:
     from mindtrain.config.schema import RecomputeConfig
 
     ms.set_device("CPU")
+    ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer runs them on CPU
     ms.set_seed(0)
     rc = MODES[mode]
     cfg = ModelConfig(**SIZES, seq_length=seq, max_position_embeddings=max(seq, 4096))

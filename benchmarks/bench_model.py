@@ -45,6 +45,7 @@ def ms_worker(jit: bool) -> None:
     from mindspore import Tensor, ops
 
     ms.set_device("CPU")
+    ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer runs them on CPU
     ms.set_seed(0)
     import mindtrain.models as mm
     from mindtrain.config import ModelConfig

@@ -68,6 +68,7 @@ def worker(out_dir: str, cases: str) -> None:
     from mindtrain.parallel import init_distributed
 
     ms.set_device("CPU")
+    ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer runs them on CPU
     world, rank = init_distributed()
     stats = {"bytes": 0, "time": 0.0, "calls": 0, "depth": 0}
     _instrument(stats)

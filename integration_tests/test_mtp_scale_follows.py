@@ -64,6 +64,7 @@ def test_mtp_scale_reaches_the_model_and_a_pipeline_split():
     from mindspore import Tensor
 
     ms.set_device("CPU")
+    ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer runs them on CPU
     w = _worker()
     batch = w.micro_batch()
     base = w.model_config(SCALES[0])

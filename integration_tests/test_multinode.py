@@ -75,6 +75,7 @@ def test_two_launchers_train_as_one_job_equal_to_one_process(tmp_path):
         from mindtrain.trainer.trainer import Trainer
 
         ms.set_device("CPU")
+        ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer runs them on CPU
         cfg = load_config(TINY, _options(prefix) + [f"training.seed={SEED}", f"monitor.metrics_dir={tmp}/ref"])
         reference = Trainer(cfg, Runtime(device="CPU"), out=lambda _line: None).train()
         outputs = [p.communicate(timeout=900)[0] for p in launchers]

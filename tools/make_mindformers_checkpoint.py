@@ -73,6 +73,7 @@ def weights(src: str) -> None:
     from mindtrain.models import build_model, config_to_hf
 
     ms.set_device("CPU")
+    ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer runs them on CPU
     ms.set_seed(0)
     cfg = load_config(os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml"), TINY)
     model = build_model(cfg.model, jit=False)

@@ -45,6 +45,7 @@ import numpy as np  # noqa: E402
 import mindspore as ms  # noqa: E402
 
 ms.set_device("CPU")
+ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer runs them on CPU
 
 from mindspore import Tensor, ops  # noqa: E402
 

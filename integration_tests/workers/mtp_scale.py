@@ -19,6 +19,7 @@ import numpy as np
 import mindspore as ms
 
 ms.set_device("CPU")
+ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer runs them on CPU
 
 from mindspore import Tensor  # noqa: E402
 

@@ -196,6 +196,7 @@ def run(case, world, rank, out_dir):
 
 def main():
     ms.set_device("CPU")
+    ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer runs them on CPU
     world, rank = init_distributed()
     out_dir, cases = sys.argv[1], sys.argv[2].split(",")
     for case in cases:

@@ -80,6 +80,7 @@ def test_indivisible_sizes_raise_one_line_config_error_before_sharding(vocab, he
 
 def test_sharding_follows_the_plan_and_sequence_must_divide():
     ms.set_device("CPU")
+    ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer runs them on CPU
     model = _Model(6, 2)
     full = model.model.embed_tokens.weight.asnumpy().copy()
     tp = apply_tensor_parallel(model, _plan(model, 2), _mesh(tp=2))

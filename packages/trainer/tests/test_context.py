@@ -17,6 +17,7 @@ import mindspore as ms
 from mindtrain.config import load_config
 from mindtrain.trainer.runtime import apply_context
 ms.set_device("CPU")
+ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer runs them on CPU
 before = ms.get_context("deterministic")
 cfg = load_config("configs/pynative_ds3_tiny.yaml", ["training.deterministic=true"])
 apply_context(cfg, "CPU")

@@ -44,6 +44,7 @@ def _cfg(files, tmp, *extra):
     import mindspore as ms
 
     ms.set_device("CPU")
+    ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer runs them on CPU
     loader = f"{{type: MindDataset, dataset_files: '{files}', column_names: [input_ids], shuffle: false}}"
     return load_config(TINY, [f"model.seq_length={SEQ}", "model.num_hidden_layers=2", "training.steps=2",
                               "training.global_batch_size=2", "checkpoint.enable_save=false",

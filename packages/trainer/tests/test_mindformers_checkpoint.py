@@ -39,6 +39,7 @@ def test_mindformers_written_checkpoint_loads_into_a_mindtrain_model():
     from mindtrain.trainer.checkpoint import hf_names
 
     ms.set_device("CPU")
+    ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer runs them on CPU
     with open(os.path.join(FIXTURES, "mindformers_ckpt_model.json")) as f:
         model = build_model(config_from_hf(json.load(f)), jit=False)
     kind, folder = ck.resolve_checkpoint(SAVE_PATH)

@@ -55,6 +55,7 @@ def tiny():
     from mindtrain.models import build_model, config_from_hf
 
     ms.set_device("CPU")
+    ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer runs them on CPU
     with open(os.path.join(FIXTURES, "mindformers_ckpt_model.json")) as f:
         model = build_model(config_from_hf(json.load(f)), jit=False)
     weights = {p.name: p.asnumpy() for p in model.get_parameters()}

@@ -14,6 +14,7 @@ FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "adamw_torch.safet
 
 def _setup():
     ms.set_device("CPU")
+    ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer runs them on CPU
     ref = load_file(FIXTURE)
     names = sorted(k[len("init."):] for k in ref if k.startswith("init."))
     params = [(n, Parameter(Tensor(ref[f"init.{n}"].copy()), name=n)) for n in names]
@@ -43,6 +44,7 @@ def test_no_decay_for_norms_biases_and_vectors():
 
 def test_zero_gradient_step_only_decays():
     ms.set_device("CPU")
+    ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer runs them on CPU
     w = Parameter(Tensor(np.full((2, 2), 2.0, np.float32)), name="w")
     opt = AdamW([("w", w)], lr=0.1, weight_decay=0.5)
     opt.step([Tensor(np.zeros((2, 2), np.float32))])

@@ -27,6 +27,7 @@ def _cfg(prefix, tmp, *extra):
     import mindspore as ms
 
     ms.set_device("CPU")
+    ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer runs them on CPU
     return load_config(TINY, ["model.seq_length=64", "train_dataset.dataloader.config.seq_length=64",
                               "model.num_hidden_layers=2", "training.global_batch_size=2", "training.steps=3",
                               f"train_dataset.dataloader.config.data_path=['1', '{prefix}']",

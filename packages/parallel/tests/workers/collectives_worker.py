@@ -23,6 +23,7 @@ from mindtrain.config import ParallelismConfig
 from mindtrain.parallel import DeviceMesh, collectives as C, functional as F, init_distributed
 
 ms.set_device("CPU")
+ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer runs them on CPU
 world, rank = init_distributed()
 expected = os.environ["EXPECT_TRANSPORT"]
 if C.transport() != expected:

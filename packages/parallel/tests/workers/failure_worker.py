@@ -16,6 +16,7 @@ from mindspore import Tensor
 from mindtrain.parallel import collectives as C, init_distributed
 
 ms.set_device("CPU")
+ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer runs them on CPU
 world, rank = init_distributed()
 C.barrier()
 if rank == world - 1:

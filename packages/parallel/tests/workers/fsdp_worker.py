@@ -31,6 +31,7 @@ from mindtrain.parallel import DeviceMesh, Group, collectives as C, fully_shard,
 from tiny_lm import SHARED, UNITS, AdamW, TinyLM, batch
 
 ms.set_device("CPU")
+ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer runs them on CPU
 STEPS, ACCUM, MAX_NORM, GLOBAL = 2, 2, 1.0, 8
 
 

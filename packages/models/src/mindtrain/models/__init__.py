@@ -14,7 +14,7 @@ from mindtrain.models.moe import MoE
 from mindtrain.models.mtp import MTPLayer
 from mindtrain.models.norm import RMSNorm
 from mindtrain.models.parallel_plan import parallel_plan
-from mindtrain.models.precision import effective_compute_dtype
+from mindtrain.models.precision import effective_compute_dtype, synchronous_cpu_dispatch
 from mindtrain.models.registry import build_model, model_class, register_model
 from mindtrain.models.rope import RotaryEmbedding
 from mindtrain.models.router import TopkRouter
@@ -28,5 +28,6 @@ __all__ = [
     "MoE", "MTPLayer", "RMSNorm", "RotaryEmbedding", "RoutedExperts", "TopkRouter",
     "build_model", "config_from_hf", "config_to_hf", "count_parameters", "effective_compute_dtype",
     "fast_kernels_enabled", "flops_per_token", "from_pretrained", "hf_state_dict", "load_hf_state_dict",
-    "model_class", "parallel_plan", "register_model", "save_pretrained", "use_fast_kernels",
+    "model_class", "parallel_plan", "register_model", "save_pretrained", "synchronous_cpu_dispatch",
+    "use_fast_kernels",
 ]

@@ -226,6 +226,9 @@ def start(device_target: Optional[str]) -> tuple[Runtime, str]:
     device, why = choose_device(device_target)
     ms.set_device(device)
     ms.set_context(mode=ms.PYNATIVE_MODE)
+    from mindtrain.models import synchronous_cpu_dispatch
+
+    synchronous_cpu_dispatch()  # CPU: eager ops run in the calling thread (~8x faster eager steps)
     if not launched_by_msrun():
         return Runtime(device=device), f"device: {device} ({why}); single process"
     if os.environ.get("MS_ROLE") == "MS_SCHED":
