@@ -391,27 +391,11 @@ class FSDP:
         shard group."""
         out: list[Optional[Tensor]] = [None] * len(slots)
         for grp, idx in _by_group(slots).items():
-            n = grp.size
-            if C.on_host(grp, slots[idx[0]].dtype) and len({slots[i].dtype for i in idx}) == 1:
-                # shared-memory transport: slice on the host (no per-parameter device ops)
-                flat = np.concatenate([shards[i].asnumpy().reshape(-1) for i in idx])
-                table = C.host_all_gather(flat, grp)
-                off = 0
-                for i in idx:
-                    s = slots[i]
-                    part = table[:, off:off + s.shard_numel].reshape((s.local_rows * n,) + s.rest)
-                    off += s.shard_numel
-                    out[i] = Tensor(np.ascontiguousarray(part[:s.rows]).reshape(s.shape))
-                continue
-            parts = [shards[i].reshape(-1) for i in idx]
-            flat = mint.cat(parts) if len(parts) > 1 else parts[0]
-            table = C.all_gather(flat, grp).reshape(n, -1)
-            off = 0
-            for i in idx:
-                s = slots[i]
-                part = table[:, off:off + s.shard_numel].reshape((s.local_rows * n,) + s.rest)
-                off += s.shard_numel
-                out[i] = ops.deepcopy(part[:s.rows].reshape(s.shape))
+            xp = _Arrays.of(grp, [slots[i] for i in idx])
+            table = xp.all_gather(xp.cat([xp.flat(shards[i]) for i in idx]), grp)
+            for i, s, off in _columns(slots, idx):
+                part = table[:, off:off + s.shard_numel].reshape((s.local_rows * grp.size,) + s.rest)
+                out[i] = xp.owned(part[:s.rows].reshape(s.shape))
         return out
 
     def _reduce_scatter(self, slots: list[_Slot], fulls: list[Tensor]) -> list[Tensor]:
@@ -419,36 +403,17 @@ class FSDP:
         out: list[Optional[Tensor]] = [None] * len(slots)
         for grp, idx in _by_group(slots).items():
             n = grp.size
-            if C.on_host(grp, slots[idx[0]].dtype) and len({slots[i].dtype for i in idx}) == 1:
-                host = []
-                for i in idx:
-                    s = slots[i]
-                    g = fulls[i].asnumpy().reshape((s.rows,) + s.rest)
-                    if s.local_rows * n != s.rows:
-                        g = np.concatenate([g, np.zeros((s.local_rows * n - s.rows,) + s.rest, g.dtype)])
-                    host.append(g.reshape(n, -1))
-                mine = C.host_reduce_scatter(np.concatenate(host, axis=1), grp, op=self.reduce_op)
-                off = 0
-                for i in idx:
-                    s = slots[i]
-                    out[i] = Tensor(mine[off:off + s.shard_numel].reshape((s.local_rows,) + s.rest).copy())
-                    off += s.shard_numel
-                continue
+            xp = _Arrays.of(grp, [slots[i] for i in idx])
             cols = []
             for i in idx:
                 s = slots[i]
-                g = fulls[i].reshape((s.rows,) + s.rest)
-                extra = s.local_rows * n - s.rows
-                if extra:
-                    g = mint.cat([g, mint.zeros((extra,) + s.rest, dtype=g.dtype)])
+                g = xp.array(fulls[i]).reshape((s.rows,) + s.rest)
+                if s.local_rows * n != s.rows:  # pad to whole shards
+                    g = xp.cat([g, xp.zeros((s.local_rows * n - s.rows,) + s.rest, g.dtype)])
                 cols.append(g.reshape(n, -1))
-            table = mint.cat(cols, dim=1) if len(cols) > 1 else cols[0]
-            mine = C.reduce_scatter(table.reshape(-1), grp, op=self.reduce_op)
-            off = 0
-            for i in idx:
-                s = slots[i]
-                out[i] = mine[off:off + s.shard_numel].reshape((s.local_rows,) + s.rest)
-                off += s.shard_numel
+            mine = xp.reduce_scatter(xp.cat(cols, axis=1), grp, self.reduce_op)
+            for i, s, off in _columns(slots, idx):
+                out[i] = xp.result(mine[off:off + s.shard_numel].reshape((s.local_rows,) + s.rest))
         return out
 
     def _accumulate(self, slots: list[_Slot], grads: list[Tensor]) -> None:
@@ -488,6 +453,55 @@ class FSDP:
             prev = self._pending_root.get(s.name)
             self._pending_root[s.name] = g if prev is None else prev + g
         return gx if isinstance(gx, tuple) else (gx,)
+
+
+def _columns(slots: list, idx: list[int]):
+    """(index, slot, offset) of each slot's column block in a group's flat bucket."""
+    off = 0
+    for i in idx:
+        yield i, slots[i], off
+        off += slots[i].shard_numel
+
+
+class _Arrays:
+    """The array operations a bucket's gather and reduce-scatter need: on the host (numpy
+    slicing around the shared-memory transport) or on the device (MindSpore ops around its
+    collectives). The bucket layout rule is written once, in FSDP, over these."""
+
+    def __init__(self, host: bool):
+        self.host = host
+
+    @classmethod
+    def of(cls, grp, slots: list) -> "_Arrays":
+        return cls(C.on_host(grp, slots[0].dtype) and len({s.dtype for s in slots}) == 1)
+
+    def array(self, t: Tensor):
+        return t.asnumpy() if self.host else t
+
+    def flat(self, t: Tensor):
+        return self.array(t).reshape(-1)
+
+    def cat(self, parts: list, axis: int = 0):
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts, axis=axis) if self.host else mint.cat(parts, dim=axis)
+
+    def zeros(self, shape: tuple, dtype):
+        return np.zeros(shape, dtype) if self.host else mint.zeros(shape, dtype=dtype)
+
+    def all_gather(self, flat, grp):
+        """(group size, flat size) table of every member's ``flat``."""
+        return C.host_all_gather(flat, grp) if self.host else C.all_gather(flat, grp).reshape(grp.size, -1)
+
+    def reduce_scatter(self, table, grp, op: str):
+        return C.host_reduce_scatter(table, grp, op=op) if self.host else C.reduce_scatter(table.reshape(-1), grp, op=op)
+
+    def owned(self, part) -> Tensor:
+        """A tensor with its own storage (a gathered parameter outlives the table)."""
+        return Tensor(np.ascontiguousarray(part)) if self.host else ops.deepcopy(part)
+
+    def result(self, part) -> Tensor:
+        return Tensor(part.copy()) if self.host else part
 
 
 def _by_group(slots: Sequence[_Slot]) -> dict[Group, list[int]]:

@@ -32,7 +32,7 @@ import mmap
 import os
 import platform
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -82,10 +82,7 @@ class Segment:
         seq = self.seq
         self._counters[self.index] = seq
         counters = self._counters
-        pause = 2e-5
-        while int(counters.min()) < seq:
-            time.sleep(pause)
-            pause = min(pause * 1.5, 1e-3)
+        _poll(lambda: int(counters.min()) >= seq)
         return seq
 
     def _grow(self, nbytes: int) -> "Segment":
@@ -270,11 +267,16 @@ def _map_file(path: str, total: int) -> mmap.mmap:
         os.close(fd)
 
 
-def _wait(flags: np.ndarray, i: int, value: int) -> None:
+def _poll(ready: Callable[[], bool]) -> None:
+    """Return once ``ready()`` holds, sleeping 20 us at first and backing off to 1 ms."""
     pause = 2e-5
-    while int(flags[i]) < value:
+    while not ready():
         time.sleep(pause)
         pause = min(pause * 1.5, 1e-3)
+
+
+def _wait(flags: np.ndarray, i: int, value: int) -> None:
+    _poll(lambda: int(flags[i]) >= value)
 
 
 def _round_up(n: int) -> int:
