@@ -43,7 +43,8 @@ def test_train_state_per_rank_and_tensorboard_on_rank0(tmp_path):
              "training.steps=2", f"train_dataset.dataloader.config.data_path=['1', '{prefix}']",
              f"monitor.metrics_dir={tmp_path / 'metrics'}", "monitor.train_state.local_loss=true",
              f"monitor.train_state.local_norm={EMBED}", f"monitor.train_state.device_norm={EMBED}",
-             "monitor.train_state.device_loss=true", f"monitor.tensorboard.tensorboard_dir={tb}"]
+             "monitor.train_state.device_loss=true", f"monitor.tensorboard.tensorboard_dir={tb}",
+             "compile.enable=false"]
     log_dir = tmp_path / "log"
     cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port(8350)}", "--join=True",
            f"--log_dir={log_dir}", ENTRY, "--config", TINY, "--mode", "1",

@@ -39,7 +39,7 @@ def _port() -> int:
 
 
 def _options(prefix: str) -> list[str]:
-    return ["training.steps=2", "training.global_batch_size=2", "model.seq_length=32",
+    return ["training.steps=2", "training.global_batch_size=2", "model.seq_length=32", "compile.enable=false",
             "train_dataset.dataloader.config.seq_length=32", "model.num_hidden_layers=2",
             f"train_dataset.dataloader.config.data_path=['1','{prefix}']"]
 

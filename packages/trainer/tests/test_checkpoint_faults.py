@@ -29,7 +29,7 @@ FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 
 def _overrides(tmp: str, extra=()) -> list[str]:
     prefix = os.path.join(tmp, "data", "pydoc_text_document")
-    return ["training.steps=2", "training.global_batch_size=2", "model.seq_length=32",
+    return ["training.steps=2", "training.global_batch_size=2", "model.seq_length=32", "compile.enable=false",
             "train_dataset.dataloader.config.seq_length=32", "model.num_hidden_layers=2",
             f"train_dataset.dataloader.config.data_path=['1', '{prefix}']", "parallelism.data_parallel_shard=1",
             f"monitor.metrics_dir={os.path.join(tmp, 'metrics')}", *extra]

@@ -87,3 +87,16 @@ def test_hf_start_and_non_finite_steps_stop_the_run(prefix, tmp_path):
         bad.train()
     assert bad.skips.skipped_total == 2 and bad.optimizer.step_count == 0
     np.testing.assert_array_equal(bad.model.model.layers[0].self_attn.q_a_proj.weight.asnumpy(), before)
+
+
+def test_compile_switch_changes_the_speed_not_the_figures(tiny_config):
+    """compile.enable (default true) builds the model with compiled layers; false, eager; the
+    two runs print the same figures."""
+    runs = {}
+    for enable in (True, False):
+        trainer = Trainer(tiny_config("training.steps=2", f"compile.enable={str(enable).lower()}"),
+                          Runtime(device="CPU"), out=lambda _line: None)
+        assert trainer.model.jit_enabled is enable
+        runs[enable] = [[r[k] for k in ("loss", "load_balancing_loss", "mtp_loss", "grad_norm")]
+                        for r in trainer.train()]
+    np.testing.assert_allclose(runs[False], runs[True], rtol=1e-6)

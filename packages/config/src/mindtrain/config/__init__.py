@@ -24,6 +24,7 @@ from mindtrain.config.plan import ROLES, ParallelPlan, ParamPlan, Region, UnitPl
 from mindtrain.config.recompute import RecomputePlan, layer_ids, recompute_plan
 from mindtrain.config.schema import (
     CheckpointConfig,
+    CompileConfig,
     ContextConfig,
     DataLoaderConfig,
     GPTDatasetConfig,
@@ -41,7 +42,7 @@ from mindtrain.config.validate import parse_data_path, parse_split, split_weight
 
 __all__ = [
     "__version__", "DEGREE_FIELDS", "ZERO3", "ZERO_STRATEGIES", "check_degrees", "check_zero_strategy",
-    "CheckpointConfig", "ConfigError", "ContextConfig", "DataLoaderConfig", "GPTDatasetConfig",
+    "CheckpointConfig", "CompileConfig", "ConfigError", "ContextConfig", "DataLoaderConfig", "GPTDatasetConfig",
     "LRSchedulerConfig", "MindTrainConfig", "ModelConfig", "MonitorConfig", "OptimizerConfig",
     "ParallelDims", "ParallelismConfig", "ParallelPlan", "ParamPlan", "ROLES", "Region", "UnitPlan", "RecomputePlan", "layer_ids", "recompute_plan", "STEP_FIGURES", "StepFigures", "TrainDatasetConfig", "TrainingConfig", "UserError",
     "convert_legacy", "dump_config", "from_dict", "legacy_problems", "load_config",

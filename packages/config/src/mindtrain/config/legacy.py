@@ -140,7 +140,7 @@ def convert_legacy(raw: dict, fields: dict[str, set[str]]) -> tuple[dict, list[s
     c = _Conversion(raw)
     r = c.raw
     for key in ("checkpoint", "training", "parallelism", "lr_scheduler", "monitor", "profiler", "recompute",
-                "recompute_comm", "swap"):
+                "recompute_comm", "swap", "compile"):
         if isinstance(r.get(key), dict):  # already-eager sections pass through
             c.new[key] = r.pop(key)
     _top_level(c, r)

@@ -371,6 +371,14 @@ class ContextConfig:
 
 
 @dataclass
+class CompileConfig:
+    enable: bool = True
+    """Compile each decoder layer, MTP module and the head + loss with ms.jit (torchtitan's
+    ``compile.enable``). false runs the whole model eager: no compile time at start-up (10-20 s
+    per process on CPU), slower steps. Layouts that need eager layers run them regardless."""
+
+
+@dataclass
 class HealthCheckpointConfig:
     embedding_local_norm_threshold: float = 100.0
     """Say so when the embedding weight's norm on a rank exceeds this."""
@@ -525,6 +533,7 @@ class MindTrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     context: ContextConfig = field(default_factory=ContextConfig)
+    compile: CompileConfig = field(default_factory=CompileConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
     recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
     recompute_comm: RecomputeCommConfig = field(default_factory=RecomputeCommConfig)

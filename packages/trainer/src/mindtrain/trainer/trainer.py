@@ -100,7 +100,8 @@ class Trainer:
         if self.compute_dtype == "float16":
             self.out("mindtrain: model.compute_dtype=float16 runs without loss scaling; very small gradients "
                      "may underflow to zero (bfloat16 on Ascend or float32 avoid this)")
-        self.model = build_model(cfg.model, compute_dtype=self.compute_dtype, recompute=cfg.recompute)
+        self.model = build_model(cfg.model, jit=cfg.compile.enable, compute_dtype=self.compute_dtype,
+                                 recompute=cfg.recompute)
         self._batches = None
         self.step = 0
         self.consumed_samples = 0
