@@ -56,6 +56,9 @@ GB = 2 ** 30
 """Bytes per GB as printed and as ``max_device_memory`` reads it (MindSpore: 1024^3)."""
 F32 = 4
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+DEFAULT_DEVICE_MEMORY = 64 * 2 ** 30
+"""Device memory when neither --device-memory nor context.max_device_memory says: one
+Ascend 910B (64 GB HBM)."""
 MOE_BLOCK = 32
 """Slots per block of the portable routed-experts dispatch (the model's ``moe_block``)."""
 
@@ -226,6 +229,7 @@ class StageBytes:
     activations_none: int = 0
     activations_full: int = 0
     in_flight: int = 0
+    breakdown: dict = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -445,9 +449,10 @@ def _layer_kept(mod: Module, m: ModelConfig, i: int, z: _Shapes, plan_full: set,
 
 
 def activation_bytes(cfg: MindTrainConfig, dims: ParallelDims, units: list[str], compute_bytes: int,
-                     recompute: Optional[RecomputeConfig] = None) -> int:
+                     recompute: Optional[RecomputeConfig] = None, breakdown: Optional[dict] = None) -> int:
     """Peak bytes of one micro-batch's activations on a rank holding ``units``, with
-    ``recompute`` (default: the config's)."""
+    ``recompute`` (default: the config's). ``breakdown`` (a dict) receives the bytes by kind
+    without recompute."""
     m = cfg.model
     b = cfg.training.local_batch_size
     s = m.seq_length // dims.cp
@@ -460,21 +465,41 @@ def activation_bytes(cfg: MindTrainConfig, dims: ParallelDims, units: list[str],
     layer_ids = [int(u.split(".")[1]) for u in units if u.startswith("layers.")]
     layer_ids += [m.num_hidden_layers + int(u.split(".")[1]) for u in units if u.startswith("mtp.")]
     kept = rebuilt = 0
+    kinds = {"attention scores and probabilities": 0, "routed-expert dispatch": 0, "attention mask": 0,
+             "logits": 0, "other": 0, "backward transient": 0}
     for i in layer_ids:
-        k, r = _layer_kept(layer_module(m, i, z, dims), m, i, z, full, select)
+        mod = layer_module(m, i, z, dims)
+        k, r = _layer_kept(mod, m, i, z, full, select)
         kept += k
         rebuilt = max(rebuilt, r)
+        paths = {sub.path: sub.total() for sub in mod.walk()}
+        kinds["attention scores and probabilities"] += paths["self_attn.core_attention"]
+        kinds["routed-expert dispatch"] += paths.get("mlp.experts", 0)
+        kinds["other"] += mod.total() + _layer_input(m, i, z) - paths["self_attn.core_attention"] \
+            - paths.get("mlp.experts", 0)
     h, v = m.hidden_size, m.vocab_size // dims.tp
     scores = b * z.heads * s * m.seq_length
-    transient = 4 * scores * F32 if layer_ids else 0        # softmax / attention backward
+    # the attention backward's largest moment: the probabilities' gradient, the softmax
+    # backward's dout * out, its broadcast row sums, out * rows and the result
+    transient = 5 * scores * F32 if layer_ids else 0
     if "embedding" in units:
         kept += z.tl * h * F32
     if "head" in units:
         depths = 1 + m.num_nextn_predict_layers
         # final norm (its input and output; gathered over TP) and the logits, per depth
         kept += depths * (2 * z.tl * h * F32 + (tokens * h * F32 if dims.tp > 1 else 0) + tokens * v * F32)
-        transient = max(transient, 3 * tokens * v * F32)     # the cross-entropy's backward
+        # the cross-entropy's backward: the broadcast output gradient, the softmax, their
+        # product and the label scatter's result
+        transient = max(transient, 4 * tokens * v * F32)
     mask = b * m.num_attention_heads * s * m.seq_length * F32 if layer_ids else 0
+    if breakdown is not None:
+        kinds["attention mask"] = mask
+        kinds["backward transient"] = transient
+        if "head" in units:
+            kinds["logits"] = (1 + m.num_nextn_predict_layers) * tokens * v * F32
+        kinds["other"] += kept - sum(_layer_kept(layer_module(m, i, z, dims), m, i, z, full, select)[0]
+                                     for i in layer_ids) - kinds["logits"]
+        breakdown.update({k: v for k, v in kinds.items() if v})
     return kept + rebuilt + transient + mask
 
 
@@ -491,6 +516,14 @@ class Estimate:
     flops_per_step: float
     device_memory: Optional[int]
     recompute_mode: str
+    memory_source: str = "given"
+
+    @property
+    def compiled(self) -> bool:
+        """The trainer keeps the model's compiled layers (no layout patches them)."""
+        d = self.dims
+        zero3 = d.dp_shard > 1 and self.strategy == ZERO3
+        return d.tp == 1 and d.ep == 1 and d.pp == 1 and d.cp == 1 and not zero3
 
     @property
     def worst(self) -> StageBytes:
@@ -536,7 +569,7 @@ def estimate(cfg: MindTrainConfig, world_size: int, device: str = "Ascend",
     for r, units in enumerate(parts):
         st = stage_bytes(cfg, dims, r, units, table, accum)
         st.activations = activation_bytes(cfg, dims, units, c)
-        st.activations_none = activation_bytes(cfg, dims, units, c, RecomputeConfig(mode="None"))
+        st.activations_none = activation_bytes(cfg, dims, units, c, RecomputeConfig(mode="None"), st.breakdown)
         st.activations_full = activation_bytes(cfg, dims, units, c, RecomputeConfig(mode="full"))
         if dims.pp > 1:
             # 1F1B: stage r has up to pp - r micro-batches between forward and backward;
@@ -572,7 +605,7 @@ def report(est: Estimate, config_name: str) -> list[str]:
         cols = [est.stages[i] for i in sorted({0, worst.stage, d.pp - 1})]
     unit, uname = (GB, "GB") if worst.total >= GB else (2 ** 20, "MB")
     head = f"per device ({uname})".ljust(34) + "".join(
-        (f"stage {s.stage}" + (" *" if s is worst and d.pp > 1 else "")).rjust(14) for s in cols)
+        ((f"stage {s.stage}" + (" *" if s is worst else "")) if d.pp > 1 else "each rank").rjust(14) for s in cols)
     lines.append(head)
     rows = [("parameters (fp32, resident)", "params"), ("gathered weights (transient)", "gathered"),
             ("gradients (fp32, peak)", "grads"), ("optimizer (AdamW, 2 x fp32)", "optimizer"),
@@ -584,12 +617,18 @@ def report(est: Estimate, config_name: str) -> list[str]:
         lines.append(label.ljust(34) + "".join(_gb(getattr(s, attr), unit).rjust(14) for s in cols))
     lines.append("activations, no recompute".ljust(34) + "".join(_gb(s.activations_none, unit).rjust(14) for s in cols))
     lines.append("activations, full recompute".ljust(34) + "".join(_gb(s.activations_full, unit).rjust(14) for s in cols))
+    kinds = ", ".join(f"{k} {_gb(v, unit)}" for k, v in worst.breakdown.items())
+    lines.append(f"activations without recompute ({uname}{', stage %d' % worst.stage if d.pp > 1 else ''}): {kinds}")
     lines.append(f"FLOPs per step: {est.flops_per_step:.4g} ({est.flops_per_token:.4g} per token x "
                  f"{est.flops_per_step / est.flops_per_token:,.0f} tokens); per device "
                  f"{est.flops_per_step / d.world_size:.4g}")
+    if est.compiled:
+        lines.append("note: this layout runs compiled (ms.jit) decoder layers; on CPU their graph workspaces "
+                     "took up to 3x the activation figure above (package README, Memory estimate)")
     if est.device_memory is None:
         lines.append("fit: no device memory given (set context.max_device_memory or pass --device-memory)")
     else:
+        lines.append(f"device memory: {_gb(est.device_memory)} GB ({est.memory_source})")
         cap = est.device_memory
         diff = worst.total - cap
         where = f" (stage {worst.stage})" if d.pp > 1 else ""
@@ -639,8 +678,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elif cfg.context.max_device_memory:
             memory = parse_bytes(cfg.context.max_device_memory)
         else:
-            memory = None
+            memory = DEFAULT_DEVICE_MEMORY
         est = estimate(cfg, args.world_size, device, memory)
+        est.memory_source = ("--device-memory" if args.device_memory is not None else
+                             "context.max_device_memory" if cfg.context.max_device_memory else
+                             "assumed: context.max_device_memory is unset; a 64 GB Ascend 910B device")
     except UserError as err:
         sys.stderr.write(f"{PROG}: error: {err}\n")
         return 2
