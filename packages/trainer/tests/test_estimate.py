@@ -106,6 +106,38 @@ def test_layout_bytes_are_the_sharded_models(name):
         assert (want.params, want.optimizer) == (params, optim), (name, rank)
 
 
+PIPELINE_LAYOUTS = {
+    "pp2": (2, ["parallelism.pipeline_parallel=2"]),
+    "pp2_dp2_zero1": (4, ["parallelism.pipeline_parallel=2", "parallelism.data_parallel_shard_strategy=optim"]),
+    "pp2_dp2_zero3": (4, ["parallelism.pipeline_parallel=2"]),
+    "pp2_cp2_ep2": (4, ["parallelism.pipeline_parallel=2", "parallelism.context_parallel=2",
+                        "parallelism.expert_parallel=2"]),
+}
+
+
+@pytest.mark.parametrize("name", list(PIPELINE_LAYOUTS))
+def test_pipeline_stage_bytes_are_the_schedules(name):
+    """Each stage's resident bytes (``PipelineSchedule.memory_bytes``) and optimizer state
+    (8 bytes per element of ``PipelineSchedule.params``) on every rank."""
+    from mindtrain.models import build_model, parallel_plan
+    from mindtrain.parallel import DeviceMesh, PipelineSchedule
+
+    workers, extra = PIPELINE_LAYOUTS[name]
+    _model(TWO_LAYERS)  # sets the device
+    cfg = load_config(TINY, TWO_LAYERS + ["training.global_batch_size=4"] + extra, world_size=workers)
+    dims = resolve_parallelism(cfg.parallelism, workers)
+    est = estimate(cfg, workers, "CPU")
+    p = cfg.parallelism
+    for rank in range(workers):
+        model = build_model(cfg.model, jit=False)
+        sched = PipelineSchedule(model, parallel_plan(model), DeviceMesh(dims, rank), cfg.model.seq_length,
+                                 layers_per_stage=p.pipeline_parallel_layers_per_stage,
+                                 dp_sharding=p.data_parallel_shard_strategy if dims.dp_shard > 1 else None)
+        want = est.stages[sched.stage_index]
+        assert (want.params, want.optimizer) == (sched.memory_bytes(), 8 * sum(q.size for q in sched.params)), \
+            (name, rank)
+
+
 def _cli(*args, cwd=ROOT):
     return subprocess.run([sys.executable, "-m", "mindtrain.trainer.estimate", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=120)
