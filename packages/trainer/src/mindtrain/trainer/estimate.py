@@ -294,8 +294,9 @@ def stage_bytes(cfg: MindTrainConfig, dims: ParallelDims, stage: int, units: lis
 # ------------------------------------------------------------------ activations
 @dataclass
 class Module:
-    """Tensors kept for backward inside a module (elements x bytes, summed), its sub-modules,
-    and the bytes of its inputs that the recompute wrapper keeps."""
+    """A cell of a decoder layer (``path`` as ``set_recompute`` matches it): the bytes its own
+    operations keep for backward (``own``) and its sub-cells. Recomputing it drops them all;
+    its inputs are kept by its caller's operations (or the recompute wrapper)."""
 
     path: str
     own: int = 0
@@ -564,7 +565,6 @@ def estimate(cfg: MindTrainConfig, world_size: int, device: str = "Ascend",
     p = cfg.parallelism
     chunks = p.pipeline_parallel_interleave_num if dims.pp > 1 else 1
     parts = _units(m, dims, p.pipeline_parallel_layers_per_stage, chunks)
-    n_layers = m.num_hidden_layers + m.num_nextn_predict_layers
     stages = []
     for r, units in enumerate(parts):
         st = stage_bytes(cfg, dims, r, units, table, accum)
@@ -580,7 +580,6 @@ def estimate(cfg: MindTrainConfig, world_size: int, device: str = "Ascend",
         stages.append(st)
     fpt = flops_per_token(m)
     step = fpt * cfg.training.global_batch_size * m.seq_length
-    del n_layers
     return Estimate(dims=dims, strategy=p.data_parallel_shard_strategy, accumulation=accum, compute_dtype=dtype,
                     device=device, stages=stages, flops_per_token=fpt, flops_per_step=step,
                     device_memory=device_memory, recompute_mode=str(cfg.recompute.mode))
