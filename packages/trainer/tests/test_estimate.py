@@ -1,0 +1,204 @@
+"""mindtrain-estimate: its parameter table against the real model, its per-layout bytes
+against the real sharding code, its FLOPs against the trainer's, the command line on the
+671B config, and bad input (one line, exit 2)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mindtrain.config import load_config, resolve_parallelism
+from mindtrain.trainer.estimate import estimate, flops_per_token, param_table, parse_bytes
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+TINY = os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml")
+DS3 = os.path.join(ROOT, "configs", "pynative_ds3.yaml")
+TWO_LAYERS = ["model.num_hidden_layers=2"]
+# other shapes of the model: no q LoRA, attention biases, no MTP, every layer MoE
+VARIANT = ["model.q_lora_rank=null", "model.attention_bias=true", "model.num_nextn_predict_layers=0",
+           "model.first_k_dense_replace=0", "model.n_shared_experts=2"]
+
+
+def _model(overrides):
+    import mindspore as ms
+
+    from mindtrain.models import build_model
+
+    ms.set_device("CPU")
+    ms.runtime.launch_blocking()
+    cfg = load_config(TINY, overrides)
+    return cfg, build_model(cfg.model, jit=False)
+
+
+@pytest.mark.parametrize("overrides", [TWO_LAYERS, TWO_LAYERS + VARIANT], ids=["tiny", "variant"])
+def test_param_table_is_the_models_parameters(overrides):
+    from mindtrain.models import count_parameters, parallel_plan
+
+    cfg, model = _model(overrides)
+    real = {p.name: tuple(p.shape) for p in model.trainable_params()}
+    table = param_table(cfg.model)
+    assert {p.name: p.shape for p in table} == real
+    assert sum(p.numel for p in table) == count_parameters(cfg.model)[0]
+    plan = parallel_plan(model)
+    for p in table:  # the TP split, expert flag and pipeline unit the parallel plan gives
+        info = plan.params[p.name]
+        assert (p.tp, p.tp_dim, p.expert, p.unit) == (info.tp, info.tp_dim, info.expert, info.unit), p.name
+
+
+@pytest.mark.parametrize("config,overrides", [(TINY, []), (TINY, VARIANT), (DS3, []),
+                                              (DS3, ["model.num_nextn_predict_layers=0"])])
+def test_flops_per_token_is_the_trainers(config, overrides):
+    from mindtrain.models import flops_per_token as model_flops
+
+    m = load_config(config, overrides).model
+    assert flops_per_token(m) == pytest.approx(model_flops(m, m.seq_length), rel=1e-12)
+    assert flops_per_token(m, 64) == pytest.approx(model_flops(m, 64), rel=1e-12)
+
+
+# layouts whose sharding runs in one process (no collective at set-up): rank 0's bytes
+LAYOUTS = {
+    "single": (1, []),
+    "zero1": (2, ["parallelism.data_parallel_shard_strategy=optim"]),
+    "zero2": (2, ["parallelism.data_parallel_shard_strategy=optim_grads"]),
+    "zero3": (2, ["parallelism.data_parallel_shard_strategy=optim_grads_params"]),
+    "tp2": (2, ["parallelism.tensor_parallel=2"]),
+    "ep2_zero3": (2, ["parallelism.expert_parallel=2"]),
+    "tp2_ep2_zero2": (4, ["parallelism.tensor_parallel=2", "parallelism.expert_parallel=2",
+                          "parallelism.data_parallel_shard_strategy=optim_grads"]),
+    "ep4_dp4_zero1": (4, ["parallelism.expert_parallel=4", "parallelism.data_parallel_shard_strategy=optim"]),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_layout_bytes_are_the_sharded_models(name):
+    """Parameters resident between steps and AdamW state, as the engine counts them
+    (``Engine.memory_bytes``, ``AdamW.state_bytes``), on the model laid out by
+    mindtrain.parallel for every rank of the layout."""
+    from mindtrain.models import parallel_plan
+    from mindtrain.parallel import DeviceMesh, apply_expert_parallel, apply_tensor_parallel, fully_shard
+
+    workers, extra = LAYOUTS[name]
+    cfg, _ = _model(TWO_LAYERS)  # sets the device
+    cfg = load_config(TINY, TWO_LAYERS + ["training.global_batch_size=4"] + extra, world_size=workers)
+    dims = resolve_parallelism(cfg.parallelism, workers)
+    want = estimate(cfg, workers, "CPU").stages[0]
+    from mindtrain.models import build_model
+
+    for rank in range(workers):
+        model = build_model(cfg.model, jit=False)
+        mesh = DeviceMesh(dims, rank)
+        plan = parallel_plan(model)
+        tp = apply_tensor_parallel(model, plan, mesh) if dims.tp > 1 else None
+        ep = apply_expert_parallel(model, plan, mesh) if dims.ep > 1 else None
+        experts = ep.param_bytes() if ep is not None else 0
+        expert_numel = sum(p.size for p in ep.params) if ep is not None else 0
+        if dims.dp > 1:
+            fs = fully_shard(model, mesh, strategy=cfg.parallelism.data_parallel_shard_strategy)
+            params = fs.memory_bytes()["params"] + experts
+            optim = 8 * (sum(p.size for p in fs.params) + expert_numel)
+        else:
+            params = sum(p.size * p.itemsize for p in model.trainable_params()) + experts
+            optim = 8 * (sum(p.size for p in model.trainable_params()) + expert_numel)
+        del tp
+        assert (want.params, want.optimizer) == (params, optim), (name, rank)
+
+
+PIPELINE_LAYOUTS = {
+    "pp2": (2, ["parallelism.pipeline_parallel=2"]),
+    "pp2_dp2_zero1": (4, ["parallelism.pipeline_parallel=2", "parallelism.data_parallel_shard_strategy=optim"]),
+    "pp2_dp2_zero3": (4, ["parallelism.pipeline_parallel=2"]),
+    "pp2_cp2_ep2": (4, ["parallelism.pipeline_parallel=2", "parallelism.context_parallel=2",
+                        "parallelism.expert_parallel=2"]),
+}
+
+
+@pytest.mark.parametrize("name", list(PIPELINE_LAYOUTS))
+def test_pipeline_stage_bytes_are_the_schedules(name):
+    """Each stage's resident bytes (``PipelineSchedule.memory_bytes``) and optimizer state
+    (8 bytes per element of ``PipelineSchedule.params``) on every rank."""
+    from mindtrain.models import build_model, parallel_plan
+    from mindtrain.parallel import DeviceMesh, PipelineSchedule
+
+    workers, extra = PIPELINE_LAYOUTS[name]
+    _model(TWO_LAYERS)  # sets the device
+    cfg = load_config(TINY, TWO_LAYERS + ["training.global_batch_size=4"] + extra, world_size=workers)
+    dims = resolve_parallelism(cfg.parallelism, workers)
+    est = estimate(cfg, workers, "CPU")
+    p = cfg.parallelism
+    for rank in range(workers):
+        model = build_model(cfg.model, jit=False)
+        sched = PipelineSchedule(model, parallel_plan(model), DeviceMesh(dims, rank), cfg.model.seq_length,
+                                 layers_per_stage=p.pipeline_parallel_layers_per_stage,
+                                 dp_sharding=p.data_parallel_shard_strategy if dims.dp_shard > 1 else None)
+        want = est.stages[sched.stage_index]
+        assert (want.params, want.optimizer) == (sched.memory_bytes(), 8 * sum(q.size for q in sched.params)), \
+            (name, rank)
+
+
+def _cli(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "mindtrain.trainer.estimate", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_671b_on_the_seeds_two_devices_does_not_fit():
+    out = _cli("--config", DS3, "--world-size", "2", "--device-memory", "64GB")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "dp_shard=2 (ZeRO-3) tp=1 cp=1 pp=1 ep=1" in text
+    (line,) = [x for x in text.splitlines() if "fit" in x.lower() and "GB" in x]
+    assert line.startswith("does NOT fit: needs ") and " GB over (" in line
+    # the parameters alone: 671B x 4 bytes over 2 ranks, about 1,271 GB (2^30 bytes)
+    params = float(next(x for x in text.splitlines() if x.startswith("parameters")).split()[-1].replace(",", ""))
+    assert 1250 < params < 1290
+    # context.max_device_memory is the default device memory
+    same = _cli("--config", DS3, "--world-size", "2", "-o", "context.max_device_memory=64GB")
+    assert same.returncode == 0 and same.stdout.splitlines()[-1] == text.splitlines()[-1]
+
+
+FITTING = ["--world-size", "1024", "-o", "parallelism.pipeline_parallel=16", "-o", "parallelism.tensor_parallel=8",
+           "-o", "parallelism.expert_parallel=8", "-o", "training.global_batch_size=64",
+           "-o", "recompute.mode=full", "--device-memory", "64GB"]
+
+
+def test_671b_on_a_layout_that_fits():
+    out = _cli("--config", DS3, *FITTING)
+    assert out.returncode == 0, out.stderr
+    last = out.stdout.splitlines()[-1]
+    assert last.startswith("fits: needs ") and "GB spare" in last, out.stdout
+    assert "pp=16" in out.stdout and "stage 15" in out.stdout
+
+
+def test_estimator_needs_no_mindspore():
+    code = ("import sys, mindtrain.trainer.estimate as e; e.main(['--config', %r, '--world-size', '2']); "
+            "assert 'mindspore' not in sys.modules and 'mindtrain.models' not in sys.modules" % DS3)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("args,field", [
+    (["--config", "no_such.yaml", "--world-size", "2"], "no_such.yaml"),
+    (["--config", DS3, "--world-size", "3", "-o", "parallelism.tensor_parallel=2"], "parallelism"),
+    (["--config", DS3, "--world-size", "2", "-o", "parallelism.expert_parallel=3"], "parallelism.expert_parallel"),
+    (["--config", DS3, "--world-size", "2", "-o", "model.hidden_sise=8"], "model.hidden_sise"),
+    (["--config", DS3, "--world-size", "2", "--device-memory", "lots"], "--device-memory"),
+    (["--config", DS3, "--world-size", "2", "-o", "context.max_device_memory=58XB"], "context.max_device_memory"),
+    (["--config", DS3, "--world-size", "0"], "--world-size"),
+    (["--config", DS3], "--world-size"),
+    (["--config", DS3, "--world-size", "4", "-o", "training.global_batch_size=3"], "training.global_batch_size"),
+])
+def test_bad_input_is_one_line_exit_2(args, field):
+    out = _cli(*args)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mindtrain-estimate: error: ") and field in lines[0], out.stderr
+    assert out.stdout == ""
+
+
+def test_parse_bytes():
+    assert parse_bytes("58GB") == 58 * 2 ** 30
+    assert parse_bytes("512 MB") == 512 * 2 ** 20
+    assert parse_bytes("1.5TB") == int(1.5 * 2 ** 40)
+    assert parse_bytes(1024) == 1024
