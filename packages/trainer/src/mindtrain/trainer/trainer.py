@@ -114,13 +114,14 @@ class Trainer:
         # weights load into the whole model before it is sharded; the rest of the state after
         resume = self.checkpointer.load_weights(self.model) if cfg.checkpoint.load_path else None
         from mindtrain.models import parallel_plan
-        from mindtrain.parallel import DeviceMesh, parallelize
+        from mindtrain.parallel import DeviceMesh, Layout, parallelize
 
         # every Parameter under its HF-mappable name, taken before the layout wraps layers
         self._model_params = list(self.model.get_parameters())
 
-        self.layout = parallelize(self.model, parallel_plan(self.model), DeviceMesh(self.dims, runtime.rank), cfg,
-                                  accumulation=self.accum, columns=self.columns)
+        mesh = DeviceMesh(self.dims, runtime.rank)
+        self.layout: Layout = parallelize(self.model, parallel_plan(self.model), mesh, cfg,
+                                          accumulation=self.accum, columns=self.columns)
         self.params = self.layout.named_params
         self.schedule = LRSchedule.from_config(cfg)
         self.optimizer = AdamW.from_config(self.params, cfg.optimizer, lr=self.schedule(1))
