@@ -205,7 +205,11 @@ def parallel(out_dir: str, ref_path: str, specs: list[str], docs: bool) -> None:
         resident = sum(p.size * p.itemsize for p in sched.stage_params)
         if sched.fsdp is not None:
             resident += sum(p.size * p.itemsize for p in sched.fsdp.params)
-        state = sched.full_state_dict()
+        # the one full-state gather (every stage's weights, broadcast over pp, experts whole);
+        # the router correction biases are not among them: every rank updates all of them
+        # with the same global load, so its own model holds them
+        state = sched.to_full(sched.params)
+        state.update({p.name: p.asnumpy() for p in model.get_parameters() if p.name not in state})
         ref_file = ref_path.replace("{micro}", str(micro))
         while not os.path.exists(ref_file):  # the reference runs beside this job
             time.sleep(0.5)

@@ -59,13 +59,13 @@ def test_trainer_trains_on_the_records_batch_for_batch(records, tmp_path):
     lines = []
     trainer = Trainer(_cfg(folder, tmp_path), Runtime(device="CPU"), out=lines.append)
     seen = []
-    run_step = trainer.engine.run_step
+    run_step = trainer.layout.run_step
 
-    def spy(batches):  # records what the engine is handed; the step itself runs unchanged
+    def spy(batches):  # records what the layout is handed; the step itself runs unchanged
         seen.extend(batches)
         return run_step(batches)
 
-    trainer.engine.run_step = spy
+    trainer.layout.run_step = spy
     history = trainer.train()
     assert [r["step"] for r in history] == [1, 2] and all(np.isfinite(r["loss"]) for r in history)
     assert len([x for x in lines if x.startswith("{ step:")]) == 2

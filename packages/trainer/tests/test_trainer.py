@@ -8,36 +8,22 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from mindtrain.config import load_config
 from mindtrain.trainer.runtime import Runtime
 from mindtrain.trainer.trainer import NonFiniteError, Trainer
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-TINY = os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml")
+
+@pytest.fixture
+def tiny64(tiny_config):
+    """``tiny64(*overrides)``: the tiny config (conftest's) at seq 64 with the default compiled
+    layers: resume and the HF start must reach the buffers the compiled layers read."""
+    return lambda *extra: tiny_config("model.seq_length=64", "train_dataset.dataloader.config.seq_length=64",
+                                      "compile.enable=true", *extra)
 
 
-@pytest.fixture(scope="module")
-def prefix(tmp_path_factory):
-    from mindtrain.trainer.quickstart import prepare_data
-
-    return prepare_data(str(tmp_path_factory.mktemp("data") / "pydoc"))
-
-
-def _cfg(prefix, tmp, *extra):
-    import mindspore as ms
-
-    ms.set_device("CPU")
-    ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer runs them on CPU
-    return load_config(TINY, ["model.seq_length=64", "train_dataset.dataloader.config.seq_length=64",
-                              "model.num_hidden_layers=2", "training.global_batch_size=2", "training.steps=3",
-                              f"train_dataset.dataloader.config.data_path=['1', '{prefix}']",
-                              f"monitor.metrics_dir={tmp}/metrics", *extra])
-
-
-def test_resume_is_exact_and_checkpoint_is_an_hf_directory(prefix, tmp_path):
+def test_resume_is_exact_and_checkpoint_is_an_hf_directory(tiny64, tmp_path):
     lines = []
-    cfg = _cfg(prefix, tmp_path, "checkpoint.enable_save=true", f"checkpoint.save_path={tmp_path}/ck",
-               "checkpoint.save_interval=2")
+    cfg = tiny64("checkpoint.enable_save=true", f"checkpoint.save_path={tmp_path}/ck",
+                 "checkpoint.save_interval=2")
     full = Trainer(cfg, Runtime(device="CPU"), out=lines.append).train()
     assert [r["step"] for r in full] == [1, 2, 3] and full[-1]["loss"] < full[0]["loss"]
     assert len([x for x in lines if x.startswith("{ step:")]) == 3
@@ -45,7 +31,7 @@ def test_resume_is_exact_and_checkpoint_is_an_hf_directory(prefix, tmp_path):
     notes = [x for x in lines if "compute_dtype" in x]
     assert len(notes) == 1 and "bfloat16" in notes[0] and notes[0].endswith("computing in float32"), notes
 
-    cfg2 = _cfg(prefix, tmp_path, f"checkpoint.load_path={tmp_path}/ck/iter_0000002")
+    cfg2 = tiny64(f"checkpoint.load_path={tmp_path}/ck/iter_0000002")
     resumed = Trainer(cfg2, Runtime(device="CPU"), out=lines.append).train()
     assert [r["step"] for r in resumed] == [3]
     for key in ("loss", "grad_norm", "load_balancing_loss", "mtp_loss", "lr"):
@@ -62,9 +48,9 @@ def test_resume_is_exact_and_checkpoint_is_an_hf_directory(prefix, tmp_path):
     assert {"step", "loss", "lr", "grad_norm", "tokens_per_s", "per_step_time_ms", "max_rss_mb"} <= set(metrics[0])
 
 
-def test_hf_start_and_non_finite_steps_stop_the_run(prefix, tmp_path):
-    cfg = _cfg(prefix, tmp_path, "checkpoint.enable_save=true", f"checkpoint.save_path={tmp_path}/ck",
-               "training.steps=1")
+def test_hf_start_and_non_finite_steps_stop_the_run(tiny64, tmp_path):
+    cfg = tiny64("checkpoint.enable_save=true", f"checkpoint.save_path={tmp_path}/ck",
+                 "training.steps=1")
     Trainer(cfg, Runtime(device="CPU"), out=lambda _: None).train()
     hf = tmp_path / "hf"
     hf.mkdir()
@@ -72,7 +58,7 @@ def test_hf_start_and_non_finite_steps_stop_the_run(prefix, tmp_path):
     weights = load_file(str(tmp_path / "ck" / "iter_0000001" / "model.safetensors"))
     save_file(weights, str(hf / "model.safetensors"))
     lines = []
-    start = Trainer(_cfg(prefix, tmp_path, f"checkpoint.load_path={hf}", "training.steps=1"),
+    start = Trainer(tiny64(f"checkpoint.load_path={hf}", "training.steps=1"),
                     Runtime(device="CPU"), out=lines.append)
     assert start.step == 0 and any("HF model directory" in x for x in lines)
     got = {n: p.asnumpy() for n, p in start.model.parameters_and_names()}
@@ -80,7 +66,7 @@ def test_hf_start_and_non_finite_steps_stop_the_run(prefix, tmp_path):
 
     weights["model.norm.weight"] = np.full_like(weights["model.norm.weight"], np.nan)
     save_file(weights, str(hf / "model.safetensors"))
-    bad = Trainer(_cfg(prefix, tmp_path, f"checkpoint.load_path={hf}", "training.max_skipped_steps=2"),
+    bad = Trainer(tiny64(f"checkpoint.load_path={hf}", "training.max_skipped_steps=2"),
                   Runtime(device="CPU"), out=lines.append)
     before = bad.model.model.layers[0].self_attn.q_a_proj.weight.asnumpy().copy()
     with pytest.raises(NonFiniteError, match="training.max_skipped_steps: 2 steps in a row"):

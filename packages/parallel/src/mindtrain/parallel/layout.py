@@ -1,5 +1,6 @@
-"""What every layout shares: the one gradient norm, and the one way between this rank's
-pieces of the parameters and their full arrays.
+"""What every layout shares: the :class:`Layout` protocol the trainer talks to, the one
+gradient norm, and the one way between this rank's pieces of the parameters and their full
+arrays.
 
 A layout (FSDP x TP x EP in one process per rank, or a pipeline stage with CP inside) holds
 each parameter as a *piece*: an FSDP dim-0 shard over ``dp``, a TP split, an EP / ``edp``
@@ -12,15 +13,64 @@ may be ``None``).
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Protocol, Sequence, Union, runtime_checkable
 
 import numpy as np
 
 import mindspore as ms
 from mindspore import Tensor
 
+from mindtrain.config import StepFigures
 from mindtrain.parallel import collectives as C
 from mindtrain.parallel.group import Group
+
+
+@runtime_checkable
+class Layout(Protocol):
+    """A model laid out over a mesh, as :func:`mindtrain.parallel.parallelize` returns it
+    for every combination of dimensions (pipeline included). Per optimizer step::
+
+        figures = layout.run_step(micro_batches)   # forward + backward of this rank's share
+        load = layout.expert_load()                 # tokens per expert of the global batch
+        grads = layout.gradients()                  # aligned with layout.named_params
+        norm = layout.grad_norm(grads)              # clip with it
+        optimizer.step(grads)                       # updates the tensors of named_params
+        layout.finish_step()
+    """
+
+    named_params: list
+    """``(name, tensor)`` pairs the optimizer updates: this rank's pieces of the weights."""
+
+    def run_step(self, batches: Sequence[Mapping[str, Any]]) -> list[StepFigures]:
+        """Forward and backward of one optimizer step's micro-batches (dicts of arrays by
+        column); the figures (floats) of this rank: one per micro-batch, or their mean."""
+
+    def gradients(self) -> list[Tensor]:
+        """The gradient of the global batch's mean loss, reduced over the mesh, aligned with
+        :attr:`named_params`."""
+
+    def grad_norm(self, grads: Sequence[Tensor]) -> float:
+        """Global L2 norm of the whole model's gradient (each piece counted once); the
+        same float on every rank."""
+
+    def expert_load(self) -> Tensor:
+        """Tokens per routed expert ([moe layers, experts]) of the whole global batch."""
+
+    def finish_step(self) -> None:
+        """After the optimizer updated :attr:`named_params`: refresh gathered weights, drop
+        the gradients."""
+
+    def to_full(self, tensors: Sequence[Tensor]) -> dict[str, np.ndarray]:
+        """Full-shape arrays, keyed by parameter name, of tensors laid out like
+        :attr:`named_params` (the weights or optimizer moments); a collective, every rank
+        gets the result."""
+
+    def to_local(self, full: Mapping[str, Any]) -> list[Tensor]:
+        """This rank's pieces of full-shape arrays, aligned with :attr:`named_params` (the
+        inverse of :meth:`to_full`, no communication)."""
+
+    def memory_bytes(self) -> int:
+        """Bytes of parameters resident on this rank between steps."""
 
 
 def split_piece(full: np.ndarray, dim: int, parts: int, index: int) -> np.ndarray:
@@ -94,4 +144,4 @@ def local_arrays(fsdp, tp, ep, dense_names: Sequence[str], expert_names: Sequenc
     return local
 
 
-__all__ = ["full_arrays", "grad_norm", "grad_sq_sums", "local_arrays", "split_piece"]
+__all__ = ["Layout", "full_arrays", "grad_norm", "grad_sq_sums", "local_arrays", "split_piece"]

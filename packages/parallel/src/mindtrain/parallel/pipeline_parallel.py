@@ -125,6 +125,10 @@ class PipelineSchedule:
         optimizer.step(grads)                   # on sched.params
         sched.finish_step()
         model.update_expert_bias(load)
+
+    or the same through the :class:`~mindtrain.parallel.layout.Layout` methods
+    (:meth:`run_step`, :meth:`gradients`, :meth:`expert_load`), which is what
+    :func:`mindtrain.parallel.parallelize` returns for a pipeline.
     """
 
     def __init__(self, model, plan: Mapping[str, Any], mesh: DeviceMesh, seq_length: int,
@@ -202,7 +206,10 @@ class PipelineSchedule:
         self.params = list(dense) + [self.ep.slots[n].param for n in self.expert_names]
         """What the optimizer updates: dense weights (their ``dp`` shards with ZeRO-1), then
         this rank's expert weights (their ``ep``/``edp`` shards)."""
-        self._stage_owned = [n for u in self.parts[self.stage_index] for n in _unit_params(plan, u)]
+        self.named_params = list(zip(self.param_names, self.params))
+        """``(name, tensor)`` of :attr:`params` (the :class:`~mindtrain.parallel.layout.Layout` view)."""
+        self._grads: Optional[list[Tensor]] = None
+        self._load: Optional[Tensor] = None
 
     # ---------------------------------------------------------------- setup
     def _tied_group(self, plan) -> Optional[Group]:
@@ -414,30 +421,25 @@ class PipelineSchedule:
         if self.fsdp is not None:
             self.fsdp.finish_step()
         self.ep.zero_grad()
+        self._grads = None
 
-    def full_state_dict(self) -> dict[str, np.ndarray]:
-        """Every parameter of the whole model at its full (unsharded) shape, on every rank
-        (collective over the mesh: every rank must call it). Includes the router correction
-        biases; a weight shared by two stages comes from the stage that owns its unit."""
-        if self._zero3:
-            self.fsdp.gather_params()
-        named = {p.name: p for p in self.model.get_parameters()}
-        experts = self.ep.full_state() if self.ep.slots else {}
-        mine = {}
-        for n in self._stage_owned:
-            if n in experts:
-                mine[n] = experts[n]
-            else:
-                mine[n] = self.tp.full_param(n, named[n].asnumpy())
-        if self._zero3:
-            self.fsdp.free_params()
-        if self.num_stages == 1:
-            return mine
-        out = {}
-        # stage by stage, its first rank in every pp group broadcasts (same order on all ranks)
-        for s, part in enumerate(self.parts):
-            for n in [n for u in part for n in _unit_params(self.plan, u)]:
-                info = self.plan["params"][n]
-                x = Tensor(mine[n]) if s == self.stage_index else ops.zeros(info["shape"], named[n].dtype)
-                out[n] = C.broadcast(x, s, self.pp).asnumpy()
-        return out
+    # ---------------------------------------------------------------- Layout
+    def run_step(self, batches: Sequence[Mapping[str, Any]]) -> list[StepFigures]:
+        """:meth:`step` over one optimizer step's micro-batches, its gradients divided by
+        their number (see :meth:`gradients`, :meth:`expert_load`); returns one
+        :class:`~mindtrain.config.StepFigures`: the mean over the micro-batches."""
+        grads, figures, load = self.step(list(batches))
+        self._grads = [g / float(len(batches)) for g in grads]
+        self._load = load
+        return [figures]
+
+    def gradients(self) -> list[Tensor]:
+        """The last :meth:`run_step`'s gradient of the global batch's mean loss, aligned with
+        :attr:`params`."""
+        return list(self._grads)
+
+    def expert_load(self) -> Tensor:
+        """Tokens per expert of the last :meth:`run_step`'s global batch. The stages count
+        through the schedule, so the model's own tally is dropped."""
+        self.model.take_expert_load()
+        return self._load

@@ -66,10 +66,7 @@ class Segment:
         self._data = np.ndarray((2, self.size, self.capacity), np.uint8, self._map, header)
         self._arrive()  # every member has mapped the file: it may go
         if index == 0:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+            _unlink(path)
 
     def close(self) -> None:
         self._counters = self._data = None
@@ -232,10 +229,7 @@ class Channel:
         self._flags[2 if sending else 3] = 1
         _wait(self._flags, 3 if sending else 2, 1)
         if sending:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+            _unlink(path)
 
     def close(self) -> None:
         self._flags = self._data = None
@@ -265,6 +259,14 @@ def _map_file(path: str, total: int) -> mmap.mmap:
         return mmap.mmap(fd, total)
     finally:
         os.close(fd)
+
+
+def _unlink(path: str) -> None:
+    """Remove a mapped file's name (the mapping stays); a peer may have removed it already."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _poll(ready: Callable[[], bool]) -> None:

@@ -11,7 +11,7 @@ from typing import Callable, Optional
 
 import mindspore as ms
 import numpy as np
-from mindspore import Tensor, ops
+from mindspore import Tensor
 
 from mindtrain.config import (
     MindTrainConfig,
@@ -39,8 +39,9 @@ def _max_rss_mb() -> float:
 class Trainer:
     """One training job on this rank.
 
-    The model is laid out by :class:`~mindtrain.trainer.engine.Engine` (FSDP over
-    ``data_parallel_shard``, tensor + sequence parallelism, expert parallelism); per
+    The model is laid out by :func:`mindtrain.parallel.parallelize` (FSDP over
+    ``data_parallel_shard``, tensor + sequence, expert, context and pipeline parallelism),
+    and the loop talks to the returned :class:`mindtrain.parallel.Layout` only; per
     optimizer step each data-parallel rank runs ``num_accumulation_steps`` micro-batches,
     and the update uses the gradient of the mean of all micro-batch mean losses of the
     global batch, as one process with the whole batch would.
@@ -113,14 +114,16 @@ class Trainer:
         self.checkpointer.check_storage(sum(int(np.prod(p.shape)) * 4 for p in self.model.get_parameters()))
         # weights load into the whole model before it is sharded; the rest of the state after
         resume = self.checkpointer.load_weights(self.model) if cfg.checkpoint.load_path else None
-        from mindtrain.trainer.engine import build_engine
+        from mindtrain.models import parallel_plan
+        from mindtrain.parallel import DeviceMesh, Layout, parallelize
 
         # every Parameter under its HF-mappable name, taken before the layout wraps layers
         self._model_params = list(self.model.get_parameters())
 
-        self.engine = build_engine(self.model, cfg, self.dims, runtime.rank, runtime.distributed, self.accum,
-                                   self._forward, self.columns)
-        self.params = self.engine.named_params
+        mesh = DeviceMesh(self.dims, runtime.rank)
+        self.layout: Layout = parallelize(self.model, parallel_plan(self.model), mesh, cfg,
+                                          accumulation=self.accum, columns=self.columns)
+        self.params = self.layout.named_params
         self.schedule = LRSchedule.from_config(cfg)
         self.optimizer = AdamW.from_config(self.params, cfg.optimizer, lr=self.schedule(1))
         self.flops_per_token = self._flops_per_token()
@@ -154,19 +157,12 @@ class Trainer:
         return float(flops_per_token(self.cfg.model, self.cfg.model.seq_length))
 
     # ------------------------------------------------------------------ step
-    def _forward(self, *inputs) -> StepFigures:
-        kwargs = dict(zip(self.columns[1:], inputs[1:]))
-        loss, metrics = self.model(inputs[0], labels=kwargs["labels"], loss_mask=kwargs.get("loss_mask"),
-                                   position_ids=kwargs.get("position_ids"),
-                                   attention_mask=kwargs.get("attention_mask"))
-        return StepFigures.from_model(loss, metrics, ops.zeros((), ms.float32))
-
     def train_step(self) -> dict:
         """One optimizer step (all micro-batches); returns the step's metrics."""
         start = time.perf_counter()
         if self._batches is None:
             self._batches = iter(self.loader)
-        micro = self.engine.run_step([next(self._batches) for _ in range(self.accum)])
+        micro = self.layout.run_step([next(self._batches) for _ in range(self.accum)])
         local = np.mean(np.array(micro, np.float64), axis=0)
         world = self.rt.world_size
         # every rank's figures in one all-reduce (each rank fills its own slot: a gather)
@@ -180,14 +176,14 @@ class Trainer:
         step_figures = StepFigures(*slots.mean(axis=0))
         micro_losses = [m.lm_loss for m in micro]
         device_losses = [f.lm_loss for f in per_device]
-        total_load = self.engine.expert_load()
-        grads = self.engine.gradients()
-        grad_norm = self.engine.grad_norm(grads)
+        total_load = self.layout.expert_load()
+        grads = self.layout.gradients()
+        grad_norm = self.layout.grad_norm(grads)
         lr = self.schedule(self.step + 1)
         finite = math.isfinite(grad_norm) and bool(np.all(np.isfinite(step_figures)))
         max_norm = self.cfg.training.max_norm
         self.hooks.after_gradients(self.step + 1, [(n, g) for (n, _), g in zip(self.params, grads)],
-                                   self.engine.to_full, micro_losses, device_losses, total_load)
+                                   self.layout.to_full, micro_losses, device_losses, total_load)
         skipped = self.skips.decide(self.step + 1, grad_norm, finite)
         if not skipped:
             coef = max_norm / (grad_norm + 1e-6)
@@ -195,7 +191,7 @@ class Trainer:
                 grads = [g * coef for g in grads]
             self.optimizer.step(grads, lr=lr)
             self.model.update_expert_bias(total_load)
-        self.engine.finish_step()
+        self.layout.finish_step()
         self.step += 1
         self.consumed_samples += self.cfg.training.global_batch_size
         elapsed = time.perf_counter() - start
@@ -206,7 +202,7 @@ class Trainer:
                 "per_step_time_ms": elapsed * 1000.0,
                 "tokens_per_s": tokens_per_device * self.dims.dp / elapsed,
                 "throughput_flops": self.flops_per_token * tokens_per_device / elapsed,
-                "max_rss_mb": _max_rss_mb(), "param_bytes": self.engine.memory_bytes(),
+                "max_rss_mb": _max_rss_mb(), "param_bytes": self.layout.memory_bytes(),
                 "optimizer_bytes": self.optimizer.state_bytes(), "skipped": skipped, "skipped_total": self.skips.skipped_total,
                 "consumed_samples": self.consumed_samples,
                 "local_losses": micro_losses, "device_losses": device_losses}
@@ -276,13 +272,13 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
     def _full_params(self) -> dict[str, np.ndarray]:
         """Trainable parameters at full shape (copies; a collective on every rank)."""
-        return self.engine.full_params()
+        return self.layout.to_full([p for _, p in self.params])
 
     def _full_optimizer_state(self) -> dict[str, np.ndarray]:
         """AdamW moments at full parameter shape (collective), keyed as AdamW.state_dict."""
         out: dict[str, np.ndarray] = {"step": np.array(self.optimizer.step_count, np.int64)}
         for kind, moments in (("exp_avg", self.optimizer.exp_avg), ("exp_avg_sq", self.optimizer.exp_avg_sq)):
-            for name, a in self.engine.to_full(moments).items():
+            for name, a in self.layout.to_full(moments).items():
                 out[f"{kind}.{name}"] = a
         return out
 
@@ -317,7 +313,7 @@ class Trainer:
                                       self.total_steps)
 
     def _load_state(self, resume: ckpt.Resume) -> None:
-        counters = self.checkpointer.load_state(resume, self.params, self.engine.to_local, self.optimizer, self.loader,
+        counters = self.checkpointer.load_state(resume, self.params, self.layout.to_local, self.optimizer, self.loader,
                                                 self.schedule, self.total_steps)
         self.step = counters["step"]
         self.consumed_samples = counters["consumed_samples"]

@@ -1,0 +1,228 @@
+"""The one entry point: :func:`parallelize` lays a model out over a mesh and returns its
+:class:`~mindtrain.parallel.layout.Layout`.
+
+Pipeline or context parallelism (``pp > 1`` or ``cp > 1``) gives a
+:class:`~mindtrain.parallel.pipeline_parallel.PipelineSchedule` (TP, EP and the data-parallel
+sharding applied inside each stage); every other combination a :class:`ShardedLayout`:
+FSDP over ``dp`` with the configured ZeRO strategy, tensor + sequence parallelism and expert
+parallelism around the whole model, one forward and backward per micro-batch.
+
+Every rank builds the whole model from the same seed (and loads weights into it) before it
+is laid out, so all layouts start from identical parameters.
+
+Compiled layers (the model's default ``ms.jit`` per decoder layer) read a parameter's
+storage bound at compile time, so they see in-place writes (``ops.assign``, the AdamW
+kernel) but never a parameter swapped by ``set_data``. ZeRO-3 frees and re-gathers
+parameters by swapping storage, and TP/EP/CP replace layer forwards with collectives, so
+those layouts run eager layers; a single process and FSDP ZeRO-1/2 keep the compiled ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, ops
+
+from mindtrain.config import MindTrainConfig, StepFigures, num_accumulation_steps
+from mindtrain.config.fsdp_policy import reshard_after_forward
+from mindtrain.config.plan import ParallelPlan
+from mindtrain.parallel.expert_parallel import apply_expert_parallel, global_expert_load
+from mindtrain.parallel.fsdp import fully_shard
+from mindtrain.parallel.layout import Layout, full_arrays, grad_norm, local_arrays
+from mindtrain.parallel.mesh import DeviceMesh
+from mindtrain.parallel.pipeline_parallel import PipelineSchedule, relax_receive_timeout
+from mindtrain.parallel.tensor_parallel import apply_tensor_parallel
+
+ZERO3 = "optim_grads_params"
+
+
+def parallelize(model, plan: ParallelPlan, mesh: DeviceMesh, config: MindTrainConfig, *,
+                accumulation: Optional[int] = None, columns: Optional[Sequence[str]] = None) -> Layout:
+    """Lay ``model`` out over ``mesh`` as ``config.parallelism`` says; returns its :class:`Layout`.
+
+    ``plan`` is the model's :class:`~mindtrain.config.plan.ParallelPlan`; ``model`` must be
+    the whole model with its initial (or loaded) weights, untouched by any layout. With more
+    than one rank, this creates the mesh's process groups (for a pipeline, after lifting the
+    CPU backend's receive timeout: a stage waits a whole neighbour's forward + backward).
+    ``accumulation``: micro-batches per optimizer step on this rank (default: from
+    ``config``); ``columns``: the batch columns in model-call order, the first being the
+    input ids (default: ``config.train_dataset.dataloader.column_names``).
+    """
+    dims = mesh.dims
+    if accumulation is None:
+        accumulation = num_accumulation_steps(config, dims)
+    pipelined = dims.pp > 1 or dims.cp > 1
+    if mesh.world_size > 1:
+        if pipelined:
+            relax_receive_timeout()  # before this process's first collective
+        mesh.init_process_groups()
+    p = config.parallelism
+    if pipelined:
+        return PipelineSchedule(model, plan, mesh, config.model.seq_length,
+                                schedule=p.pipeline_parallel_schedule,
+                                layers_per_stage=p.pipeline_parallel_layers_per_stage,
+                                dp_sharding=p.data_parallel_shard_strategy if dims.dp_shard > 1 else None,
+                                chunks=p.pipeline_parallel_interleave_num)
+    if columns is None:
+        columns = config.train_dataset.dataloader.column_names
+    return ShardedLayout(model, plan, mesh, config, accumulation, columns)
+
+
+def model_forward(model, columns: Sequence[str]):
+    """``forward(*inputs) -> StepFigures`` (of tensors): the model's call on one micro-batch
+    given as tensors in ``columns`` order (the first the input ids, the others by name)."""
+    names = list(columns)[1:]
+
+    def forward(*inputs):
+        kwargs = dict(zip(names, inputs[1:]))
+        loss, metrics = model(inputs[0], labels=kwargs["labels"], loss_mask=kwargs.get("loss_mask"),
+                              position_ids=kwargs.get("position_ids"), attention_mask=kwargs.get("attention_mask"))
+        return StepFigures.from_model(loss, metrics, ops.zeros((), ms.float32))
+
+    return forward
+
+
+class ShardedLayout:
+    """FSDP x TP x EP: the laid-out model and its gradient step on this rank.
+
+    :meth:`run_step` runs each micro-batch's forward and backward and accumulates gradients
+    of ``loss / accumulation``, so after all micro-batches :meth:`gradients` is the
+    gradient of the global-batch mean loss for :attr:`named_params` (the tensors the
+    optimizer owns).
+    """
+
+    def __init__(self, model, plan: ParallelPlan, mesh: DeviceMesh, config: MindTrainConfig, accumulation: int,
+                 columns: Sequence[str]):
+        dims = mesh.dims
+        self.model = model
+        self.columns = list(columns)
+        self.mesh = mesh
+        self.accum = accumulation
+        self.strategy = config.parallelism.data_parallel_shard_strategy
+        self.fsdp = None
+        self.tp = None
+        self.ep = None
+        zero3 = dims.dp > 1 and self.strategy == ZERO3
+        self.eager = dims.tp > 1 or dims.ep > 1 or zero3
+        if self.eager and getattr(model, "jit_enabled", False):
+            model.set_jit(False)
+        if dims.tp > 1:
+            self.tp = apply_tensor_parallel(model, plan, mesh)
+        if dims.ep > 1:
+            self.ep = apply_expert_parallel(model, plan, mesh)
+        dense = [(p.name, p) for p in model.trainable_params()]
+        scale = 1.0 / accumulation
+        forward = model_forward(model, self.columns)
+
+        def scaled(*inputs):
+            figures = forward(*inputs)
+            # aux goes through value_and_grad as a plain tuple in StepFigures order
+            return figures.loss * scale, tuple(figures)
+
+        if dims.dp > 1:
+            units, shared = (), None
+            if zero3 and self.tp is None and self.ep is None:
+                units, shared = _zero3_units(model, plan)
+            reshard, _ = reshard_after_forward(config.parallelism.reshard_after_forward_policy, self.strategy,
+                                               dims.pp > 1)
+            self.fsdp = fully_shard(model, mesh, units=units, strategy=self.strategy, shared=shared,
+                                    reshard_after_forward=reshard)
+            self.named_dense = self.fsdp.named_parameters()
+            self._step = self.fsdp.value_and_grad(scaled, has_aux=True)
+        else:
+            self.named_dense = dense
+            grad_fn = ms.value_and_grad(scaled, None, [p for _, p in dense], has_aux=True)
+            self._acc: Optional[list[Tensor]] = None
+
+            def step(*inputs):
+                (value, aux), grads = grad_fn(*inputs)
+                self._acc = list(grads) if self._acc is None else [a + g for a, g in zip(self._acc, grads)]
+                return value, aux
+
+            self._step = step
+        self.dense_names = [n for n, _ in self.named_dense]
+        named_experts = list(self.ep.named_parameters()) if self.ep is not None else []
+        self.expert_names = [n for n, _ in named_experts]
+        self.named_params = list(self.named_dense) + named_experts
+        """``(name, tensor)`` the optimizer updates: dense weights (their ``dp`` shards under
+        FSDP, TP pieces), then this rank's expert weights."""
+        # a TP-replicated gradient is the same on every TP rank, and expert weights that stay
+        # whole on several edp ranks (experts not divisible over edp) too: count each once
+        self._replicas = [self.tp.replicas(n) if self.tp is not None else 1 for n in self.dense_names]
+        if self.ep is not None:
+            self._replicas += [self.ep.replicas] * len(self.expert_names)
+
+    # ------------------------------------------------------------------ step
+    def run_step(self, batches: Sequence[Mapping[str, Any]]) -> list[StepFigures]:
+        """Forward + backward of one optimizer step's micro-batches (dicts of arrays by
+        column); returns each micro-batch's figures (floats, this rank's)."""
+        figures = []
+        for b in batches:
+            _, aux = self._step(*[Tensor(np.ascontiguousarray(b[c])) for c in self.columns])
+            figures.append(StepFigures(*(float(t.asnumpy()) for t in aux)))
+        return figures
+
+    def gradients(self) -> list[Tensor]:
+        """Reduced gradients aligned with :attr:`named_params`."""
+        grads = self.fsdp.grads if self.fsdp is not None else self._acc
+        if self.tp is not None:
+            grads = self.tp.sync_grads(self.dense_names, grads)
+        grads = list(grads)
+        if self.ep is not None:
+            grads += self.ep.grads
+        return grads
+
+    def grad_norm(self, grads: Sequence[Tensor]) -> float:
+        """Global L2 norm of the whole model's gradient, in float64 on the host (the same
+        digits run after run, whatever order a multi-threaded kernel would add in)."""
+        return grad_norm(grads, self.mesh.group("world"), self._replicas)
+
+    def finish_step(self) -> None:
+        """After the optimizer step: refresh gathered parameters, drop gradients."""
+        if self.fsdp is not None:
+            self.fsdp.finish_step()
+        else:
+            self._acc = None
+        if self.ep is not None:
+            self.ep.zero_grad()
+
+    def expert_load(self) -> Tensor:
+        """Tokens per expert of the whole global batch (for update_expert_bias)."""
+        load = self.model.take_expert_load()
+        if self.mesh.world_size == 1:
+            return load
+        return global_expert_load(load, self.mesh)
+
+    # ------------------------------------------------------------------ full state
+    def to_full(self, tensors: Sequence[Tensor]) -> dict[str, np.ndarray]:
+        """Full-shape arrays, keyed by parameter name, of tensors laid out like
+        :attr:`named_params` (the parameters themselves or optimizer moments). A collective:
+        every rank calls it and gets the result."""
+        return full_arrays(self.fsdp, self.tp, self.ep, self.dense_names, self.expert_names, tensors)
+
+    def to_local(self, full: Mapping[str, Any]) -> list[Tensor]:
+        """This rank's pieces of full-shape arrays, aligned with :attr:`named_params`."""
+        return local_arrays(self.fsdp, self.tp, self.ep, self.dense_names, self.expert_names, full)
+
+    def memory_bytes(self) -> int:
+        """Bytes of parameters resident on this rank between steps: FSDP shards plus any
+        full parameters kept gathered (ZeRO-1/2 keep all of them), TP/EP local pieces."""
+        if self.fsdp is not None:
+            experts = self.ep.param_bytes() if self.ep is not None else 0
+            return int(self.fsdp.memory_bytes()["params"] + experts)
+        return int(sum(p.size * p.itemsize for _, p in self.named_params))
+
+
+def _zero3_units(model, plan: ParallelPlan) -> tuple[tuple[str, ...], dict[str, list[str]]]:
+    """FSDP units = the plan's decoder layers and MTP modules, as cell paths; a parameter of
+    a unit that the model also uses outside it (an MTP module's shared-head norm, applied
+    by the head) stays gathered with the root."""
+    cells = dict(model.cells_and_names())
+    units = tuple(u.path for u in plan.units if u.kind in ("decoder", "mtp") and u.path in cells)
+    shared = {name: [] for name, p in plan.params.items() if p.applied_outside and p.trainable}
+    return units, shared
+
+
+__all__ = ["ShardedLayout", "model_forward", "parallelize"]
