@@ -13,6 +13,7 @@ Layer ids count the decoder layers, then the multi-token-prediction modules
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,27 @@ class RecomputePlan:
     @property
     def active(self) -> bool:
         return bool(self.full or self.select)
+
+
+# MindFormers' names of a decoder layer's modules (its select_module patterns use them)
+_MINDFORMERS_MODULES = (("self_attn", "self_attention"), ("post_attention_layernorm", "pre_mlp_layernorm"),
+                        ("mlp.gate", "mlp.router"))
+
+
+def mindformers_module_path(path: str) -> str:
+    """A decoder layer's sub-module path (``self_attn.core_attention``) in MindFormers' names
+    (``self_attention.core_attention``)."""
+    for ours, theirs in _MINDFORMERS_MODULES:
+        if path == ours or path.startswith(ours + "."):
+            path = theirs + path[len(ours):]
+    return path
+
+
+def module_matches(pattern, path: str) -> bool:
+    """Whether a ``select_module`` regular expression (a string or compiled) names the layer
+    sub-module ``path``, written in mindtrain's (HF) or MindFormers' names."""
+    rx = re.compile(pattern) if isinstance(pattern, str) else pattern
+    return bool(rx.fullmatch(path) or rx.fullmatch(mindformers_module_path(path)))
 
 
 def layer_ids(value: Any, num_layers: int, path: str) -> tuple[int, ...]:

@@ -11,7 +11,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, initializer
 
-from mindtrain.config import ConfigError, ModelConfig, RecomputePlan, recompute_plan
+from mindtrain.config import ConfigError, ModelConfig, RecomputePlan, module_matches, recompute_plan
 from mindtrain.config.schema import RecomputeConfig
 from mindtrain.models import kernels
 from mindtrain.models.attention_mask import additive_mask
@@ -25,18 +25,6 @@ from mindtrain.models.recompute import Recompute, recompute_submodule
 from mindtrain.models.precision import (DTYPES, check_param_dtype, current_device, resolve_compute_dtype,
                                         to_compute)
 from mindtrain.models.rope import RotaryEmbedding
-
-
-# MindFormers' names of a decoder layer's modules (its select_module patterns use them)
-_MF_NAMES = (("self_attn", "self_attention"), ("post_attention_layernorm", "pre_mlp_layernorm"),
-             ("mlp.gate", "mlp.router"))
-
-
-def _mindformers_path(path: str) -> str:
-    for ours, theirs in _MF_NAMES:
-        if path == ours or path.startswith(ours + "."):
-            path = theirs + path[len(ours):]
-    return path
 
 
 def _ranges(ids) -> str:
@@ -204,7 +192,7 @@ class DeepseekV3ForCausalLM(nn.Cell):
             for i in ids:
                 layer = self.model.layers[i]
                 paths = [name for name, _ in layer.cells_and_names() if name]
-                hits = [p for p in paths if rx.fullmatch(p) or rx.fullmatch(_mindformers_path(p))]
+                hits = [p for p in paths if module_matches(rx, p)]
                 hits = [p for p in hits if not any(p.startswith(q + ".") for q in hits)]
                 for path in hits:
                     key = f"model.layers.{i}.{path}"

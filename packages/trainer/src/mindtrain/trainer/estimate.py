@@ -46,7 +46,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from mindtrain.config import (ZERO3, ConfigError, MindTrainConfig, ModelConfig, ParallelDims, UserError,
+from mindtrain.config import (ZERO3, ConfigError, MindTrainConfig, ModelConfig, ParallelDims, UserError, module_matches,
                               num_accumulation_steps, recompute_plan, resolve_parallelism)
 from mindtrain.config.pipeline import layer_counts
 from mindtrain.config.schema import RecomputeConfig
@@ -311,17 +311,6 @@ class Module:
             yield from c.walk()
 
 
-_MF_NAMES = (("self_attn", "self_attention"), ("post_attention_layernorm", "pre_mlp_layernorm"),
-             ("mlp.gate", "mlp.router"))
-
-
-def _mindformers_path(path: str) -> str:
-    for ours, theirs in _MF_NAMES:
-        if path == ours or path.startswith(ours + "."):
-            path = theirs + path[len(ours):]
-    return path
-
-
 @dataclass(frozen=True)
 class _Shapes:
     """Local sizes one rank's layer sees for one micro-batch."""
@@ -437,7 +426,7 @@ def _layer_kept(mod: Module, m: ModelConfig, i: int, z: _Shapes, plan_full: set,
             continue
         if any(sub.path.startswith(p + ".") for p in covered):
             continue
-        hit = any(i in ids and (re.fullmatch(pat, sub.path) or re.fullmatch(pat, _mindformers_path(sub.path)))
+        hit = any(i in ids and module_matches(pat, sub.path)
                   for pat, ids in select.items())
         if hit:
             covered.append(sub.path)
