@@ -79,7 +79,8 @@ def _step(layout, batches):
     return full, norm
 
 
-def test_every_layout_is_a_layout_with_the_models_own_gradient(cfg):
+def test_every_layout_is_a_layout_with_the_models_own_gradient(cfg, monkeypatch):
+    monkeypatch.delenv("MS_NODE_TIMEOUT", raising=False)
     batches = _batches(2)
     want = _reference(cfg, batches)
     want_norm = float(np.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2)) for g in want.values())))
@@ -89,6 +90,9 @@ def test_every_layout_is_a_layout_with_the_models_own_gradient(cfg):
     assert isinstance(sharded, ShardedLayout)
     model = _model(cfg)
     pipeline = PipelineSchedule(model, parallel_plan(model), mesh, SEQ)
+    # one process receives nothing: the pipeline's 900 s receive timeout must not reach the
+    # environment, where every msrun started later from this process would inherit it
+    assert "MS_NODE_TIMEOUT" not in os.environ
     for layout in (sharded, pipeline):
         got, norm = _step(layout, batches)
         assert sorted(got) == sorted(want)

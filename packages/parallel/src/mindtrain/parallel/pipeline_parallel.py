@@ -139,7 +139,11 @@ class PipelineSchedule:
                               f"{dp_sharding!r} is not a sharding strategy; use optim, optim_grads or "
                               f"optim_grads_params")
         self.schedule = resolve_schedule(schedule, chunks)
-        relax_receive_timeout()
+        if mesh.world_size > 1:
+            # only a job's ranks receive; in one process the variable would outlive this
+            # object and reach every msrun started later from it (its scheduler would then
+            # wait 900 s for a failed rank's heartbeat)
+            relax_receive_timeout()
         self.model = model
         self.plan = plan
         self.mesh = mesh
