@@ -63,3 +63,41 @@ def test_bias_update_and_weight_load_reach_compiled_layers():
         mm.load_hf_state_dict(m, state)
     loaded = [float(m(ids, labels=labels, loss_mask=mask)[0].asnumpy()) for m in models]
     assert loaded[0] == loaded[1] != after[0]
+
+
+def test_regions_compile_the_pieces_and_compute_what_eager_does():
+    """set_jit(granularity="region"): each layer's pieces are graphs, the layer forward stays
+    eager (layouts wrap its cells), and loss and gradients equal the eager model's."""
+    import numpy as np
+    from mindspore import Tensor
+
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, n_routed_experts=4,
+                      n_group=2, topk_group=1, num_experts_per_tok=2, first_k_dense_replace=1, kv_lora_rank=8,
+                      q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8, seq_length=16,
+                      max_position_embeddings=64, n_shared_experts=1, num_nextn_predict_layers=1)
+    rng = np.random.RandomState(0)
+    ids = Tensor(rng.randint(0, 64, (2, 16)).astype(np.int32))
+    labels = Tensor(rng.randint(0, 64, (2, 16)).astype(np.int32))
+    out = {}
+    for mode in ("eager", "region"):
+        ms.set_seed(0)
+        model = mm.build_model(cfg, jit=False)
+        if mode == "region":
+            model.set_jit(True, granularity="region")
+            assert model.jit_granularity == "region"
+            for layer in model.model.layers:  # the MTP module's block too
+                assert "construct" not in layer.__dict__ and "construct" not in layer.self_attn.__dict__
+                assert {"project", "attend"} <= set(layer.self_attn.__dict__)
+                pieces = [layer.mlp.gate, layer.mlp.experts, layer.mlp.shared_experts] if layer.is_moe else [layer.mlp]
+                assert all("construct" in c.__dict__ for c in pieces)
+        params = model.trainable_params()
+        loss, grads = ms.value_and_grad(lambda i, l: model(i, labels=l)[0], None, params)(ids, labels)
+        out[mode] = (float(loss.asnumpy()), [g.asnumpy() for g in grads])
+        if mode == "region":
+            model.set_jit(False)
+            assert not model.jit_enabled and model.jit_granularity is None
+            assert all("project" not in layer.self_attn.__dict__ for layer in model.model.layers)
+    assert abs(out["region"][0] - out["eager"][0]) <= 1e-6 * abs(out["eager"][0])
+    for a, b in zip(out["region"][1], out["eager"][1]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)

@@ -100,6 +100,16 @@ class MLAttention(nn.Cell):
         return w.reshape(n * self.rope, -1), w_half.reshape(n * self.rope, -1)
 
     def construct(self, x, cos, sin, mask_add):
+        q, kv_lat, k_rot = self.project(x, cos, sin)
+        if self.kv_exchange is not None:
+            kv_lat, k_rot = self.kv_exchange(kv_lat, k_rot)
+        return self.attend(q, kv_lat, k_rot, mask_add)
+
+    # ``construct`` in two pieces around the context-parallel exchange, each compiled on its
+    # own when the model is compiled by regions (``set_jit(granularity="region")``).
+    def project(self, x, cos, sin):
+        """Queries [B,N,S,qk_head_dim] (softmax scale folded in), the normed latent
+        ``kv_lat`` [B,S,kv_lora] and the roped key ``k_rot`` [B,1,S,rope] of ``x`` [B,S,H]."""
         b, s, _ = x.shape
         n = self.num_heads
         t = b * s
@@ -136,8 +146,13 @@ class MLAttention(nn.Cell):
         kv_lat = self.kv_a_layernorm(kv_lat).reshape(b, s, self.kv_lora_rank)
         k_rot = (k_rot.reshape(b, s, self.rope) * cos.reshape(b, s, self.rope)
                  + k_half.reshape(b, s, self.rope) * sin.reshape(b, s, self.rope)).reshape(b, 1, s, self.rope)
-        if self.kv_exchange is not None:
-            kv_lat, k_rot = self.kv_exchange(kv_lat, k_rot)
+        return q, kv_lat, k_rot
+
+    def attend(self, q, kv_lat, k_rot, mask_add):
+        """Attention of the queries ``q`` over the keys and values made from ``kv_lat``
+        [B,Sk,kv_lora] and ``k_rot`` [B,1,Sk,rope], through ``o_proj``: [B,S,H]."""
+        b, n, s = q.shape[0], self.num_heads, q.shape[2]
+        cd = self.matmul_dtype
         sk = kv_lat.shape[1]
 
         wkvb = self.kv_b_proj.weight.reshape(n, self.nope + self.v_dim, -1)

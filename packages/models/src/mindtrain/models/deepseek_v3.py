@@ -18,7 +18,7 @@ from mindtrain.models.attention_mask import additive_mask
 from mindtrain.models.decoder import DecoderLayer
 from mindtrain.models.inputs import shift_left, whole_sequence_inputs
 from mindtrain.models.linear import Linear
-from mindtrain.models.loss import MaskedCrossEntropy
+from mindtrain.models.loss import MaskedCrossEntropy, TokenCrossEntropy
 from mindtrain.models.mtp import MTPLayer
 from mindtrain.models.norm import RMSNorm
 from mindtrain.models.recompute import Recompute, recompute_submodule
@@ -57,6 +57,20 @@ class DeepseekV3Model(nn.Cell):
                                           cfg.max_position_embeddings)
 
 
+def _install_jit(cell: nn.Cell, attr: str) -> None:
+    """Replace ``cell``'s method ``attr`` on the instance by its ms.jit-compiled form, unless
+    other code already replaced it."""
+    if attr in cell.__dict__:
+        return
+    fn = ms.jit(getattr(type(cell), attr).__get__(cell))
+    object.__setattr__(cell, attr, fn)
+    mine = cell.__dict__.get("_mindtrain_jit")
+    if mine is None:
+        mine = {}
+        object.__setattr__(cell, "_mindtrain_jit", mine)
+    mine[attr] = fn
+
+
 class _HeadLoss(nn.Cell):
     """Final norm + lm_head + masked cross-entropy as one cell so it can be one jit graph.
     Holds no parameters of its own (norm and head are passed in). The head matmul runs in
@@ -76,6 +90,10 @@ class _HeadLoss(nn.Cell):
         self.ce = MaskedCrossEntropy()
         self.matmul = ops.MatMul(transpose_b=True)
         self.sequence_gather = None
+
+    def hooks_unset(self) -> bool:
+        """True while no layout has set a hook (then the cell can be one graph)."""
+        return self.sequence_gather is None and isinstance(self.ce.token_loss, TokenCrossEntropy)
 
     def construct(self, h, norm_weight, eps, head_weight, labels, loss_mask):
         x = h.reshape(-1, h.shape[-1])
@@ -116,6 +134,8 @@ class DeepseekV3ForCausalLM(nn.Cell):
         self.moe_layer_ids = [i for i, layer in enumerate(self.model.layers) if layer.is_moe]
         self._expert_load: Optional[Tensor] = None
         self._jit = False
+        self._jit_granularity: Optional[str] = None
+        self._head_graph = None
         self._rope_mask_cache: dict = {}
         self._configure_cells()
         self._recompute_layers: dict[int, Recompute] = {}
@@ -139,29 +159,66 @@ class DeepseekV3ForCausalLM(nn.Cell):
                 cell.fast_kernels = self.fast_kernels
 
     # ------------------------------------------------------------------ jit
-    def set_jit(self, enabled: bool = True) -> "DeepseekV3ForCausalLM":
-        """Compile each decoder layer and the head + loss with ms.jit (True), or run them eagerly.
+    def set_jit(self, enabled: bool = True, granularity: str = "layer") -> "DeepseekV3ForCausalLM":
+        """Compile the model with ms.jit (True), or run it eagerly (False).
 
-        Only constructs this method installed are removed again, so forward overrides that
-        other code put on these cells (e.g. tensor parallelism, which needs eager) survive.
+        ``granularity="layer"``: each decoder layer and the head + loss is one graph.
+        ``granularity="region"``: the pieces between a layout's collectives are graphs —
+        per layer the norms, the attention's ``project`` and ``attend`` (around the
+        context-parallel exchange), the dense MLP or the MoE's router, routed experts and
+        shared experts — while the layer, attention and MoE forwards that stitch them stay
+        eager, so tensor/expert/context parallelism can wrap them or set their hooks; the
+        head + loss is one graph while no layout has set its hooks. Call it before a layout
+        wraps cells (a wrapper calls the cell's forward as it finds it).
+
+        A graph reads the parameter storage it was compiled with: in-place updates
+        (``ops.assign``, the AdamW kernel) reach it, a parameter swapped by ``set_data`` does
+        not. Only forwards this method installed are removed again, so forward overrides
+        that other code put on these cells survive.
         """
-        cells = list(self.model.layers) + [self.head_loss]
-        for cell in cells:
-            mine = cell.__dict__.get("_mindtrain_jit_construct")
-            if enabled and "construct" not in cell.__dict__:
-                fn = ms.jit(type(cell).construct.__get__(cell))
-                object.__setattr__(cell, "construct", fn)
-                object.__setattr__(cell, "_mindtrain_jit_construct", fn)
-            elif not enabled and mine is not None:
-                if cell.__dict__.get("construct") is mine:
-                    object.__delattr__(cell, "construct")
-                object.__delattr__(cell, "_mindtrain_jit_construct")
+        if granularity not in ("layer", "region"):
+            raise ValueError(f"set_jit: granularity must be 'layer' or 'region', not {granularity!r}")
+        for _, cell in self.cells_and_names():
+            mine = cell.__dict__.get("_mindtrain_jit")
+            if not mine:
+                continue
+            for attr, fn in mine.items():
+                if cell.__dict__.get(attr) is fn:
+                    object.__delattr__(cell, attr)
+            object.__delattr__(cell, "_mindtrain_jit")
         self._jit = bool(enabled)
+        self._jit_granularity = granularity if enabled else None
+        self._head_graph = None
+        if not enabled:
+            return self
+        if granularity == "layer":
+            for cell in list(self.model.layers) + [self.head_loss]:
+                _install_jit(cell, "construct")
+            return self
+        for layer in self.model.layers:
+            for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+                _install_jit(norm, "construct")
+            _install_jit(layer.self_attn, "project")
+            _install_jit(layer.self_attn, "attend")
+            if layer.is_moe:
+                _install_jit(layer.mlp.gate, "construct")
+                _install_jit(layer.mlp.experts, "construct")
+                if layer.mlp.n_shared:
+                    _install_jit(layer.mlp.shared_experts, "construct")
+            else:
+                _install_jit(layer.mlp, "construct")
+        # not installed as its construct: a layout may set its hooks after this call
+        self._head_graph = ms.jit(type(self.head_loss).construct.__get__(self.head_loss))
         return self
 
     @property
     def jit_enabled(self) -> bool:
         return self._jit
+
+    @property
+    def jit_granularity(self) -> Optional[str]:
+        """``"layer"`` or ``"region"`` when compiled (see :meth:`set_jit`), else None."""
+        return self._jit_granularity
 
     # ------------------------------------------------------------------ recompute
     def set_recompute(self, recompute) -> "DeepseekV3ForCausalLM":
@@ -279,7 +336,13 @@ class DeepseekV3ForCausalLM(nn.Cell):
     def lm_loss(self, h, labels, loss_mask):
         """Final norm, lm_head and the masked mean cross-entropy (one cell, ``head_loss``)."""
         norm = self.model.norm
-        return self.head_loss(h, norm.weight, norm.eps, self.lm_head.weight, labels, loss_mask)
+        return self._head_loss(h, norm.weight, norm.eps, self.lm_head.weight, labels, loss_mask)
+
+    def _head_loss(self, *args):
+        """``head_loss`` as compiled by regions while no layout has set its hooks."""
+        if self._head_graph is not None and self.head_loss.hooks_unset():
+            return self._head_graph(*args)
+        return self.head_loss(*args)
 
     def mtp_inputs(self, input_ids, labels, loss_mask) -> list:
         """Per MTP depth k = 1..num_nextn_predict_layers: ``(input_ids, labels, loss_mask)``
@@ -301,7 +364,7 @@ class DeepseekV3ForCausalLM(nn.Cell):
                 counts.append(c)
                 balances.append(bal)
             norm = layer.shared_head.norm
-            losses.append(self.head_loss(h, norm.weight, norm.eps, self.lm_head.weight, labels_k, mask_k))
+            losses.append(self._head_loss(h, norm.weight, norm.eps, self.lm_head.weight, labels_k, mask_k))
         return losses, counts, balances
 
     def combine_losses(self, lm_loss, mtp_losses, balances):

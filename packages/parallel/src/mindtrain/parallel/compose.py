@@ -12,9 +12,12 @@ is laid out, so all layouts start from identical parameters.
 
 Compiled layers (the model's default ``ms.jit`` per decoder layer) read a parameter's
 storage bound at compile time, so they see in-place writes (``ops.assign``, the AdamW
-kernel) but never a parameter swapped by ``set_data``. ZeRO-3 frees and re-gathers
-parameters by swapping storage, and TP/EP/CP replace layer forwards with collectives, so
-those layouts run eager layers; a single process and FSDP ZeRO-1/2 keep the compiled ones.
+kernel) but never a parameter swapped by ``set_data``. A single process and FSDP ZeRO-1/2
+keep whole compiled layers. TP, EP and CP put collectives inside a layer, so a compiled
+model is compiled by regions there (:func:`compiled_regions`): the pieces between the
+collectives are graphs. ZeRO-3 frees and re-gathers parameters by swapping storage, which
+no graph sees, so it runs eager layers (``benchmarks/probe_storage_resize.py``: freeing
+storage in place frees no memory on CPU).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from mindtrain.config.fsdp_policy import reshard_after_forward
 from mindtrain.config.plan import ParallelPlan
 from mindtrain.parallel.expert_parallel import apply_expert_parallel, global_expert_load
 from mindtrain.parallel.fsdp import fully_shard
-from mindtrain.parallel.layout import Layout, full_arrays, grad_norm, local_arrays
+from mindtrain.parallel.layout import Layout, compiled_regions, full_arrays, grad_norm, local_arrays
 from mindtrain.parallel.mesh import DeviceMesh
 from mindtrain.parallel.pipeline_parallel import PipelineSchedule, relax_receive_timeout
 from mindtrain.parallel.tensor_parallel import apply_tensor_parallel
@@ -105,9 +108,7 @@ class ShardedLayout:
         self.tp = None
         self.ep = None
         zero3 = dims.dp > 1 and self.strategy == ZERO3
-        self.eager = dims.tp > 1 or dims.ep > 1 or zero3
-        if self.eager and getattr(model, "jit_enabled", False):
-            model.set_jit(False)
+        compiled_regions(model, zero3, dims.tp > 1 or dims.ep > 1)
         if dims.tp > 1:
             self.tp = apply_tensor_parallel(model, plan, mesh)
         if dims.ep > 1:

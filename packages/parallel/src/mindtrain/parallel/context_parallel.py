@@ -125,12 +125,14 @@ class _SequenceReduce:
 def apply_context_parallel(model, group: Group, seq_length: int) -> int:
     """Install the CP hooks on every attention and MoE Cell of ``model``; returns how many.
 
-    Compiled layers cannot call collectives, so a model with ``set_jit`` is switched to
-    eager. ``group`` is the mesh's ``cp`` group; a group of size 1 removes the hooks.
+    A layer compiled whole cannot call the exchange, so such a model is compiled by regions
+    instead (the attention's projections and attention are graphs, the exchange runs between
+    them). ``group`` is the mesh's ``cp`` group; a group of size 1 removes the hooks.
     """
     check_seq_length(seq_length, group.size)
-    if group.size > 1 and getattr(model, "jit_enabled", False):
-        model.set_jit(False)
+    if group.size > 1 and getattr(model, "jit_enabled", False) \
+            and getattr(model, "jit_granularity", "layer") == "layer":
+        model.set_jit(True, granularity="region")
     exchange = _KVExchange(group, seq_length) if group.size > 1 else None
     reduce = _SequenceReduce(group) if group.size > 1 else None
     n = 0

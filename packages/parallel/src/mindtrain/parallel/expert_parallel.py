@@ -226,8 +226,9 @@ def apply_expert_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> Exper
     ep = ExpertParallel(mesh, max(n_experts, 1))
     if mesh.size("ep") == 1 or not n_experts:
         return ep
-    if getattr(model, "jit_enabled", False):
-        raise ConfigError("model", "expert parallelism needs eager layers; call model.set_jit(False) first")
+    if getattr(model, "jit_enabled", False) and getattr(model, "jit_granularity", "layer") == "layer":
+        raise ConfigError("model", "expert parallelism needs eager layers or layers compiled by regions; call "
+                                   "model.set_jit(False) or model.set_jit(True, granularity='region') first")
     n_ep = mesh.size("ep")
     if n_experts % n_ep:
         raise ConfigError("model.n_routed_experts", f"{n_experts} is not divisible by "

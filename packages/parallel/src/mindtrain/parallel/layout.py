@@ -25,6 +25,18 @@ from mindtrain.parallel import collectives as C
 from mindtrain.parallel.group import Group
 
 
+def compiled_regions(model, zero3: bool, wrapped: bool) -> None:
+    """How a compiled model runs in a layout: eager under ZeRO-3 (its storage swaps reach no
+    graph), compiled by regions when a layout wraps cells inside the layers (``wrapped``: TP,
+    EP, CP), whole compiled layers otherwise. Call before the layouts wrap anything."""
+    if not getattr(model, "jit_enabled", False):
+        return
+    if zero3:
+        model.set_jit(False)
+    elif wrapped and model.jit_granularity != "region":
+        model.set_jit(True, granularity="region")
+
+
 @runtime_checkable
 class Layout(Protocol):
     """A model laid out over a mesh, as :func:`mindtrain.parallel.parallelize` returns it

@@ -45,7 +45,7 @@ from mindtrain.parallel import collectives as C
 from mindtrain.parallel.context_parallel import apply_context_parallel, split_batch
 from mindtrain.parallel.expert_parallel import apply_expert_parallel
 from mindtrain.parallel.fsdp import FSDP
-from mindtrain.parallel.layout import full_arrays, grad_norm, local_arrays
+from mindtrain.parallel.layout import compiled_regions, full_arrays, grad_norm, local_arrays
 from mindtrain.parallel.mesh import DeviceMesh, Group
 from mindtrain.parallel.tensor_parallel import apply_tensor_parallel
 from mindtrain.parallel.pipeline_schedule import op_messages, resolve_schedule, stage_ops
@@ -162,13 +162,11 @@ class PipelineSchedule:
         self.parts = [[u for c in range(chunks) for u in self.virtual_parts[c * self.num_stages + r]]
                       for r in range(self.num_stages)]
         """Unit names per rank of the ``pp`` group (its chunks in order)."""
-        # Compiled (ms.jit) layers stay compiled when nothing patches them: CP, TP and EP
-        # replace layer forwards with collective-calling code, and ZeRO-3 swaps the weights'
-        # storage (set_data), which a compiled graph never sees.
-        patched = self.cp.size > 1 or mesh.size("tp") > 1 or mesh.size("ep") > 1 \
-            or (dp_sharding == "optim_grads_params" and self.dp.size > 1)
-        if patched and getattr(model, "jit_enabled", False):
-            model.set_jit(False)
+        # Compiled (ms.jit) layers stay whole when nothing wraps cells inside them; CP, TP and
+        # EP do (compiled by regions then), and ZeRO-3 swaps the weights' storage (set_data),
+        # which a compiled graph never sees (eager then).
+        compiled_regions(model, dp_sharding == "optim_grads_params" and self.dp.size > 1,
+                         self.cp.size > 1 or mesh.size("tp") > 1 or mesh.size("ep") > 1)
         self.tp = apply_tensor_parallel(model, plan, mesh)
         self.ep = apply_expert_parallel(model, plan, mesh)
         apply_context_parallel(model, self.cp, seq_length)

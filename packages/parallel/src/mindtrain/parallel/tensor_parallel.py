@@ -153,14 +153,15 @@ def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> Tenso
     cell with a ``sequence_gather`` hook and a loss cell with a ``token_loss`` component (the
     vocabulary-parallel loss is a component swap, see :func:`_vocab_parallel_loss`). Raises
     ConfigError when heads, intermediate sizes or the vocabulary do not divide by TP, or
-    (at the first forward) the sequence length. Needs eager mode (no ``set_jit``).
+    (at the first forward) the sequence length. Needs eager layers or a model compiled by
+    regions (``set_jit(True, granularity="region")``, called before this): a wrapped cell's
+    forward (possibly a compiled region) runs between the collectives.
     Returns a :class:`TensorParallel`; a TP degree of 1 changes nothing.
     """
     tp = TensorParallel(model, plan, mesh)
     if tp.size == 1:
         return tp
-    if getattr(model, "jit_enabled", False):
-        raise ConfigError("model", "tensor parallelism needs eager layers; call model.set_jit(False) first")
+    _check_not_whole_layers(model, "tensor parallelism")
     size, index, group = tp.size, tp.index, tp.group
     cells = _cells(model)
     params = {p.name: p for p in model.get_parameters()}
@@ -278,24 +279,31 @@ def _embedding_forward(cell, weight: Parameter, start: int, group: Group):
     return construct
 
 
+def _check_not_whole_layers(model, what: str) -> None:
+    """A layout that wraps cells inside a layer cannot run in a layer compiled whole."""
+    if getattr(model, "jit_enabled", False) and getattr(model, "jit_granularity", "layer") == "layer":
+        raise ConfigError("model", f"{what} needs eager layers or layers compiled by regions; call "
+                                   f"model.set_jit(False) or model.set_jit(True, granularity='region') first")
+
+
 def _attention_forward(cell, sp_gather, sp_scatter):
-    cls_forward = type(cell).construct
+    inner = cell.construct  # the model's forward as found (it may run compiled pieces)
 
     def construct(x, cos, sin, mask_add):
         n = cell.num_heads
         if mask_add.shape[1] > n:
             # the model builds one mask per head of the full model; every head has the same
             mask_add = mask_add[:, :n]
-        return sp_scatter(cls_forward(cell, sp_gather(x), cos, sin, mask_add))
+        return sp_scatter(inner(sp_gather(x), cos, sin, mask_add))
 
     return construct
 
 
 def _region_forward(cell, sp_gather, sp_scatter):
-    cls_forward = type(cell).construct
+    inner = cell.construct  # the model's forward as found (compiled when the model compiles regions)
 
     def construct(x):
-        return sp_scatter(cls_forward(cell, sp_gather(x)))
+        return sp_scatter(inner(sp_gather(x)))
 
     return construct
 
