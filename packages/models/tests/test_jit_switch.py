@@ -89,12 +89,33 @@ def test_regions_compile_the_pieces_and_compute_what_eager_does():
             for layer in model.model.layers:  # the MTP module's block too
                 assert "construct" not in layer.__dict__ and "construct" not in layer.self_attn.__dict__
                 assert {"project", "attend"} <= set(layer.self_attn.__dict__)
-                pieces = [layer.mlp.gate, layer.mlp.experts, layer.mlp.shared_experts] if layer.is_moe else [layer.mlp]
-                assert all("construct" in c.__dict__ for c in pieces)
+                if layer.is_moe:
+                    assert all("construct" in c.__dict__ for c in (layer.mlp.gate, layer.mlp.experts))
+                    assert "forward" in layer.mlp.shared_experts.__dict__
+                else:
+                    assert "forward" in layer.mlp.__dict__
+            # a layout's wrapper (Python code, as tensor parallelism installs) around the
+            # compiled pieces: the pieces must still compile and run under it
+            calls = []
+
+            def wrap(cell):
+                inner = cell.construct
+
+                def construct(*args):
+                    calls.append(1)
+                    return inner(*args)
+
+                object.__setattr__(cell, "construct", construct)
+
+            for layer in model.model.layers:
+                wrap(layer.self_attn)
+                if not layer.is_moe:
+                    wrap(layer.mlp)
         params = model.trainable_params()
         loss, grads = ms.value_and_grad(lambda i, l: model(i, labels=l)[0], None, params)(ids, labels)
         out[mode] = (float(loss.asnumpy()), [g.asnumpy() for g in grads])
         if mode == "region":
+            assert len(calls) == 4  # three attention blocks (two layers, the MTP module) and one dense MLP
             model.set_jit(False)
             assert not model.jit_enabled and model.jit_granularity is None
             assert all("project" not in layer.self_attn.__dict__ for layer in model.model.layers)

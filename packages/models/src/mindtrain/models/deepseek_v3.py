@@ -59,7 +59,9 @@ class DeepseekV3Model(nn.Cell):
 
 def _install_jit(cell: nn.Cell, attr: str) -> None:
     """Replace ``cell``'s method ``attr`` on the instance by its ms.jit-compiled form, unless
-    other code already replaced it."""
+    other code already replaced it. (A compiled ``construct`` fails to parse once a layout
+    replaces the cell's ``construct`` with Python code; a compiled method of another name
+    does not, so cells that layouts wrap are compiled through such a method.)"""
     if attr in cell.__dict__:
         return
     fn = ms.jit(getattr(type(cell), attr).__get__(cell))
@@ -204,9 +206,9 @@ class DeepseekV3ForCausalLM(nn.Cell):
                 _install_jit(layer.mlp.gate, "construct")
                 _install_jit(layer.mlp.experts, "construct")
                 if layer.mlp.n_shared:
-                    _install_jit(layer.mlp.shared_experts, "construct")
+                    _install_jit(layer.mlp.shared_experts, "forward")
             else:
-                _install_jit(layer.mlp, "construct")
+                _install_jit(layer.mlp, "forward")
         # not installed as its construct: a layout may set its hooks after this call
         self._head_graph = ms.jit(type(self.head_loss).construct.__get__(self.head_loss))
         return self

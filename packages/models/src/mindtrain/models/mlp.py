@@ -20,6 +20,11 @@ class MLP(nn.Cell):
         self.down_proj = Linear(intermediate_size, hidden_size, init_std=init_std)
 
     def construct(self, x):
+        return self.forward(x)
+
+    def forward(self, x):
+        """The block's math; compiled on its own when the model compiles regions (a layout
+        may replace ``construct`` around it, e.g. tensor parallelism's sequence gather)."""
         if self.fast_kernels:
             return self.down_proj(kernels.fast_swiglu(self.gate_proj(x), self.up_proj(x)))
         return self.down_proj(ops.silu(self.gate_proj(x)) * self.up_proj(x))
