@@ -510,10 +510,10 @@ class Estimate:
 
     @property
     def compiled(self) -> bool:
-        """The trainer keeps the model's compiled layers (no layout patches them)."""
+        """The trainer runs compiled graphs (whole layers, or regions under TP/EP/CP): every
+        layout but ZeRO-3 (``mindtrain.parallel.layout.compiled_regions``)."""
         d = self.dims
-        zero3 = d.dp_shard > 1 and self.strategy == ZERO3
-        return d.tp == 1 and d.ep == 1 and d.pp == 1 and d.cp == 1 and not zero3
+        return not (d.dp_shard > 1 and self.strategy == ZERO3)
 
     @property
     def worst(self) -> StageBytes:
@@ -611,7 +611,7 @@ def report(est: Estimate, config_name: str) -> list[str]:
                  f"{est.flops_per_step / est.flops_per_token:,.0f} tokens); per device "
                  f"{est.flops_per_step / d.world_size:.4g}")
     if est.compiled:
-        lines.append("note: this layout runs compiled (ms.jit) decoder layers; on CPU their graph workspaces "
+        lines.append("note: this layout runs compiled (ms.jit) layers or regions; on CPU their graph workspaces "
                      "took up to 3x the activation figure above (package README, Memory estimate)")
     if est.device_memory is None:
         lines.append("fit: no device memory given (set context.max_device_memory or pass --device-memory)")
