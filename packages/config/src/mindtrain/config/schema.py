@@ -375,7 +375,9 @@ class CompileConfig:
     enable: bool = True
     """Compile each decoder layer, MTP module and the head + loss with ms.jit (torchtitan's
     ``compile.enable``). false runs the whole model eager: no compile time at start-up (10-20 s
-    per process on CPU), slower steps. Layouts that need eager layers run them regardless."""
+    per process on CPU), slower steps. Under tensor, expert or context parallelism the pieces
+    between their collectives are compiled instead of whole layers; ZeRO-3 runs eager layers
+    regardless."""
 
 
 @dataclass
