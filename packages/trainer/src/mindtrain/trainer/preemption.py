@@ -34,9 +34,9 @@ class Preemption:
     def __init__(self, watch_parent: bool = False):
         self.reason: Optional[str] = None  # what this process received
         self.stopping = False
+        self._previous = {}  # the handlers close() puts back (training over: a signal acts as before)
         if threading.current_thread() is threading.main_thread():
-            for sig in SIGNALS:
-                signal.signal(sig, self._on_signal)
+            self._previous = {sig: signal.signal(sig, self._on_signal) for sig in SIGNALS}
         self._stop = threading.Event()
         self._thread = None
         if watch_parent:
@@ -46,10 +46,13 @@ class Preemption:
             self._thread.start()
 
     def close(self) -> None:
-        """End the launcher watch (training is over)."""
+        """End the launcher watch and put the previous signal handlers back (training is over)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
 
     def _on_signal(self, signum, _frame) -> None:
         if self.reason is not None or self.stopping:
