@@ -8,10 +8,12 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 ENTRY = os.path.join(ROOT, "run_mindformer.py")
 TINY = os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml")
+MF_TINY = os.path.join(ROOT, "configs", "mindformers_ds3_tiny.yaml")
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +88,18 @@ def test_legacy_config_is_rejected(data, tmp_path):
     legacy.write_text("context:\n  mode: 0\nmodel:\n  model_config:\n    hidden_size: 128\n")
     line = _one_line(_run(data[0], config=str(legacy)))
     assert "legacy" in line.lower() or "model_config" in line
+
+
+@pytest.mark.parametrize("device", ["Ascend", "GPU"])
+def test_swap_on_a_device_is_refused(data, tmp_path, device):
+    """#16: the MindFormers config with activation swap on, for Ascend (or GPU): swap is not
+    built, so the job is refused in one line that says to use recompute (on CPU: a note)."""
+    raw = yaml.safe_load(open(MF_TINY))
+    raw["context"]["device_target"] = device
+    raw["swap"] = {"enable": True, "default_prefetch": 1,
+                   "layer_swap": [{"layers": [0, 1], "backward_prefetch": 1}], "op_swap": None}
+    config = tmp_path / "swap.yaml"
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    line = _one_line(_run(data[0], config=str(config)))
+    assert line == (f"run_mindformer.py: error: swap.enable: activation offload to host is not built for {device}; "
+                    "set it to false and use recompute (recompute.mode: full or select) to save activation memory"), line

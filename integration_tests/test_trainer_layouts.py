@@ -12,7 +12,9 @@ must hold half the parameter and optimizer bytes per rank. A single process then
 from the ZeRO-3 run's step-4 checkpoint (sharded state saved at full shape, in MindFormers'
 layout: checkpoint.layout=mindformers) and must reproduce step 5, and so must a TP=2 job (2 workers)
 resuming from the same folder; the two resumes run with selective and full activation
-recompute, which must change no figure. The other combinations are proven against the model itself in
+recompute, which must change no figure, and so does the 4-worker PP=2 x CP=2 x EP=2 run (one
+layer whole, attention cores and experts of the others alone): its equality with the single
+process (no recompute) proves the layout and recompute's numerics at once. The other combinations are proven against the model itself in
 test_cp_pp_parity.py and test_tp_ep_parity.py.
 
 Independent runs overlap (the jobs wait on each other's collectives much of the time): the
@@ -50,9 +52,15 @@ LAYOUTS = {  # name: (workers, overrides)
                   "checkpoint.layout=mindformers", "checkpoint.prefix=ds3"]),
     "tp2": (2, ["parallelism.tensor_parallel=2"]),
     "ep2": (2, ["parallelism.expert_parallel=2"]),
-    # PP=2 x CP=2 x EP=2 (EP over the two context-parallel ranks), compiled layers off
+    # PP=2 x CP=2 x EP=2 (EP over the two context-parallel ranks), compiled layers off; with
+    # activation recompute, which must change no figure (issue 16): stage 1's MoE layer 1
+    # whole (its CP attention and EP all-to-alls run again in backward), the attention core
+    # of stage 0's dense layer 0 and the attention core and routed experts of the MTP module
+    # (layer 2, stage 1) alone
     "pp2_cp2_ep2": (4, ["parallelism.pipeline_parallel=2", "parallelism.context_parallel=2",
-                        "parallelism.expert_parallel=2"]),
+                        "parallelism.expert_parallel=2", "recompute.mode=select",
+                        "recompute.full_recompute_layer=[1]",
+                        "recompute.select_module={self_attn.core_attention: [0, 2], mlp.experts: [2]}"]),
 }
 
 

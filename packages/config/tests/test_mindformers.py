@@ -11,7 +11,8 @@ import sys
 import pytest
 import yaml
 
-from mindtrain.config import ConfigError, ModelConfig, from_dict, load_config, parse_config, startup_notes
+from mindtrain.config import (ConfigError, ModelConfig, from_dict, load_config, parse_config, startup_notes,
+                              validate_device)
 from mindtrain.config.convert import restyle
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
@@ -176,6 +177,25 @@ def test_startup_notes_name_what_has_no_effect():
 def test_each_note_field(override, field):
     notes = startup_notes(load_config(TINY_PATH, [override]), "CPU")
     assert [line for line in notes if line.startswith(field + "=")], notes
+
+
+@pytest.mark.parametrize("device", ["Ascend", "GPU"])
+def test_swap_off_cpu_is_refused_in_one_line(device):
+    """#16: activation offload is not built; on a device where it would mean something the
+    config is refused (on CPU it is a start-up note: activations already live in host memory)."""
+    with pytest.raises(ConfigError) as err:
+        load_config(TINY_PATH, ["swap.enable=true", f"context.device_target={device}"])
+    text = str(err.value)
+    assert text.startswith(f"swap.enable: activation offload to host is not built for {device}; set it to false "
+                           "and use recompute") and "\n" not in text, text
+    cpu = load_config(TINY_PATH, ["swap.enable=true", "context.device_target=CPU"])
+    assert [n for n in startup_notes(cpu, "CPU") if n.startswith("swap.enable=true has no effect")]
+    # no device_target: the trainer applies the same rule to the device it chose
+    unset = load_config(TINY_PATH, ["swap.enable=true"])
+    validate_device(unset, "CPU")
+    with pytest.raises(ConfigError, match=r"^swap\.enable: "):
+        validate_device(unset, device)
+    validate_device(load_config(TINY_PATH), device)  # swap off: nothing to refuse
 
 
 # ----------------------------------------------------------------------------- refusals

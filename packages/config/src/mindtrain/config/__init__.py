@@ -38,7 +38,8 @@ from mindtrain.config.schema import (
     TrainingConfig,
 )
 from mindtrain.config.startup_notes import startup_notes
-from mindtrain.config.validate import parse_data_path, parse_split, split_weights, validate_config, validate_model
+from mindtrain.config.validate import (parse_data_path, parse_split, split_weights, validate_config, validate_device,
+                                       validate_model)
 
 __all__ = [
     "__version__", "DEGREE_FIELDS", "ZERO3", "ZERO_STRATEGIES", "check_degrees", "check_zero_strategy",
@@ -47,6 +48,6 @@ __all__ = [
     "ParallelDims", "ParallelismConfig", "ParallelPlan", "ParamPlan", "ROLES", "Region", "UnitPlan", "RecomputePlan", "layer_ids", "module_matches", "recompute_plan", "STEP_FIGURES", "StepFigures", "TrainDatasetConfig", "TrainingConfig", "UserError",
     "convert_legacy", "dump_config", "from_dict", "legacy_problems", "load_config",
     "num_accumulation_steps", "parse_config", "parse_data_path", "parse_split",
-    "resolve_parallelism", "split_weights", "startup_notes", "to_dict", "total_lr_steps", "validate_config", "validate_model",
+    "resolve_parallelism", "split_weights", "startup_notes", "to_dict", "total_lr_steps", "validate_config", "validate_device", "validate_model",
     "warmup_steps",
 ]

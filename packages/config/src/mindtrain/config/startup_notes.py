@@ -82,8 +82,7 @@ RULES: list[_Rule] = [
      "(recompute.select_module names the regions); no communication is recomputed alone"),
     ("recompute", "exclude_op", _set, "operators are not kept out of recompute; whole modules recompute"),
     ("swap", "enable", _on_cpu, "on CPU activations already live in host memory (nothing to offload)"),
-    ("swap", "enable", lambda v, d: _set(v, d) and d.upper() != "CPU",
-     "activation offload to host is not built; use recompute to save activation memory"),
+    # swap.enable on Ascend/GPU is refused (mindtrain.config.validate.validate_device)
 ]
 
 

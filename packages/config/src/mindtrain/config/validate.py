@@ -307,11 +307,22 @@ def validate_config(cfg: MindTrainConfig, world_size: Optional[int] = None) -> N
     validate_parallelism(cfg.parallelism, cfg.model)
     validate_dataset(cfg.train_dataset, cfg.model)
     validate_mindformers_sections(cfg)
+    if cfg.context.device_target is not None:
+        validate_device(cfg, cfg.context.device_target)
     if world_size is not None:
         dims = resolve_parallelism(cfg.parallelism, world_size)
         p = cfg.parallelism
         check_micro_batches(resolve_schedule(p.pipeline_parallel_schedule, p.pipeline_parallel_interleave_num),
                             dims.pp, num_accumulation_steps(cfg, dims))
+
+
+def validate_device(cfg: MindTrainConfig, device: str) -> None:
+    """Rules that depend on the device the job runs on. ``validate_config`` applies them to
+    ``context.device_target`` when it is set; the trainer applies them again to the device
+    it chose (Ascend when present, else CPU) when it is not."""
+    if cfg.swap.enable and device.upper() != "CPU":
+        raise ConfigError("swap.enable", f"activation offload to host is not built for {device}; set it to false "
+                                         "and use recompute (recompute.mode: full or select) to save activation memory")
 
 
 # ------------------------------------------------------------------ MindFormers' other sections

@@ -21,7 +21,8 @@ import sys
 import traceback
 from typing import Any, Optional, Sequence
 
-from mindtrain.config import UserError, num_accumulation_steps, parse_config, resolve_parallelism, startup_notes
+from mindtrain.config import (UserError, num_accumulation_steps, parse_config, resolve_parallelism, startup_notes,
+                              validate_device)
 from mindtrain.config.loader import apply_overrides, read_yaml
 
 PROG = "run_mindformer.py"
@@ -277,6 +278,7 @@ def main(argv: Optional[Sequence[str]] = None, base_dir: Optional[str] = None) -
 
         rt, note = runtime.start(cfg.context.device_target)
         distributed, rank = rt.distributed, rt.rank
+        validate_device(cfg, rt.device)  # the device-dependent rules, for a device chosen by default
         dims = resolve_parallelism(cfg.parallelism, rt.world_size)
         num_accumulation_steps(cfg, dims)
         if rank == 0:

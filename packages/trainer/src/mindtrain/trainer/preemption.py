@@ -2,8 +2,11 @@
 after the current step on every rank, with a checkpoint when saving is enabled.
 
 Megatron-LM's ``--exit-signal-handler`` behaviour. A signal reaches one process, or all of
-them at different moments, so the ranks agree at each step's end with one 4-byte sum (the
-step they stop after is the same everywhere). msrun does not pass SIGTERM on to its workers
+them at different moments, so the ranks agree on it: each rank's :meth:`Preemption.flags`
+ride on the all-reduce of the step's figures that the trainer does anyway (no collective of
+their own), and every rank passes the same sums to :meth:`Preemption.decide` at the step's
+end, so the step they stop after is the same everywhere. A signal that arrives after that
+all-reduce is agreed on in the next step's. msrun does not pass SIGTERM on to its workers
 (it dies and they run on), so a worker whose launcher is gone acts as if signalled.
 
 A second signal once the stop is under way (during the save, say) ends the process at once
@@ -16,7 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 
@@ -26,16 +29,14 @@ REASONS = ("SIGTERM", "SIGINT", "msrun ended")
 
 
 class Preemption:
-    """``all_sum``: element-wise float32 sum over all ranks (identity in one process);
-    ``watch_parent``: treat the launcher's exit as a signal (under msrun)."""
+    """``watch_parent``: treat the launcher's exit as a signal (under msrun)."""
 
-    def __init__(self, all_sum: Callable[[np.ndarray], np.ndarray], watch_parent: bool = False):
-        self._all_sum = all_sum
+    def __init__(self, watch_parent: bool = False):
         self.reason: Optional[str] = None  # what this process received
         self.stopping = False
+        self._previous = {}  # the handlers close() puts back (training over: a signal acts as before)
         if threading.current_thread() is threading.main_thread():
-            for sig in SIGNALS:
-                signal.signal(sig, self._on_signal)
+            self._previous = {sig: signal.signal(sig, self._on_signal) for sig in SIGNALS}
         self._stop = threading.Event()
         self._thread = None
         if watch_parent:
@@ -45,10 +46,13 @@ class Preemption:
             self._thread.start()
 
     def close(self) -> None:
-        """End the launcher watch (training is over)."""
+        """End the launcher watch and put the previous signal handlers back (training is over)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
 
     def _on_signal(self, signum, _frame) -> None:
         if self.reason is not None or self.stopping:
@@ -63,12 +67,15 @@ class Preemption:
                     self.reason = "msrun ended"
                 return
 
-    def agreed(self) -> Optional[str]:
-        """At a step's end, on every rank: why training stops now (what some rank received),
-        or None. One small collective when distributed."""
-        flags = np.array([float(self.reason == r) for r in REASONS], np.float32)
-        total = self._all_sum(flags)
-        for reason, count in zip(REASONS, total):
+    def flags(self) -> np.ndarray:
+        """This rank's vote, one float per :data:`REASONS` entry (1 for what it received)."""
+        return np.array([float(self.reason == r) for r in REASONS], np.float32)
+
+    def decide(self, votes: np.ndarray) -> Optional[str]:
+        """``votes``: :meth:`flags` summed over all ranks (the same on every rank; in one
+        process, its own flags). Why training stops after this step (what some rank
+        received, in :data:`REASONS` order), or None."""
+        for reason, count in zip(REASONS, votes):
             if count > 0:
                 self.stopping = True
                 return reason

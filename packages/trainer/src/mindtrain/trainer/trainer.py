@@ -27,7 +27,7 @@ from mindtrain.trainer.log_line import format_step_line, mtp_fields
 from mindtrain.trainer.lr_schedule import LRSchedule
 from mindtrain.trainer.metrics import MetricsWriter, new_run_dir
 from mindtrain.trainer.optimizer import AdamW
-from mindtrain.trainer.preemption import Preemption
+from mindtrain.trainer.preemption import REASONS, Preemption
 from mindtrain.trainer.runtime import Runtime, apply_context
 from mindtrain.trainer.step_hooks import StepHooks
 
@@ -104,6 +104,8 @@ class Trainer:
         self.model = build_model(cfg.model, jit=cfg.compile.enable, compute_dtype=self.compute_dtype,
                                  recompute=cfg.recompute)
         self._batches = None
+        self._preempt: Optional[Preemption] = None  # set while train() runs
+        self._stop_votes = np.zeros(len(REASONS))  # the last step's preemption votes, summed over ranks
         self.step = 0
         self.consumed_samples = 0
         self.checkpointer = ckpt.Checkpointer(cfg, runtime.rank, runtime.world_size, self.dims.dp,
@@ -165,13 +167,18 @@ class Trainer:
         micro = self.layout.run_step([next(self._batches) for _ in range(self.accum)])
         local = np.mean(np.array(micro, np.float64), axis=0)
         world = self.rt.world_size
-        # every rank's figures in one all-reduce (each rank fills its own slot: a gather)
-        slots = np.zeros((world, len(StepFigures._fields)), np.float64)
-        slots[self.rt.rank] = local
+        # every rank's figures in one all-reduce (each rank fills its own slot: a gather);
+        # the preemption votes ride on it (summed over ranks: Trainer.train decides on them)
+        n = len(StepFigures._fields)
+        slots = np.zeros((world, n + len(REASONS)), np.float64)
+        slots[self.rt.rank, :n] = local
+        if self._preempt is not None:
+            slots[self.rt.rank, n:] = self._preempt.flags()
         if self.rt.distributed:
             from mindtrain.parallel import all_reduce
 
             slots = all_reduce(Tensor(slots)).asnumpy().astype(np.float64)
+        slots, self._stop_votes = slots[:, :n], slots[:, n:].sum(axis=0)
         per_device = [StepFigures(*row) for row in slots]
         step_figures = StepFigures(*slots.mean(axis=0))
         micro_losses = [m.lm_loss for m in micro]
@@ -216,7 +223,7 @@ class Trainer:
         history = []
         save_every = cfg.checkpoint.save_interleaved_steps
         # SIGTERM/SIGINT (or msrun gone): every rank stops after the same step, saved
-        preempt = Preemption(self.rt.all_sum, watch_parent=self.rt.distributed)
+        preempt = self._preempt = Preemption(watch_parent=self.rt.distributed)
         hang = (HangWatch(self.rt.rank, self.rt.world_size, cfg.monitor.hang_timeout, self.log)
                 if self.rt.distributed and cfg.monitor.hang_timeout > 0 else None)
         self.hooks.train_begin(self.consumed_samples)
@@ -241,11 +248,14 @@ class Trainer:
                 saved = self.save()
             if hang is not None:
                 hang.step_end()
-            reason = preempt.agreed()
+            # distributed: the votes summed in this step's figures all-reduce; one process:
+            # its own flags now (nothing to agree with, no collective either way)
+            reason = preempt.decide(self._stop_votes if self.rt.distributed else preempt.flags())
             if reason is not None:
                 self._stop_preempted(reason, saved)
                 break
         preempt.close()
+        self._preempt = None
         if hang is not None:
             hang.close()
         self._finish_saves()  # an asynchronous save finishes before training returns
