@@ -5,7 +5,9 @@ its MoE MTP module) for 5 steps of the same global batch (4 sequences of 32 toke
 clipping, the aux-loss-free bias update) as one process (compiled layers, 4 accumulation
 micro-batches) and under msrun as FSDP ZeRO-3 (2 workers, eager, gathered per decoder
 layer), TP=2 with sequence parallelism, EP=2 over the two data-parallel ranks, and PP=2 x
-CP=2 x EP=2 on 4 workers (EP over the context-parallel ranks). Each run's per-step loss
+CP=2 x EP=2 on 4 workers (EP over the context-parallel ranks); TP=2 and PP=2 x CP=2 x EP=2
+run the model compiled by regions (the pieces between their collectives are graphs), EP=2
+eager layers (compile.enable=false). Each run's per-step loss
 figures and grad norm (from its metrics file) and its final checkpoint (full weights with HF
 names and full AdamW moments) must equal the single process within 1e-5 relative; ZeRO-3
 must hold half the parameter and optimizer bytes per rank. A single process then resumes
@@ -51,8 +53,9 @@ LAYOUTS = {  # name: (workers, overrides)
                   # MindFormers' checkpoint layout (iteration_NNNNNNNN/, ds3-model/-opt files)
                   "checkpoint.layout=mindformers", "checkpoint.prefix=ds3"]),
     "tp2": (2, ["parallelism.tensor_parallel=2"]),
-    "ep2": (2, ["parallelism.expert_parallel=2"]),
-    # PP=2 x CP=2 x EP=2 (EP over the two context-parallel ranks), compiled layers off; with
+    # eager: EP under compiled regions is the 4-worker run's, and a compile costs more than 5 steps save
+    "ep2": (2, ["parallelism.expert_parallel=2", "compile.enable=false"]),
+    # PP=2 x CP=2 x EP=2 (EP over the two context-parallel ranks), compiled by regions; with
     # activation recompute, which must change no figure (issue 16): stage 1's MoE layer 1
     # whole (its CP attention and EP all-to-alls run again in backward), the attention core
     # of stage 0's dense layer 0 and the attention core and routed experts of the MTP module
