@@ -24,6 +24,11 @@ from mindtrain.data import PretrainingLoader
 from mindtrain.data.loader import collate
 
 _PATH = "train_dataset.dataloader"
+# Building a MindDataset stops every iterator the process has open (MindSpore's
+# _cleanup_the_iterators_if_created): a pipeline built while another loader's prefetch thread
+# iterates deadlocked in Iterator.stop (seen in the suite). All pipelines of the process run
+# one at a time under this lock (re-entrant: the constructor reads a first sample).
+_PIPELINES = threading.RLock()
 COLUMNS = ("input_ids", "labels", "loss_mask", "position_ids")
 
 
@@ -59,6 +64,10 @@ class MindRecordDataset:
         self._ds = ds
         self.files = list(files)
         self.seq_length, self.vocab_size = seq_length, vocab_size
+        with _PIPELINES:
+            self._open(ds, column_names)
+
+    def _open(self, ds, column_names: Sequence[str]) -> None:
         try:
             in_file = ds.MindDataset(self.files, shuffle=False).get_col_names()
         except RuntimeError as err:
@@ -70,7 +79,6 @@ class MindRecordDataset:
         self.read_columns = list(column_names)
         self.columns = list(COLUMNS) + (["attention_mask"] if "attention_mask" in column_names else [])
         self.num_samples = ds.MindDataset(self.files, columns_list=self.read_columns, shuffle=False).get_dataset_size()
-        self._lock = threading.Lock()  # one pipeline at a time when loader threads prefetch
         if self.num_samples:
             self.read([0])  # shapes and ids checked before the model is built
 
@@ -83,7 +91,7 @@ class MindRecordDataset:
     def read(self, indices: Sequence[int]) -> list[dict]:
         """The samples at ``indices``, in that order."""
         ds = self._ds
-        with self._lock:
+        with _PIPELINES:
             pipe = ds.MindDataset(self.files, columns_list=self.read_columns,
                                   sampler=ds.SubsetSampler([int(i) for i in indices]))
             records = list(pipe.create_dict_iterator(output_numpy=True, num_epochs=1))
