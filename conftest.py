@@ -19,16 +19,3 @@ def _restore_node_timeout():
         os.environ.pop("MS_NODE_TIMEOUT", None)
     else:
         os.environ["MS_NODE_TIMEOUT"] = before
-
-
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``-n 2 --dist loadgroup``): every ``msrun`` test in one group, so
-    one worker runs them one after another in their usual order (never two multi-process
-    jobs at once: their ports and cores stay theirs), first, while the other worker runs the
-    one-process tests, a module at a time (a module's fixtures are built once)."""
-    if not getattr(config.option, "numprocesses", None):
-        return
-    for item in items:
-        msrun = item.get_closest_marker("msrun") is not None
-        item.add_marker(pytest.mark.xdist_group("msrun" if msrun else item.nodeid.split("::")[0]))
-    items.sort(key=lambda item: item.get_closest_marker("msrun") is None)  # stable: msrun first
