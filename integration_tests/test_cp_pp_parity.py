@@ -3,9 +3,10 @@
 Two single-process reference runs (the model's own forward in the trainer's loop; 2 and 4
 micro-batches per step) beside one 2-worker msrun job that trains 5 steps of 2 micro-batches
 under CP=2, PP=2 with 1F1B, PP=2 with GPipe and PP=2 with interleaved 1F1B over 2 chunks per
-stage (packed documents with reset positions and EOD masks; the PP runs keep the model's
-compiled layers), then lets a stage fail. A 4-worker job, started at the same time, trains
-the combinations PP=2 x FSDP=2 with ZeRO-3 per stage (4 micro-batches per step, so each
+stage (packed documents with reset positions and EOD masks; PP=2 with 1F1B keeps the
+model's compiled layers, the other runs build eager ones: compiling every layer of every run
+on every rank cost more than their few eager steps), then lets a stage fail. A 4-worker job,
+started at the same time, trains the combinations PP=2 x FSDP=2 with ZeRO-3 per stage (4 micro-batches per step, so each
 data-parallel pipeline runs 2), PP=2 x EP=2 x FSDP=2 with ZeRO-1 per stage (EP borrows the 2
 data-parallel ranks) and CP=2 x TP=2 (2 micro-batches per step).
 
@@ -38,6 +39,8 @@ CONFIGS = {"cp2": "1:2:1f1b", "pp2_1f1b": "2:1:1f1b", "pp2_gpipe": "2:1:gpipe",
 CONFIGS_4 = {"pp2_fsdp2_zero3": "2:1:1f1b:1:1:optim_grads_params:4", "cp2_tp2": "1:2:1f1b:2:1:-:2",
              "pp2_ep2_fsdp2_zero1": "2:1:1f1b:1:2:optim:2"}
 TOL = 1e-5
+# the one run with compiled (ms.jit) layers: PP alone keeps them (no layer is patched)
+COMPILED = "pp2_1f1b"
 
 
 def _env():
@@ -46,6 +49,7 @@ def _env():
     env.setdefault("GLOG_v", "3")
     env["CP_PP_OPT"] = "sgd"
     env["CP_PP_MICRO"] = "2"
+    env["CP_PP_COMPILED"] = COMPILED
     return env
 
 
@@ -149,6 +153,8 @@ def test_equal_to_single_process(run, name):
     if name.startswith("pp2"):
         assert results[0][name]["stage_units"][0] == "embedding"
         assert results[1][name]["stage_units"][-2:] == ["head", "mtp.0"]
+    if name == COMPILED:  # the schedule kept the compiled layers
+        assert all(res[name]["compiled"] for res in results)
     if name == "pp2_interleaved":
         assert results[0][name]["stage_units"] == ["embedding", "layers.0", "layers.2"]
 

@@ -60,6 +60,9 @@ MICRO = int(os.environ.get("CP_PP_MICRO", "3"))   # micro-batches per step (accu
 MBS = 1
 LR, MAX_NORM = 1e-3, 1.0
 OPTIMIZER = os.environ.get("CP_PP_OPT", "adamw")
+# configurations (by name) whose parallel run builds the model's compiled layers; the others
+# build eager ones (a few steps cost less than compiling every layer in every rank)
+COMPILED = set(filter(None, os.environ.get("CP_PP_COMPILED", "").split(",")))
 
 
 class SGD:
@@ -121,7 +124,9 @@ def batches(docs: bool, micro: int = MICRO):
 def fresh_model(jit: bool = False):
     ms.set_seed(42)
     np.random.seed(42)
-    # the reference runs eager layers; a parallel run may build compiled ones (see main)
+    # the reference runs eager layers; a parallel run named in COMPILED builds compiled ones,
+    # which the schedule keeps where no layer is patched (PP alone, PP x FSDP ZeRO-1/2) and
+    # turns eager otherwise
     return build_model(model_config(), jit=jit)
 
 
@@ -179,10 +184,7 @@ def parallel(out_dir: str, ref_path: str, specs: list[str], docs: bool) -> None:
         dp = world // (pp * cp * tp)
         dims = ParallelDims(world_size=world, pp=pp, dp_shard=dp, cp=cp, tp=tp, ep=ep)
         mesh = DeviceMesh(dims, rank).init_process_groups()
-        # whole compiled layers where the schedule keeps them (PP alone, PP x ZeRO-1/2); under
-        # CP, TP or EP it would compile regions, which test_trainer_layouts proves (pp2_cp2_ep2)
-        # and which cost these few steps more compile time than they save
-        model = fresh_model(jit=cp == 1 and tp == 1 and ep == 1)
+        model = fresh_model(jit=name in COMPILED)
         plan = parallel_plan(model)
         sched = PipelineSchedule(model, plan, mesh, SEQ, schedule=schedule,
                                  dp_sharding=None if sharding == "-" else sharding, chunks=chunks)
@@ -234,7 +236,8 @@ def parallel(out_dir: str, ref_path: str, specs: list[str], docs: bool) -> None:
                          "param_rel_err": param_err, "params_checked": checked,
                          "worst_params": sorted(per_param.items(), key=lambda kv: -kv[1][0])[:5], "seconds": elapsed,
                          "stage_units": sched.parts[sched.stage_index],
-                         "stage_bytes": int(full_bytes), "resident_bytes": int(resident)}
+                         "stage_bytes": int(full_bytes), "resident_bytes": int(resident),
+                         "compiled": bool(model.jit_enabled)}
         print(f"cp_pp_parity {name}: figures {fig_err:.3e} params {param_err:.3e} ({elapsed:.1f} s)", flush=True)
         with open(os.path.join(out_dir, f"cp_pp_{rank}.json"), "w") as f:
             json.dump(results, f)

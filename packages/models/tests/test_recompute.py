@@ -51,6 +51,17 @@ def _train(recompute, jit, steps=2, counting=None):
     return losses, first, [p.asnumpy() for p in params], model
 
 
+_BASELINE: dict = {}
+
+
+def _baseline(jit):
+    """The run without recompute (two steps), trained once per ``jit`` for the tests that
+    compare against it (nothing changes it: it is read only)."""
+    if jit not in _BASELINE:
+        _BASELINE[jit] = _train(None, jit=jit)
+    return _BASELINE[jit]
+
+
 def _count_calls(model, counts):
     """Count the Python forward runs of every layer (eager layers)."""
     for i, layer in enumerate(model.model.layers):
@@ -84,7 +95,7 @@ def test_full_recompute_reruns_the_layer_and_changes_no_number():
 
 @pytest.mark.parametrize("jit", [True, False])
 def test_full_recompute_equal_over_steps(jit):
-    off = _train(None, jit=jit)
+    off = _baseline(jit)
     on = _train(RecomputeConfig(mode="full"), jit=jit)
     assert sorted(on[3].recompute_wrappers) == [f"model.layers.{i}" for i in range(4)]
     _same(off, on)
@@ -96,7 +107,7 @@ def test_full_recompute_equal_over_steps(jit):
 def test_select_recompute_attention_core_and_experts(jit):
     rc = RecomputeConfig(mode="select", select_module={"self_attention.core_attention": ["0-2"],
                                                        "mlp.experts": True})
-    off = _train(None, jit=jit)
+    off = _baseline(jit)
     on = _train(rc, jit=jit)
     wrappers = on[3].recompute_wrappers
     assert "model.layers.0.self_attn.core_attention" in wrappers

@@ -17,7 +17,7 @@ ENTRY = os.path.join(ROOT, "run_mindformer.py")
 TINY = os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml")
 
 
-def _run(tmp, name: str, recompute) -> list[str]:
+def _start(tmp, name: str, recompute) -> tuple[subprocess.Popen, str]:
     raw = yaml.safe_load(open(TINY))
     if recompute is not None:
         raw["recompute"] = recompute
@@ -30,11 +30,21 @@ def _run(tmp, name: str, recompute) -> list[str]:
                  f"train_dataset.dataloader.config.data_path=['1', '{prefix}']",
                  "parallelism.data_parallel_shard=1", f"monitor.metrics_dir={os.path.join(tmp, name)}"]
     args = [a for o in overrides for a in ("--override", o)]
-    r = subprocess.run([sys.executable, ENTRY, "--config", path, "--mode", "1", *args], cwd=tmp,
-                       capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "recompute" not in "\n".join(l for l in r.stdout.splitlines() if l.startswith("mindtrain: "))
-    return r.stdout
+    console = os.path.join(tmp, name)
+    # files, not pipes: nobody reads them while the runs go on
+    with open(f"{console}.out", "w") as out, open(f"{console}.err", "w") as err:
+        proc = subprocess.Popen([sys.executable, ENTRY, "--config", path, "--mode", "1", *args], cwd=tmp,
+                                stdout=out, stderr=err)
+    return proc, console
+
+
+def _finish(job) -> str:
+    proc, console = job
+    proc.wait(timeout=900)
+    out, err = open(f"{console}.out").read(), open(f"{console}.err").read()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    assert "recompute" not in "\n".join(l for l in out.splitlines() if l.startswith("mindtrain: "))
+    return out
 
 
 def _steps(stdout: str) -> list[str]:
@@ -46,8 +56,15 @@ def test_recompute_sections_change_no_step_line(tmp_path):
 
     tmp = str(tmp_path)
     prepare_data(os.path.join(tmp, "data", "pydoc"))
-    off = _steps(_run(tmp, "off", None))
-    full = _steps(_run(tmp, "full", {"mode": "full", "full_recompute_layer": ["0-2"]}))
-    select = _steps(_run(tmp, "select", {
-        "mode": "select", "select_module": {"self_attention.core_attention": ["0-1"], "mlp.experts": ["1"]}}))
+    # the three one-process runs (each mostly compiling its layers) run side by side
+    jobs = [_start(tmp, "off", None),
+            _start(tmp, "full", {"mode": "full", "full_recompute_layer": ["0-2"]}),
+            _start(tmp, "select", {"mode": "select",
+                                   "select_module": {"self_attention.core_attention": ["0-1"], "mlp.experts": ["1"]}})]
+    try:
+        off, full, select = (_steps(_finish(job)) for job in jobs)
+    finally:
+        for proc, _ in jobs:
+            if proc.poll() is None:
+                proc.kill()
     assert len(off) == 2 and off == full == select, (off, full, select)
