@@ -24,6 +24,7 @@ from mindspore import Tensor, ops
 
 from mindtrain.config import ConfigError
 from mindtrain.parallel import functional as F
+from mindtrain.parallel.layout import compiled_regions
 from mindtrain.parallel.mesh import Group
 
 def chunk_indices(seq_length: int, cp: int, rank: int) -> np.ndarray:
@@ -130,9 +131,7 @@ def apply_context_parallel(model, group: Group, seq_length: int) -> int:
     them). ``group`` is the mesh's ``cp`` group; a group of size 1 removes the hooks.
     """
     check_seq_length(seq_length, group.size)
-    if group.size > 1 and getattr(model, "jit_enabled", False) \
-            and getattr(model, "jit_granularity", "layer") == "layer":
-        model.set_jit(True, granularity="region")
+    compiled_regions(model, zero3=False, wrapped=group.size > 1)
     exchange = _KVExchange(group, seq_length) if group.size > 1 else None
     reduce = _SequenceReduce(group) if group.size > 1 else None
     n = 0

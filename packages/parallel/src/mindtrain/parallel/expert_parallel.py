@@ -42,7 +42,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindtrain.config import ConfigError
 from mindtrain.parallel import collectives as C
 from mindtrain.parallel import functional as F
-from mindtrain.parallel.layout import split_piece
+from mindtrain.parallel.layout import check_not_whole_layers, split_piece
 from mindtrain.parallel.mesh import DeviceMesh, Group
 
 _WEIGHTS = ("gate_proj", "up_proj", "down_proj")
@@ -226,9 +226,7 @@ def apply_expert_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> Exper
     ep = ExpertParallel(mesh, max(n_experts, 1))
     if mesh.size("ep") == 1 or not n_experts:
         return ep
-    if getattr(model, "jit_enabled", False) and getattr(model, "jit_granularity", "layer") == "layer":
-        raise ConfigError("model", "expert parallelism needs eager layers or layers compiled by regions; call "
-                                   "model.set_jit(False) or model.set_jit(True, granularity='region') first")
+    check_not_whole_layers(model, "expert parallelism")
     n_ep = mesh.size("ep")
     if n_experts % n_ep:
         raise ConfigError("model.n_routed_experts", f"{n_experts} is not divisible by "

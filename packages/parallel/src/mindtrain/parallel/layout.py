@@ -20,7 +20,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor
 
-from mindtrain.config import StepFigures
+from mindtrain.config import ConfigError, StepFigures
 from mindtrain.parallel import collectives as C
 from mindtrain.parallel.group import Group
 
@@ -33,8 +33,15 @@ def compiled_regions(model, zero3: bool, wrapped: bool) -> None:
         return
     if zero3:
         model.set_jit(False)
-    elif wrapped and model.jit_granularity != "region":
+    elif wrapped and getattr(model, "jit_granularity", "layer") != "region":
         model.set_jit(True, granularity="region")
+
+
+def check_not_whole_layers(model, what: str) -> None:
+    """A layout that wraps cells inside a layer cannot run in a layer compiled whole."""
+    if getattr(model, "jit_enabled", False) and getattr(model, "jit_granularity", "layer") == "layer":
+        raise ConfigError("model", f"{what} needs eager layers or layers compiled by regions; call "
+                                   f"model.set_jit(False) or model.set_jit(True, granularity='region') first")
 
 
 @runtime_checkable

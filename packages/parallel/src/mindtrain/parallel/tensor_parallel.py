@@ -31,7 +31,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindtrain.config import ConfigError
 from mindtrain.parallel import collectives as C
 from mindtrain.parallel import functional as F
-from mindtrain.parallel.layout import split_piece
+from mindtrain.parallel.layout import check_not_whole_layers, split_piece
 from mindtrain.parallel.mesh import DeviceMesh, Group
 
 SEQ_DIM = 1
@@ -161,7 +161,7 @@ def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> Tenso
     tp = TensorParallel(model, plan, mesh)
     if tp.size == 1:
         return tp
-    _check_not_whole_layers(model, "tensor parallelism")
+    check_not_whole_layers(model, "tensor parallelism")
     size, index, group = tp.size, tp.index, tp.group
     cells = _cells(model)
     params = {p.name: p for p in model.get_parameters()}
@@ -277,13 +277,6 @@ def _embedding_forward(cell, weight: Parameter, start: int, group: Group):
         return F.reduce_scatter(e, group, SEQ_DIM)
 
     return construct
-
-
-def _check_not_whole_layers(model, what: str) -> None:
-    """A layout that wraps cells inside a layer cannot run in a layer compiled whole."""
-    if getattr(model, "jit_enabled", False) and getattr(model, "jit_granularity", "layer") == "layer":
-        raise ConfigError("model", f"{what} needs eager layers or layers compiled by regions; call "
-                                   f"model.set_jit(False) or model.set_jit(True, granularity='region') first")
 
 
 def _attention_forward(cell, sp_gather, sp_scatter):
