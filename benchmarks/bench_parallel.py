@@ -49,8 +49,8 @@ LAYOUTS = {  # name: (workers, overrides); global batch 2 everywhere
     "dp2_tp2": (4, ["parallelism.tensor_parallel=2"]),
     "pp2_dp2": (4, ["parallelism.pipeline_parallel=2"]),
 }
-# the layouts that compile by regions, once more with eager layers (compile.enable=false)
-for _name in ("tp2", "ep2", "cp2"):
+# the layouts that compile by regions or in twins, once more with eager layers (compile.enable=false)
+for _name in ("zero3", "tp2", "ep2", "cp2"):
     LAYOUTS[_name + "_eager"] = (LAYOUTS[_name][0], LAYOUTS[_name][1] + ["compile.enable=false"])
 
 

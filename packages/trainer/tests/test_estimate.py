@@ -87,8 +87,12 @@ def test_layout_bytes_are_the_sharded_models(name):
     want = estimate(cfg, workers, "CPU").stages[0]
     from mindtrain.models import build_model
 
+    strategy = cfg.parallelism.data_parallel_shard_strategy
+    # ZeRO-3 alone: one unit per layer, compiled layers in one twin per kind of unit (as
+    # ShardedLayout lays it out; a compiled model compiles only when it first runs)
+    units = dims.dp > 1 and strategy == "optim_grads_params" and dims.tp == dims.ep == 1
     for rank in range(workers):
-        model = build_model(cfg.model, jit=False)
+        model = build_model(cfg.model, jit=units)
         mesh = DeviceMesh(dims, rank)
         plan = parallel_plan(model)
         tp = apply_tensor_parallel(model, plan, mesh) if dims.tp > 1 else None
@@ -96,7 +100,12 @@ def test_layout_bytes_are_the_sharded_models(name):
         experts = ep.param_bytes() if ep is not None else 0
         expert_numel = sum(p.size for p in ep.params) if ep is not None else 0
         if dims.dp > 1:
-            fs = fully_shard(model, mesh, strategy=cfg.parallelism.data_parallel_shard_strategy)
+            kw = {}
+            if units:
+                kw = {"units": [u.path for u in plan.units if u.kind in ("decoder", "mtp")],
+                      "shared": {n: [] for n, p in plan.params.items() if p.applied_outside and p.trainable}}
+            fs = fully_shard(model, mesh, strategy=strategy, **kw)
+            assert len(fs.twins) == (3 if units else 0)  # dense layer, MoE layer, MTP module
             params = fs.memory_bytes()["params"] + experts
             optim = 8 * (sum(p.size for p in fs.params) + expert_numel)
         else:
@@ -150,9 +159,15 @@ def test_671b_on_the_seeds_two_devices_does_not_fit():
     assert "dp_shard=2 (ZeRO-3) tp=1 cp=1 pp=1 ep=1" in text
     (line,) = [x for x in text.splitlines() if "fit" in x.lower() and "GB" in x]
     assert line.startswith("does NOT fit: needs ") and " GB over (" in line
-    # the parameters alone: 671B x 4 bytes over 2 ranks, about 1,271 GB (2^30 bytes)
+    # the parameters: 671B x 4 bytes over 2 ranks, about 1,271 GB (2^30 bytes), plus ZeRO-3's
+    # compiled twins (a dense layer, a MoE layer and the MTP module: 89 GB); eager, no twins
     params = float(next(x for x in text.splitlines() if x.startswith("parameters")).split()[-1].replace(",", ""))
-    assert 1250 < params < 1290
+    assert 1340 < params < 1380
+    eager = _cli("--config", DS3, "--world-size", "2", "-o", "compile.enable=false").stdout
+    eager_params = float(next(x for x in eager.splitlines() if x.startswith("parameters")).split()[-1].replace(",", ""))
+    assert 1250 < eager_params < 1290
+    experts = 4 * 3 * 7168 * 2048 * (256 + 1) / 2 ** 30  # one MoE layer's routed + shared experts
+    assert 2 * experts < params - eager_params < 2 * experts + 5  # + attentions and the dense MLP
     # context.max_device_memory is the default device memory
     same = _cli("--config", DS3, "--world-size", "2", "-o", "context.max_device_memory=64GB")
     assert same.returncode == 0 and same.stdout.splitlines()[-1] == text.splitlines()[-1]

@@ -16,8 +16,10 @@ kernel) but never a parameter swapped by ``set_data``. A single process and FSDP
 keep whole compiled layers. TP, EP and CP put collectives inside a layer, so a compiled
 model is compiled by regions there (:func:`compiled_regions`): the pieces between the
 collectives are graphs. ZeRO-3 frees and re-gathers parameters by swapping storage, which
-no graph sees, so it runs eager layers (``benchmarks/probe_storage_resize.py``: freeing
-storage in place frees no memory on CPU).
+no graph sees (``benchmarks/probe_storage_resize.py``: freeing storage in place frees no
+memory on CPU): alone, its units (decoder layers, MTP modules) keep whole compiled layers,
+each run in a compiled twin per kind of unit whose buffers FSDP writes in place; with TP or
+EP it runs eager layers.
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ class ShardedLayout:
         self.tp = None
         self.ep = None
         zero3 = dims.dp > 1 and self.strategy == ZERO3
-        compiled_regions(model, zero3, dims.tp > 1 or dims.ep > 1)
+        compiled_regions(model, zero3, dims.tp > 1 or dims.ep > 1, zero3_units=True)
         if dims.tp > 1:
             self.tp = apply_tensor_parallel(model, plan, mesh)
         if dims.ep > 1:

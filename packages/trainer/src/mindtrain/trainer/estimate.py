@@ -275,6 +275,17 @@ def stage_bytes(cfg: MindTrainConfig, dims: ParallelDims, stage: int, units: lis
             root = sum(v for u, v in units_numel.items() if u in ("embedding", "head"))
             unit_max = max((v for u, v in units_numel.items() if u not in ("embedding", "head")), default=0)
             out.gathered = F32 * (root + unit_max)
+            if cfg.compile.enable:
+                # compiled units run in one resident compiled twin per kind of unit
+                # (mindtrain.parallel.fsdp): the dense layer, the MoE layer, the MTP module
+                twins: dict[str, int] = {}
+                for u, v in units_numel.items():
+                    if u in ("embedding", "head"):
+                        continue
+                    kind = "mtp" if u.startswith("mtp.") else (
+                        "dense" if int(u.split(".")[1]) < m.first_k_dense_replace else "moe")
+                    twins[kind] = max(twins.get(kind, 0), v)
+                out.params += F32 * sum(twins.values())
         else:
             out.gathered = F32 * full  # the root (all dense weights) / the stage, for the whole step
     if expert_sharded:
@@ -508,12 +519,16 @@ class Estimate:
     recompute_mode: str
     memory_source: str = "given"
 
+    compile_enabled: bool = True
+
     @property
     def compiled(self) -> bool:
-        """The trainer runs compiled graphs (whole layers, or regions under TP/EP/CP): every
-        layout but ZeRO-3 (``mindtrain.parallel.layout.compiled_regions``)."""
+        """The trainer runs compiled graphs (whole layers, regions under TP/EP/CP, ZeRO-3's
+        compiled twins) with ``compile.enable``, except ZeRO-3 under TP, EP, CP or PP
+        (``mindtrain.parallel.layout.compiled_regions``)."""
         d = self.dims
-        return not (d.dp_shard > 1 and self.strategy == ZERO3)
+        zero3 = d.dp_shard > 1 and self.strategy == ZERO3
+        return self.compile_enabled and not (zero3 and (d.tp > 1 or d.ep > 1 or d.cp > 1 or d.pp > 1))
 
     @property
     def worst(self) -> StageBytes:
@@ -571,7 +586,8 @@ def estimate(cfg: MindTrainConfig, world_size: int, device: str = "Ascend",
     step = fpt * cfg.training.global_batch_size * m.seq_length
     return Estimate(dims=dims, strategy=p.data_parallel_shard_strategy, accumulation=accum, compute_dtype=dtype,
                     device=device, stages=stages, flops_per_token=fpt, flops_per_step=step,
-                    device_memory=device_memory, recompute_mode=str(cfg.recompute.mode))
+                    device_memory=device_memory, recompute_mode=str(cfg.recompute.mode),
+                    compile_enabled=bool(cfg.compile.enable))
 
 
 # ------------------------------------------------------------------ report
