@@ -2,8 +2,11 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -58,3 +61,24 @@ class _Msrun:
 def msrun():
     """Helpers: ``msrun.run(script, n, port, tmp_path, *args)``, ``.logs(dir)``, ``.results(...)``."""
     return _Msrun
+
+
+@pytest.fixture(scope="session")
+def failure_job(tmp_path_factory):
+    """test_failure.py's job (a rank raises; MS_NODE_TIMEOUT 15 s), started at first use:
+    test_collectives.py starts it beside its own jobs, since it spends most of its time
+    waiting for the failure to be detected. Yields (Popen, log dir, output dir, a dict that
+    gets the wall-clock time the job ended, set by a watcher thread)."""
+    out = tmp_path_factory.mktemp("failure")
+    proc, logs = start_msrun("failure_worker.py", 2, 8204, out, str(out), env_extra={"MS_NODE_TIMEOUT": "15"})
+    ended: dict = {}
+
+    def watch():
+        proc.wait()
+        ended["at"] = time.time()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    yield proc, logs, out, ended, watcher
+    if proc.poll() is None:  # msrun's workers outlive msrun: end the whole session
+        os.killpg(proc.pid, signal.SIGKILL)

@@ -2,7 +2,8 @@
 
 The three jobs (2 and 4 workers over same-host shared memory, 2 over MindSpore's mccl) are
 independent: they start together, on their own ports, and each test waits for its own (a
-job's ranks spend much of their time starting up and waiting on each other).
+job's ranks spend much of their time starting up and waiting on each other); so does
+test_failure.py's job (conftest's ``failure_job``), which mostly waits.
 """
 
 import os
@@ -16,7 +17,7 @@ JOBS = [(2, 8201, "shm"), (4, 8202, "shm"), (2, 8203, "mccl")]
 
 
 @pytest.fixture(scope="module")
-def jobs(msrun, tmp_path_factory):
+def jobs(msrun, tmp_path_factory, failure_job):  # test_failure's job starts beside these
     started = {}
     for workers, port, transport in JOBS:
         out = tmp_path_factory.mktemp(f"collectives_{workers}_{transport}")
