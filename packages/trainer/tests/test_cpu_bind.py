@@ -1,5 +1,5 @@
 """An msrun worker on CPU binds itself (every thread, and the threads it starts later) to
-one core: local rank r (msrun's DEVICE_ID) to the r-th allowed core, round robin."""
+one core: rank r (msrun's RANK_ID, else its DEVICE_ID) to the r-th allowed core, round robin."""
 
 import os
 import subprocess
@@ -23,6 +23,7 @@ print(core, sorted(os.sched_getaffinity(0)), sorted(os.sched_getaffinity(before.
 def _probe(**env):
     full = dict(os.environ)
     full.pop("DEVICE_ID", None)
+    full.pop("RANK_ID", None)
     full.update(env)
     out = subprocess.run([sys.executable, "-c", PROBE], env=full, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -33,7 +34,7 @@ def _probe(**env):
 def test_each_local_rank_gets_its_core_for_every_thread():
     cpus = sorted(os.sched_getaffinity(0))
     for local in range(len(cpus) + 1):  # one more than there are cores: round robin
-        core, rest = _probe(DEVICE_ID=str(local))
+        core, rest = _probe(**{"RANK_ID" if local % 2 else "DEVICE_ID": str(local)})
         want = cpus[local % len(cpus)]
         assert int(core) == want
         assert rest.strip() == f"[{want}] [{want}] [{want}]"  # main thread, earlier thread, later thread

@@ -30,13 +30,14 @@ CPU_BIND_ENV = "MINDTRAIN_CPU_BIND"
 
 def bind_cpu_worker() -> Optional[int]:
     """An msrun worker on CPU: bind every thread of this process (and so every thread it
-    starts later) to one core, the worker's local rank round-robin over the cores it may use
-    (what ``msrun --bind_core`` does for devices). Unbound, the workers' runtime threads
+    starts later) to one core, the worker's rank round-robin over the cores it may use (what
+    ``msrun --bind_core`` does for devices; msrun's RANK_ID, else its DEVICE_ID, the local
+    rank: two launchers on one host then still spread their workers). Unbound, the workers' runtime threads
     wander over every core and their collectives wait to be scheduled: the tiny config's
     2-worker step took 461 ms (ZeRO-2) and 654 ms (ZeRO-3) unbound, 284 and 346 ms bound
     (``benchmarks/bench_parallel.py``). ``MINDTRAIN_CPU_BIND=0`` leaves the threads free.
     Returns the core, or None when nothing was bound."""
-    local = os.environ.get("DEVICE_ID")  # msrun: the worker's local rank
+    local = os.environ.get("RANK_ID") or os.environ.get("DEVICE_ID")
     if os.environ.get(CPU_BIND_ENV, "1") == "0" or local is None or not local.isdigit():
         return None
     cpus = sorted(os.sched_getaffinity(0))
