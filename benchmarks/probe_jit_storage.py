@@ -2,8 +2,9 @@
 
     hatch run python benchmarks/probe_jit_storage.py
 
-Why ZeRO-3 (and any layout that swaps a parameter's storage with set_data) runs eager layers:
-after ``set_data`` the compiled graph still reads the old buffer, and even a later in-place
+Why ZeRO-3 (and any layout that swaps a parameter's storage with set_data) cannot run a
+layer compiled with its own weights (it runs each unit in a compiled twin whose buffers it
+writes in place, mindtrain.parallel.fsdp): after ``set_data`` the compiled graph still reads the old buffer, and even a later in-place
 ``ops.assign`` (which writes the new buffer) is not seen; freeing and re-gathering (set_data to
 0 elements, then to the full weight) leaves the graph on the first buffer. Measured on
 MindSpore 2.10 CPU (output of this script): 2, 2 / eager 4, 2, 2 where the current weight

@@ -10,7 +10,8 @@ Parameter's identity, and the compiled layer does see the new values; but on CPU
 stay allocated: three 400 MB parameters "freed" by resize and then three new 400 MB tensors
 end at about the RSS of never freeing, while set_data gives the memory back. Measured here
 (MiB): resize 1,969 -> 1,969 -> 3,143; set_data 1,969 -> 798 -> 2,362; no free 1,969 ->
-1,969 -> 3,143. So resize cannot implement ZeRO-3 on CPU, and ZeRO-3 keeps eager layers.
+1,969 -> 3,143. So resize cannot implement ZeRO-3 on CPU; ZeRO-3 runs compiled units in twins (one resident
+copy per kind of unit, written in place) instead.
 """
 
 from __future__ import annotations
