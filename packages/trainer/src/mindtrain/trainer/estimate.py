@@ -169,6 +169,13 @@ def flops_per_token(m: ModelConfig, seq_length: Optional[int] = None) -> float:
 
 
 # ------------------------------------------------------------------ layout
+def _layer_index(m: ModelConfig, unit: str) -> int:
+    """The model layer of a decoder (``layers.N``) or MTP (``mtp.K``) unit: MTP module K is
+    layer ``num_hidden_layers + K``."""
+    kind, n = unit.split(".")
+    return int(n) + (m.num_hidden_layers if kind == "mtp" else 0)
+
+
 def _units(m: ModelConfig, dims: ParallelDims, layers_per_stage, chunks: int) -> list[list[str]]:
     """Unit names per pipeline rank (its chunks together), as the pipeline schedule
     partitions them: embedding on the first virtual stage, head and MTP on the last."""
@@ -282,8 +289,8 @@ def stage_bytes(cfg: MindTrainConfig, dims: ParallelDims, stage: int, units: lis
                 for u, v in units_numel.items():
                     if u in ("embedding", "head"):
                         continue
-                    kind = "mtp" if u.startswith("mtp.") else (
-                        "dense" if int(u.split(".")[1]) < m.first_k_dense_replace else "moe")
+                    i = _layer_index(m, u)
+                    kind = "mtp" if i >= m.num_hidden_layers else ("dense" if i < m.first_k_dense_replace else "moe")
                     twins[kind] = max(twins.get(kind, 0), v)
                 out.params += F32 * sum(twins.values())
         else:
@@ -463,8 +470,8 @@ def activation_bytes(cfg: MindTrainConfig, dims: ParallelDims, units: list[str],
     n_layers = m.num_hidden_layers + m.num_nextn_predict_layers
     plan = recompute_plan(recompute if recompute is not None else cfg.recompute, n_layers)
     full, select = set(plan.full), plan.select
-    layer_ids = [int(u.split(".")[1]) for u in units if u.startswith("layers.")]
-    layer_ids += [m.num_hidden_layers + int(u.split(".")[1]) for u in units if u.startswith("mtp.")]
+    layer_ids = [_layer_index(m, u) for u in units if u.startswith("layers.")]
+    layer_ids += [_layer_index(m, u) for u in units if u.startswith("mtp.")]
     kept = rebuilt = 0
     kinds = {"attention scores and probabilities": 0, "routed-expert dispatch": 0, "attention mask": 0,
              "logits": 0, "other": 0, "backward transient": 0}
