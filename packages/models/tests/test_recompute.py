@@ -12,6 +12,7 @@ from mindspore import Tensor, nn
 import mindtrain.models as mm
 from mindtrain.config import ConfigError, ModelConfig, RecomputePlan
 from mindtrain.config.schema import RecomputeConfig
+from mindtrain.models.recompute import SharedGraphRecompute
 
 CFG = dict(vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
            num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2, n_routed_experts=4,
@@ -97,7 +98,16 @@ def test_full_recompute_reruns_the_layer_and_changes_no_number():
 def test_full_recompute_equal_over_steps(jit):
     off = _baseline(jit)
     on = _train(RecomputeConfig(mode="full"), jit=jit)
-    assert sorted(on[3].recompute_wrappers) == [f"model.layers.{i}" for i in range(4)]
+    wrappers = on[3].recompute_wrappers
+    assert sorted(wrappers) == [f"model.layers.{i}" for i in range(4)]
+    if jit:  # compiled layers run in one compiled copy per kind: dense, MoE, MTP
+        assert all(isinstance(w, SharedGraphRecompute) for w in wrappers.values())
+        assert len({id(w.twin) for w in wrappers.values()}) == 3
+        # two steps, each a forward and a recomputation in backward
+        assert {k: w.forward_calls for k, w in wrappers.items()} == {k: 4 for k in wrappers}
+        assert wrappers["model.layers.1"].twin is wrappers["model.layers.2"].twin
+        assert not any(p in set(map(id, on[3].trainable_params()))
+                       for w in wrappers.values() for p in map(id, w.twin.get_parameters()))
     _same(off, on)
     # parameter names (HF names) are untouched by the wrappers
     assert [p.name for p in on[3].trainable_params()] == [p.name for p in off[3].trainable_params()]

@@ -21,7 +21,8 @@ from mindtrain.models.linear import Linear
 from mindtrain.models.loss import MaskedCrossEntropy, TokenCrossEntropy
 from mindtrain.models.mtp import MTPLayer
 from mindtrain.models.norm import RMSNorm
-from mindtrain.models.recompute import Recompute, recompute_submodule
+from mindtrain.models.recompute import (Recompute, SharedGraphRecompute, cell_kind, compiled_copy, install_jit,
+                                        recompute_submodule)
 from mindtrain.models.precision import (DTYPES, check_param_dtype, current_device, resolve_compute_dtype,
                                         to_compute)
 from mindtrain.models.rope import RotaryEmbedding
@@ -55,22 +56,6 @@ class DeepseekV3Model(nn.Cell):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.rope_scaling,
                                           cfg.max_position_embeddings)
-
-
-def _install_jit(cell: nn.Cell, attr: str) -> None:
-    """Replace ``cell``'s method ``attr`` on the instance by its ms.jit-compiled form, unless
-    other code already replaced it. (A compiled ``construct`` fails to parse once a layout
-    replaces the cell's ``construct`` with Python code; a compiled method of another name
-    does not, so cells that layouts wrap are compiled through such a method.)"""
-    if attr in cell.__dict__:
-        return
-    fn = ms.jit(getattr(type(cell), attr).__get__(cell))
-    object.__setattr__(cell, attr, fn)
-    mine = cell.__dict__.get("_mindtrain_jit")
-    if mine is None:
-        mine = {}
-        object.__setattr__(cell, "_mindtrain_jit", mine)
-    mine[attr] = fn
 
 
 class _HeadLoss(nn.Cell):
@@ -141,6 +126,7 @@ class DeepseekV3ForCausalLM(nn.Cell):
         self._rope_mask_cache: dict = {}
         self._configure_cells()
         self._recompute_layers: dict[int, Recompute] = {}
+        self._shared_graphs: dict = {}  # compiled full recompute: cell_kind -> twin, layer index -> runner
         self.recompute_plan = RecomputePlan()
         self.recompute_wrappers: dict[str, Recompute] = {}
         """Every recompute wrapper by what it recomputes ("model.layers.3",
@@ -191,24 +177,25 @@ class DeepseekV3ForCausalLM(nn.Cell):
         self._jit = bool(enabled)
         self._jit_granularity = granularity if enabled else None
         self._head_graph = None
+        self._drop_shared_graphs()
         if not enabled:
             return self
         if granularity == "layer":
             for cell in list(self.model.layers) + [self.head_loss]:
-                _install_jit(cell, "construct")
+                install_jit(cell, "construct")
             return self
         for layer in self.model.layers:
             for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-                _install_jit(norm, "construct")
-            _install_jit(layer.self_attn, "project")
-            _install_jit(layer.self_attn, "attend")
+                install_jit(norm, "construct")
+            install_jit(layer.self_attn, "project")
+            install_jit(layer.self_attn, "attend")
             if layer.is_moe:
-                _install_jit(layer.mlp.gate, "construct")
-                _install_jit(layer.mlp.experts, "construct")
+                install_jit(layer.mlp.gate, "construct")
+                install_jit(layer.mlp.experts, "construct")
                 if layer.mlp.n_shared:
-                    _install_jit(layer.mlp.shared_experts, "forward")
+                    install_jit(layer.mlp.shared_experts, "forward")
             else:
-                _install_jit(layer.mlp, "forward")
+                install_jit(layer.mlp, "forward")
         # not installed as its construct: a layout may set its hooks after this call
         self._head_graph = ms.jit(type(self.head_loss).construct.__get__(self.head_loss))
         return self
@@ -271,15 +258,45 @@ class DeepseekV3ForCausalLM(nn.Cell):
     def _layer_call(self, i: int):
         """Layer ``i`` as the forward calls it: its recompute wrapper, unless the layer
         (e.g. a ZeRO-3 unit, which already frees and replays its forward) has a custom
-        backward of its own or layouts replaced the layer object."""
+        backward of its own or layouts replaced the layer object. A layer compiled whole
+        runs in the compiled copy of its kind (:class:`SharedGraphRecompute`)."""
         layer = self.model.layers[i]
         rc = self._recompute_layers.get(i)
         if rc is None or layer.has_bprop:
             return layer
+        if self._jit_granularity == "layer" and "construct" in (layer.__dict__.get("_mindtrain_jit") or {}):
+            return self._shared_graph(i, layer)
         if rc.target is not layer:  # a layout swapped the layer object
             rc = self._recompute_layers[i] = Recompute(layer)
-            self.recompute_wrappers[f"model.layers.{i}"] = rc
+        self.recompute_wrappers[f"model.layers.{i}"] = rc
         return rc
+
+    def _shared_graph(self, i: int, layer: nn.Cell) -> SharedGraphRecompute:
+        runner = self._shared_graphs.get(i)
+        if runner is None or runner.target is not layer:
+            runner = SharedGraphRecompute(layer, self.compiled_twin(layer), 2 if isinstance(layer, MTPLayer) else 1)
+            self._shared_graphs[i] = runner
+        self.recompute_wrappers[f"model.layers.{i}"] = runner
+        return runner
+
+    def _drop_shared_graphs(self) -> None:
+        self._shared_graphs = {}
+        for i, rc in self._recompute_layers.items():
+            self.recompute_wrappers[f"model.layers.{i}"] = rc
+
+    def compiled_twin(self, cell: nn.Cell) -> nn.Cell:
+        """The compiled copy that every cell of ``cell``'s kind (:func:`~mindtrain.models.recompute.cell_kind`)
+        runs in: its own parameters, its compiled methods compiled again for it
+        (:func:`~mindtrain.models.recompute.compiled_copy`); made at the first call for a
+        kind, dropped by :meth:`set_jit`. Compiled full recompute runs the layers in these,
+        and so does mindtrain-parallel's ZeRO-3 for its compiled units. A caller writes a
+        cell's weights into its twin's before each run (a graph reads the storage it was
+        compiled with)."""
+        kind = cell_kind(cell)
+        twin = self._shared_graphs.get(kind)
+        if twin is None:
+            twin = self._shared_graphs[kind] = compiled_copy(cell)
+        return twin
 
     # ------------------------------------------------------------------ forward
     def construct(self, input_ids, labels=None, loss_mask=None, position_ids=None, attention_mask=None):

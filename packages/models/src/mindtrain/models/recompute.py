@@ -23,9 +23,15 @@ on every rank.
 
 from __future__ import annotations
 
-from mindspore import nn
+import copy
+
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+from mindspore.common._grad_function import _Function  # MindSpore's custom autograd function (pinned 2.10)
 from mindspore.common.recompute import _RecomputeCell  # MindSpore's PyNative recompute cell (pinned 2.10)
 from mindspore.graph.api import _pynative_executor
+
+_FLOATS = (ms.float16, ms.bfloat16, ms.float32, ms.float64)
 
 
 def grad_recording() -> bool:
@@ -80,3 +86,123 @@ def recompute_submodule(cell: nn.Cell) -> Recompute:
     object.__setattr__(cell, "_recompute_cell", wrapper)
     cell._recompute(True)  # pylint: disable=protected-access  (graph mode: mark the operators)
     return wrapper
+
+
+# ---------------------------------------------------------------- compiled layers, one graph per kind
+def install_jit(cell: nn.Cell, attr: str) -> None:
+    """Replace ``cell``'s method ``attr`` on the instance by its ms.jit-compiled form, unless
+    other code already replaced it, and list it in the cell's ``_mindtrain_jit``. (A compiled
+    ``construct`` fails to parse once a layout replaces the cell's ``construct`` with Python
+    code; a compiled method of another name does not, so cells that layouts wrap are
+    compiled through such a method.)"""
+    if attr in cell.__dict__:
+        return
+    fn = ms.jit(getattr(type(cell), attr).__get__(cell))
+    object.__setattr__(cell, attr, fn)
+    mine = cell.__dict__.get("_mindtrain_jit")
+    if mine is None:
+        mine = {}
+        object.__setattr__(cell, "_mindtrain_jit", mine)
+    mine[attr] = fn
+
+
+def compiled_copy(cell: nn.Cell) -> nn.Cell:
+    """A deep copy of ``cell`` with its own parameters and the methods :func:`install_jit`
+    compiled in it compiled again for the copy (a deep copy keeps the original's compiled
+    functions, which read the original's parameters)."""
+    twin = copy.deepcopy(cell)
+    for _, c in twin.cells_and_names():
+        mine = c.__dict__.get("_mindtrain_jit")
+        if not mine:
+            continue
+        object.__setattr__(c, "_mindtrain_jit", {})
+        for attr in mine:
+            object.__delattr__(c, attr)
+            install_jit(c, attr)
+    return twin
+
+
+def cell_kind(cell: nn.Cell) -> tuple:
+    """Cells of one kind can run in one compiled copy: the same class, parameters (names,
+    shapes, dtypes, trained or not) and the same sub-cells compiled and recomputed."""
+    cells = tuple((n, type(c).__qualname__, tuple(sorted(c.__dict__.get("_mindtrain_jit") or ())),
+                   "_recompute_cell" in c.__dict__) for n, c in cell.cells_and_names())
+    params = tuple((n, tuple(p.shape), str(p.dtype), p.requires_grad) for n, p in cell.parameters_and_names())
+    return type(cell).__qualname__, cells, params
+
+
+class SharedGraphRecompute:
+    """Full recompute of a compiled layer through one compiled copy (the *twin*) shared by
+    every layer of its kind.
+
+    On CPU each compiled graph keeps its own workspace for as long as it lives, so a
+    compiled model holds one per layer, recompute or not. Here a layer's forward writes its
+    weights into the twin's (``ops.assign``, which the twin's graph reads), runs the twin
+    without keeping anything but its inputs, and its backward writes them again, runs the
+    twin's forward and backward, and hands the gradients of the layer's inputs and weights
+    back (a custom autograd function whose inputs include the layer's weights, so the
+    outer ``value_and_grad`` sees them as the layer's). One graph per kind instead of one
+    per layer; the same compiled ops in the same order, so the numbers do not change.
+
+    ``grad_inputs`` leading arguments get gradients (the hidden states; the MTP module's
+    embeddings too); the rest (rope tables, the mask) are constants of the step.
+    ``forward_calls`` counts the twin's forward runs for this layer."""
+
+    def __init__(self, layer: nn.Cell, twin: nn.Cell, grad_inputs: int):
+        self.target = layer
+        self.twin = twin
+        self.grad_inputs = grad_inputs
+        self.forward_calls = 0
+        names = dict(layer.parameters_and_names())
+        mine = dict(twin.parameters_and_names())
+        self.weights = [p for p in names.values() if p.requires_grad]
+        self._twin_weights = [mine[n] for n, p in names.items() if p.requires_grad]
+        self._buffers = [(mine[n], p) for n, p in names.items() if not p.requires_grad]
+
+    def load(self, weights) -> None:
+        for target, w in zip(self._twin_weights, weights):
+            ops.assign(target, w)
+        for target, own in self._buffers:  # untrained (e.g. the router's correction bias)
+            ops.assign(target, own)
+
+    def __call__(self, *args):
+        if not grad_recording():
+            self.load(self.weights)
+            return self.twin(*args)
+        return _SharedGraphFunction.apply(self, len(args), *args, *self.weights)
+
+
+class _SharedGraphFunction(_Function):  # pylint: disable=abstract-method
+    @staticmethod
+    def forward(ctx, runner, n, *args):  # pylint: disable=arguments-differ
+        inputs, weights = args[:n], args[n:]
+        runner.load(weights)
+        runner.forward_calls += 1
+        ctx.runner = runner
+        ctx.n = n
+        ctx.save_for_backward(*args)
+        return runner.twin(*inputs)
+
+    @staticmethod
+    def backward(ctx, *douts):  # pylint: disable=arguments-differ
+        runner, n = ctx.runner, ctx.n
+        saved = ctx.saved_tensors
+        inputs, weights = saved[:n], saved[n:]
+        runner.load(weights)
+        runner.forward_calls += 1
+        k = runner.grad_inputs
+        rest = inputs[k:]
+
+        def replay(*xs):
+            outs = runner.twin(*xs, *rest)
+            outs = outs if isinstance(outs, tuple) else (outs,)
+            total = None
+            for o, d in zip(outs, douts):
+                if d is not None and isinstance(o, Tensor) and o.dtype in _FLOATS:
+                    term = (o * d).sum()
+                    total = term if total is None else total + term
+            return total
+
+        gx, gw = ms.grad(replay, grad_position=tuple(range(k)), weights=runner._twin_weights)(*inputs[:k])
+        gx = gx if isinstance(gx, tuple) else (gx,)
+        return (None, None) + tuple(gx) + (None,) * (n - k) + tuple(gw)

@@ -20,7 +20,8 @@ Strategies (``parallelism.data_parallel_shard_strategy``):
   Compiled (``ms.jit``) units: a graph reads the parameter storage it was compiled with, so a
   weight swapped in by ``set_data`` never reaches it. Every kind of compiled unit (same
   class, parameter names and shapes, e.g. "a MoE decoder layer") therefore gets one compiled
-  *twin*, a copy with its own resident full-size weights: a unit's forward all-gathers its
+  *twin*, a copy with its own resident full-size weights that the model supplies
+  (``model.compiled_twin(cell)``, one per kind; mindtrain-models' DeepSeek-V3 has it): a unit's forward all-gathers its
   weights and writes them into its twin's buffers in place (``ops.assign``, which graphs
   read), then runs the twin. The rank holds one unit's full weights per kind beside its
   shards (3 of 62 units for DeepSeek-V3: dense layer, MoE layer, MTP module) and compiles
@@ -33,7 +34,6 @@ global batch. After the optimizer has updated the shards, call :meth:`FSDP.finis
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -107,31 +107,6 @@ def _compiled(cell: nn.Cell) -> bool:
     """True if ``cell`` or a cell inside it has methods compiled by the models package's
     convention (the compiled method names listed in the cell's ``_mindtrain_jit``)."""
     return any(c.__dict__.get("_mindtrain_jit") for _, c in cell.cells_and_names())
-
-
-def _kind(module: nn.Cell) -> tuple:
-    """Units of one kind can run in one twin: same class, parameters (names, shapes, dtypes)
-    and the same cells recomputed and compiled."""
-    cells = tuple((n, type(c).__qualname__, tuple(sorted(c.__dict__.get("_mindtrain_jit") or ())),
-                   "_recompute_cell" in c.__dict__) for n, c in module.cells_and_names())
-    params = tuple((n, tuple(p.shape), str(p.dtype), p.requires_grad) for n, p in module.parameters_and_names())
-    return type(module).__qualname__, cells, params
-
-
-def _compiled_twin(module: nn.Cell) -> _Twin:
-    """A deep copy of ``module`` with its own parameters, its methods compiled again for the
-    copy (a deep copy keeps the original's compiled functions, bound to the original)."""
-    twin = copy.deepcopy(module)
-    for _, cell in twin.cells_and_names():
-        mine = cell.__dict__.get("_mindtrain_jit")
-        if not mine:
-            continue
-        fresh = {}
-        for attr in mine:
-            fresh[attr] = ms.jit(getattr(type(cell), attr).__get__(cell))
-            object.__setattr__(cell, attr, fresh[attr])
-        object.__setattr__(cell, "_mindtrain_jit", fresh)
-    return _Twin(twin, dict(twin.parameters_and_names()))
 
 
 class _Unit(nn.Cell):
@@ -260,15 +235,20 @@ class FSDP:
                 raise ValueError(f"fully_shard: ZeRO-3 swaps the storage of parameters outside the units, "
                                  f"which the compiled cell {path or '<model>'} never sees; make it part of "
                                  f"a unit or compile it with its weights as inputs (or call set_jit(False))")
-        kinds: dict[tuple, _Twin] = {}
+        kinds: dict[int, _Twin] = {}
         for bucket in self.units:
             module = cells[bucket.name]
             if not _compiled(module):
                 continue
-            key = _kind(module)
-            twin = kinds.get(key)
+            twin_of = getattr(self.model, "compiled_twin", None)
+            if twin_of is None:
+                raise ValueError(f"fully_shard: ZeRO-3 runs the compiled unit {bucket.name} in a compiled copy "
+                                 f"that the model supplies (model.compiled_twin(cell)), and this model has "
+                                 f"none; run it eager (set_jit(False))")
+            copy_ = twin_of(module)
+            twin = kinds.get(id(copy_))
             if twin is None:
-                twin = kinds[key] = _compiled_twin(module)
+                twin = kinds[id(copy_)] = _Twin(copy_, dict(copy_.parameters_and_names()))
                 self.twins.append(twin)
             bucket.twin = twin
             rel = {id(p): n for n, p in module.parameters_and_names()}
