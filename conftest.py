@@ -1,4 +1,5 @@
-"""Every test leaves MS_NODE_TIMEOUT as it found it.
+"""Every test leaves MS_NODE_TIMEOUT as it found it; the msrun tests run on one pytest-xdist
+worker, in order, while the other worker takes the one-process tests.
 
 The pipeline schedule raises it in the process environment (``relax_receive_timeout``) for
 its receives; built in the pytest process (the estimate's and the schedule's one-process
@@ -19,3 +20,14 @@ def _restore_node_timeout():
         os.environ.pop("MS_NODE_TIMEOUT", None)
     else:
         os.environ["MS_NODE_TIMEOUT"] = before
+
+
+def pytest_collection_modifyitems(config, items):
+    """The msrun tests (they launch jobs with fixed ports, and some share session jobs) form
+    one xdist group and come first: under ``--dist loadgroup`` one worker starts them at
+    once and runs them all in order, while the other worker runs the one-process tests."""
+    msrun = [item for item in items if item.get_closest_marker("msrun") is not None]
+    for item in msrun:
+        item.add_marker(pytest.mark.xdist_group("msrun"))
+    chosen = set(map(id, msrun))
+    items[:] = msrun + [item for item in items if id(item) not in chosen]
