@@ -22,6 +22,7 @@ def _restore_node_timeout():
         os.environ["MS_NODE_TIMEOUT"] = before
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the group marks
 def pytest_collection_modifyitems(config, items):
     """The msrun tests (they launch jobs with fixed ports, and some share session jobs) form
     one xdist group and come first: under ``--dist loadgroup`` one worker starts them at

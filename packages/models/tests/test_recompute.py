@@ -127,6 +127,43 @@ def test_select_recompute_attention_core_and_experts(jit):
     _same(off, on)
 
 
+def test_recomputed_attention_runs_in_row_blocks(monkeypatch):
+    """Eager recompute of a layer runs its attention core in blocks of query rows in backward,
+    each recomputed in its own backward, so a backward never holds the [B, N, S, S] scores of
+    the whole layer; the replay reuses the first pass's attention output. Same loss;
+    gradients equal up to the order of the key and value gradient sums over blocks."""
+    from mindtrain.models.attention import CoreAttention
+
+    monkeypatch.setattr(CoreAttention, "row_block_elements", 2 * 2 * 16 * 4)  # B*N*Sk * 4 rows: 4 blocks
+    off = _baseline(False)
+    calls: dict = {}
+    ms.set_seed(0)
+    model = mm.build_model(ModelConfig(**CFG), jit=False, recompute=RecomputeConfig(mode="full", full_recompute_layer=[0, 3]))
+    for i, layer in enumerate(model.model.layers):
+        core = layer.self_attn.core_attention
+        assert ("construct" in core.__dict__) == (i in (0, 3))  # only recomputed layers' cores
+        attend = core.attend
+
+        def counted(*args, _i=i, _f=attend):
+            calls[_i] = calls.get(_i, 0) + 1
+            return _f(*args)
+
+        object.__setattr__(core, "attend", counted)
+    ids, labels, mask = _batch()
+    params = model.trainable_params()
+    loss, grads = ms.value_and_grad(lambda: model(ids, labels=labels, loss_mask=mask)[0], None, params)()
+    # recomputed layers: the forward (whole, its output kept), then in backward the replay
+    # takes that output and each of the 4 blocks runs again in its own backward
+    assert calls == {0: 5, 1: 1, 2: 1, 3: 5}
+    assert all(not layer.self_attn.core_attention.__dict__.get("_first_pass_outputs")
+               for layer in model.model.layers)  # every kept output was taken
+    np.testing.assert_array_equal(loss.asnumpy(), off[0][0])
+    for g, ref in zip(grads, off[1]):
+        np.testing.assert_allclose(g.asnumpy(), ref, rtol=1e-5, atol=1e-7)
+    model.set_jit(True)  # a compiled core is never run in blocks
+    assert not any("construct" in layer.self_attn.core_attention.__dict__ for layer in model.model.layers)
+
+
 def test_plan_grammar_and_errors():
     from mindtrain.config import layer_ids, recompute_plan
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
+from mindspore.common._grad_function import _Function  # MindSpore's custom autograd function (pinned 2.10)
 
 from mindtrain.models import kernels
 from mindtrain.models.linear import Linear
 from mindtrain.models.norm import RMSNorm
 from mindtrain.models.precision import to_compute
+from mindtrain.models.recompute import grad_recording, in_first_pass
 from mindtrain.models.rope import softmax_scale
 from mindtrain.models.softmax import Softmax
 
@@ -17,10 +19,21 @@ from mindtrain.models.softmax import Softmax
 class CoreAttention(nn.Cell):
     """softmax(q k^T + mask) v: ``construct(q [B,N,S,d], k [B,N,Sk,d], v [B,N,Sk,dv], mask_add)``
     -> [B,N,S,dv]. Its own cell so it can be recomputed alone (``recompute.select_module``):
-    the probabilities [B,N,S,Sk] are most of an attention layer's activations."""
+    the probabilities [B,N,S,Sk] are most of an attention layer's activations.
+
+    :meth:`recompute_in_row_blocks` (the model calls it for eager layers whose attention is
+    recomputed): while gradients are recorded, queries go in blocks of rows, each through
+    :class:`_RowBlock` (nothing of a block is kept but its inputs; its backward computes
+    the block again), so a backward holds one block's [B,N,rows,Sk] scores instead of
+    [B,N,S,Sk]. The output of a recompute's first pass ([B,N,S,dv], small) is kept for its
+    replay, keyed by its inputs' sums, so the replay does not compute the blocks' forward
+    once more. The outputs are the same numbers; the key and value gradients are summed
+    over blocks, so they may differ from one pass in the last bits."""
 
     matmul_dtype = None
     fast_kernels = False
+    row_block_elements = 1 << 24
+    """Score elements per recomputed row block (64 MB of float32; see :func:`recompute_rows_for`)."""
 
     def __init__(self):
         super().__init__()
@@ -32,9 +45,77 @@ class CoreAttention(nn.Cell):
         cd = self.matmul_dtype
         if self.fast_kernels and cd is not None:
             return kernels.fast_attention(q, k, v, mask_add)
+        return self.attend(q, k, v, mask_add)
+
+    def attend(self, q, k, v, mask_add):
         # scores in the matmul dtype; adding the float32 mask makes them float32 for the softmax
         probs = self.softmax(self.bmm_t(q, k) + mask_add)
-        return self.bmm(to_compute(probs, cd), v)
+        return self.bmm(to_compute(probs, self.matmul_dtype), v)
+
+    def recompute_in_row_blocks(self, enabled: bool) -> None:
+        """Run eagerly in recomputed blocks of query rows (see the class doc), or not. A
+        Python ``construct`` on the instance: only for cells no graph compiles."""
+        object.__setattr__(self, "_first_pass_outputs", {})
+        if enabled:
+            object.__setattr__(self, "construct", self._row_blocks)
+        elif self.__dict__.get("construct") == self._row_blocks:
+            object.__delattr__(self, "construct")
+
+    def _row_blocks(self, q, k, v, mask_add):
+        rows = recompute_rows_for(q.shape[0], q.shape[1], k.shape[2], self.row_block_elements)
+        fast = self.fast_kernels and self.matmul_dtype is not None
+        if fast or q.shape[2] <= rows:
+            return type(self).construct(self, q, k, v, mask_add)
+        kept = self._first_pass_outputs
+        if not grad_recording():
+            out = self.attend(q, k, v, mask_add)
+            if in_first_pass():  # the replay will want this output again
+                if len(kept) >= 16:  # replays that never came (a failed step): drop the oldest
+                    kept.pop(next(iter(kept)))
+                kept[_fingerprint(q, k, v)] = out
+            return out
+        out = kept.pop(_fingerprint(q, k, v), None) if kept else None
+        return ops.concat([_RowBlock.apply(self, q[:, :, i:i + rows], k, v, mask_add, i,
+                                           None if out is None else out[:, :, i:i + rows])
+                           for i in range(0, q.shape[2], rows)], 2)
+
+
+def _fingerprint(*tensors) -> tuple:
+    """Shapes and sums: the same inputs (a recompute's replay computes them again, bit for
+    bit) give the same key."""
+    return tuple((tuple(t.shape), float(t.sum().asnumpy())) for t in tensors)
+
+
+def recompute_rows_for(batch: int, heads: int, keys: int, budget: int) -> int:
+    """Query rows per recomputed block so that a block's scores hold at most ``budget``
+    elements (at least one row): 512 rows for 8 heads over 4096 keys at batch 1 and 2**24."""
+    return max(1, budget // max(1, batch * heads * keys))
+
+
+class _RowBlock(_Function):  # pylint: disable=abstract-method
+    """Attention of the query rows ``[i, i + len)`` (``q`` is the block) over every key,
+    keeping only its inputs; its backward computes the block again under ``ms.grad``.
+    ``out``: the block's output when it is already known (a recompute's first pass)."""
+
+    @staticmethod
+    def forward(ctx, core, q, k, v, mask_add, i, out=None):  # pylint: disable=arguments-differ
+        ctx.core, ctx.i = core, i
+        ctx.save_for_backward(q, k, v, mask_add)
+        if out is not None:  # the block's output from the first pass
+            return ops.deepcopy(out)
+        return core.attend(q, k, v, mask_add[:, :, i:i + q.shape[2]])
+
+    @staticmethod
+    def backward(ctx, dout):  # pylint: disable=arguments-differ
+        q, k, v, mask_add = ctx.saved_tensors
+        core, i = ctx.core, ctx.i
+        mask = mask_add[:, :, i:i + q.shape[2]]
+
+        def block(q, k, v):
+            return (core.attend(q, k, v, mask) * dout).sum()
+
+        dq, dk, dv = ms.grad(block, grad_position=(0, 1, 2))(q, k, v)
+        return None, dq, dk, dv, None, None, None
 
 
 class MLAttention(nn.Cell):

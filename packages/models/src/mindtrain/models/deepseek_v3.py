@@ -178,6 +178,7 @@ class DeepseekV3ForCausalLM(nn.Cell):
         self._jit_granularity = granularity if enabled else None
         self._head_graph = None
         self._drop_shared_graphs()
+        self._configure_row_blocks()
         if not enabled:
             return self
         if granularity == "layer":
@@ -253,7 +254,19 @@ class DeepseekV3ForCausalLM(nn.Cell):
                                   f"matches no module of layer(s) {_ranges(ids)}; modules are e.g. "
                                   f"{', '.join(n for n in names if n.count('.') < 2)}")
         self.recompute_plan = plan
+        self._configure_row_blocks()
         return self
+
+    def _configure_row_blocks(self) -> None:
+        """Eager layers whose attention core is recomputed (the whole layer, or a selected
+        module holding the core) recompute it in blocks of query rows
+        (:meth:`CoreAttention.recompute_in_row_blocks`): the backward then holds one block's
+        scores, not the whole [B, N, S, S]. Compiled layers keep the core as it is."""
+        keys = getattr(self, "recompute_wrappers", {})
+        for i, layer in enumerate(self.model.layers):
+            path = f"model.layers.{i}.self_attn.core_attention"
+            covered = any(path == k or path.startswith(k + ".") for k in keys)
+            layer.self_attn.core_attention.recompute_in_row_blocks(covered and not self._jit)
 
     def _layer_call(self, i: int):
         """Layer ``i`` as the forward calls it: its recompute wrapper, unless the layer

@@ -39,6 +39,15 @@ def grad_recording() -> bool:
     return bool(_pynative_executor.requires_grad())
 
 
+_FIRST_PASSES = [0]
+
+
+def in_first_pass() -> bool:
+    """True during a :class:`Recompute` cell's first (no-grad) forward: its backward will
+    run the same forward again."""
+    return _FIRST_PASSES[0] > 0
+
+
 class Recompute(_RecomputeCell):
     """Calls ``target`` keeping no activations; its backward recomputes them.
     ``forward_calls`` counts the target's forward runs (first pass and recomputation)."""
@@ -53,7 +62,11 @@ class Recompute(_RecomputeCell):
 
     def construct(self, *args, **kwargs):
         self.forward_calls += 1
-        return super().construct(*args, **kwargs)
+        _FIRST_PASSES[0] += 1
+        try:
+            return super().construct(*args, **kwargs)
+        finally:
+            _FIRST_PASSES[0] -= 1
 
     def bprop(self, *args):
         self.forward_calls += 1
