@@ -83,7 +83,7 @@ class _Job:
     """One run of run_mindformer.py (a plain process, or msrun with ``workers``) started in
     the background; :meth:`result` waits for it and reads its metrics file."""
 
-    def __init__(self, tmp: str, name: str, workers: int, extra=(), port: int = 8340):
+    def __init__(self, tmp: str, name: str, workers: int, extra=(), port: int = 8380):
         self.tmp, self.name = tmp, name
         os.makedirs(os.path.join(tmp, name), exist_ok=True)
         if workers == 1:
@@ -210,7 +210,7 @@ def jobs(work):
             else:
                 workers, extra = LAYOUTS[name]
                 # EP=2 runs beside TP=2: its own preferred port
-                started[name] = _Job(work, name, workers, extra, port=8500 if name == "ep2" else 8340)
+                started[name] = _Job(work, name, workers, extra, port=8500 if name == "ep2" else 8380)
         return started[name]
 
     start("ref")

@@ -132,9 +132,19 @@ def test_recomputed_attention_runs_in_row_blocks(monkeypatch):
     each recomputed in its own backward, so a backward never holds the [B, N, S, S] scores of
     the whole layer; the replay reuses the first pass's attention output. Same loss;
     gradients equal up to the order of the key and value gradient sums over blocks."""
-    from mindtrain.models.attention import CoreAttention
+    from mindtrain.models import attention
 
-    monkeypatch.setattr(CoreAttention, "row_block_elements", 2 * 2 * 16 * 4)  # B*N*Sk * 4 rows: 4 blocks
+    # scores of 2 sequences x 2 heads x 16 x 16: blocks of 4 rows of one sequence and head, 16 blocks
+    monkeypatch.setattr(attention.CoreAttention, "row_block_elements", 16 * 4)
+    backward = attention._RowBlock.backward
+    blocks: dict = {}
+
+    def counted_backward(ctx, dout):
+        key = id(ctx.core)
+        blocks[key] = blocks.get(key, 0) + 1
+        return backward(ctx, dout)
+
+    monkeypatch.setattr(attention._RowBlock, "backward", staticmethod(counted_backward))
     off = _baseline(False)
     calls: dict = {}
     ms.set_seed(0)
@@ -152,9 +162,11 @@ def test_recomputed_attention_runs_in_row_blocks(monkeypatch):
     ids, labels, mask = _batch()
     params = model.trainable_params()
     loss, grads = ms.value_and_grad(lambda: model(ids, labels=labels, loss_mask=mask)[0], None, params)()
-    # recomputed layers: the forward (whole, its output kept), then in backward the replay
-    # takes that output and each of the 4 blocks runs again in its own backward
-    assert calls == {0: 5, 1: 1, 2: 1, 3: 5}
+    # recomputed layers: the forward (whole, its output kept); in backward the replay takes
+    # that output, and each of the 16 blocks is computed again in its own backward
+    assert calls == {0: 1, 1: 1, 2: 1, 3: 1}
+    cores = [layer.self_attn.core_attention for layer in model.model.layers]
+    assert blocks == {id(cores[0]): 16, id(cores[3]): 16}
     assert all(not layer.self_attn.core_attention.__dict__.get("_first_pass_outputs")
                for layer in model.model.layers)  # every kept output was taken
     np.testing.assert_array_equal(loss.asnumpy(), off[0][0])

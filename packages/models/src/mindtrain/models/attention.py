@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
@@ -33,13 +35,15 @@ class CoreAttention(nn.Cell):
     matmul_dtype = None
     fast_kernels = False
     row_block_elements = 1 << 24
-    """Score elements per recomputed row block (64 MB of float32; see :func:`recompute_rows_for`)."""
+    """Score elements per recomputed block of rows (64 MB of float32): attention whose scores
+    hold more runs in blocks of one sequence and head, ``row_block_elements // Sk`` rows each."""
 
     def __init__(self):
         super().__init__()
         self.softmax = Softmax()
         self.bmm_t = ops.BatchMatMul(transpose_b=True)
         self.bmm = ops.BatchMatMul()
+        self.bmm_ta = ops.BatchMatMul(transpose_a=True)  # row blocks' backward (below)
 
     def construct(self, q, k, v, mask_add):
         cd = self.matmul_dtype
@@ -62,9 +66,9 @@ class CoreAttention(nn.Cell):
             object.__delattr__(self, "construct")
 
     def _row_blocks(self, q, k, v, mask_add):
-        rows = recompute_rows_for(q.shape[0], q.shape[1], k.shape[2], self.row_block_elements)
+        b, n, s, sk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
         fast = self.fast_kernels and self.matmul_dtype is not None
-        if fast or q.shape[2] <= rows:
+        if fast or b * n * s * sk <= self.row_block_elements:
             return type(self).construct(self, q, k, v, mask_add)
         kept = self._first_pass_outputs
         if not grad_recording():
@@ -75,46 +79,72 @@ class CoreAttention(nn.Cell):
                 kept[_fingerprint(q, k, v)] = out
             return out
         out = kept.pop(_fingerprint(q, k, v), None) if kept else None
-        return ops.concat([_RowBlock.apply(self, q[:, :, i:i + rows], k, v, mask_add, i,
-                                           None if out is None else out[:, :, i:i + rows])
-                           for i in range(0, q.shape[2], rows)], 2)
+        # blocks of rows of one sequence and head: their mask rows are one contiguous piece
+        # (adding a strided slice of the mask was ~15x slower than the add itself on CPU)
+        rows = max(1, self.row_block_elements // sk)
+        per_batch = []
+        for x in range(b):
+            per_head = []
+            for h in range(n):
+                hm = h if mask_add.shape[1] > 1 else 0
+                kh, vh = k[x:x + 1, h:h + 1], v[x:x + 1, h:h + 1]
+                per_head.append(ops.concat([
+                    _RowBlock.apply(self, q[x:x + 1, h:h + 1, i:i + rows], kh, vh, mask_add, (x, hm, i),
+                                    None if out is None else out[x:x + 1, h:h + 1, i:i + rows])
+                    for i in range(0, s, rows)], 2))
+            per_batch.append(ops.concat(per_head, 1))
+        return ops.concat(per_batch, 0)
 
 
 def _fingerprint(*tensors) -> tuple:
-    """Shapes and sums: the same inputs (a recompute's replay computes them again, bit for
-    bit) give the same key."""
-    return tuple((tuple(t.shape), float(t.sum().asnumpy())) for t in tensors)
+    """Shapes and CRC-32 of the bytes: the same inputs (a recompute's replay computes them
+    again, bit for bit) give the same key (a float sum need not: its order may vary)."""
+    key = []
+    for t in tensors:
+        a = np.ascontiguousarray(t.asnumpy())
+        key.append((a.shape, str(a.dtype), zlib.crc32(a.view(np.uint8))))
+    return tuple(key)
 
 
-def recompute_rows_for(batch: int, heads: int, keys: int, budget: int) -> int:
-    """Query rows per recomputed block so that a block's scores hold at most ``budget``
-    elements (at least one row): 512 rows for 8 heads over 4096 keys at batch 1 and 2**24."""
-    return max(1, budget // max(1, batch * heads * keys))
+def _mask_rows(mask_add, at, rows: int):
+    """Rows ``[i, i + rows)`` of sequence ``x`` and head ``h`` of the mask, ``at = (x, h, i)``."""
+    x, h, i = at
+    return mask_add[x:x + 1, h:h + 1, i:i + rows]
 
 
 class _RowBlock(_Function):  # pylint: disable=abstract-method
-    """Attention of the query rows ``[i, i + len)`` (``q`` is the block) over every key,
-    keeping only its inputs; its backward computes the block again under ``ms.grad``.
+    """Attention of the query rows ``q`` (rows ``at = (x, h, i)`` onwards of sequence x, head h) over every key,
+    keeping only its inputs; its backward computes the block's forward again and its
+    gradients.
     ``out``: the block's output when it is already known (a recompute's first pass)."""
 
     @staticmethod
-    def forward(ctx, core, q, k, v, mask_add, i, out=None):  # pylint: disable=arguments-differ
-        ctx.core, ctx.i = core, i
+    def forward(ctx, core, q, k, v, mask_add, at, out=None):  # pylint: disable=arguments-differ
+        ctx.core, ctx.at = core, at
         ctx.save_for_backward(q, k, v, mask_add)
         if out is not None:  # the block's output from the first pass
             return ops.deepcopy(out)
-        return core.attend(q, k, v, mask_add[:, :, i:i + q.shape[2]])
+        return core.attend(q, k, v, _mask_rows(mask_add, at, q.shape[2]))
 
     @staticmethod
     def backward(ctx, dout):  # pylint: disable=arguments-differ
+        # the block's forward again, then its gradients written out (what autograd computes
+        # for CoreAttention.attend, its softmax through the Softmax cell's own backward): a
+        # nested ms.grad here ran the block several times slower
         q, k, v, mask_add = ctx.saved_tensors
-        core, i = ctx.core, ctx.i
-        mask = mask_add[:, :, i:i + q.shape[2]]
-
-        def block(q, k, v):
-            return (core.attend(q, k, v, mask) * dout).sum()
-
-        dq, dk, dv = ms.grad(block, grad_position=(0, 1, 2))(q, k, v)
+        core = ctx.core
+        cd = core.matmul_dtype
+        scores = core.bmm_t(q, k) + _mask_rows(mask_add, ctx.at, q.shape[2])
+        probs = core.softmax.softmax(scores)
+        dout = to_compute(dout, cd)
+        dv = core.bmm_ta(to_compute(probs, cd), dout)
+        dprobs = core.bmm_t(dout, v)
+        if dprobs.dtype != probs.dtype:
+            dprobs = ops.cast(dprobs, probs.dtype)
+        (dscores,) = core.softmax.bprop(scores, probs, dprobs)
+        dscores = to_compute(dscores, cd)
+        dq = core.bmm(dscores, k)
+        dk = core.bmm_ta(dscores, q)
         return None, dq, dk, dv, None, None, None
 
 
