@@ -456,11 +456,34 @@ def _layer_kept(mod: Module, m: ModelConfig, i: int, z: _Shapes, plan_full: set,
     return kept, rebuilt
 
 
+# mindtrain-models' CoreAttention.row_block_elements: an eager layer whose attention core is
+# recomputed runs the core's backward in blocks of rows of one sequence and head, each with at
+# most this many score elements (when the whole scores hold more)
+ROW_BLOCK_ELEMENTS = 1 << 24
+
+
+def runs_compiled(compile_enabled: bool, strategy: str, dims: ParallelDims) -> bool:
+    """The trainer runs compiled graphs (whole layers, regions under TP/EP/CP, ZeRO-3's
+    compiled twins) with ``compile.enable``, except ZeRO-3 under TP, EP, CP or PP
+    (``mindtrain.parallel.layout.compiled_regions``)."""
+    zero3 = dims.dp_shard > 1 and strategy == ZERO3
+    return compile_enabled and not (zero3 and (dims.tp > 1 or dims.ep > 1 or dims.cp > 1 or dims.pp > 1))
+
+
+def _core_recomputed(i: int, full: set, select: dict) -> bool:
+    """Layer ``i``'s attention core is recomputed: the whole layer, or a selected module
+    that is the core or holds it."""
+    return i in full or any(i in ids and (module_matches(pat, "self_attn.core_attention") or
+                                          module_matches(pat, "self_attn"))
+                            for pat, ids in select.items())
+
+
 def activation_bytes(cfg: MindTrainConfig, dims: ParallelDims, units: list[str], compute_bytes: int,
                      recompute: Optional[RecomputeConfig] = None, breakdown: Optional[dict] = None) -> int:
     """Peak bytes of one micro-batch's activations on a rank holding ``units``, with
     ``recompute`` (default: the config's). ``breakdown`` (a dict) receives the bytes by kind
-    without recompute."""
+    without recompute. Eager layers (``compile.enable: false``) whose attention core is
+    recomputed rebuild its scores one block at a time (:data:`ROW_BLOCK_ELEMENTS`)."""
     m = cfg.model
     b = cfg.training.local_batch_size
     s = m.seq_length // dims.cp
@@ -475,21 +498,29 @@ def activation_bytes(cfg: MindTrainConfig, dims: ParallelDims, units: list[str],
     kept = rebuilt = 0
     kinds = {"attention scores and probabilities": 0, "routed-expert dispatch": 0, "attention mask": 0,
              "logits": 0, "other": 0, "backward transient": 0}
+    scores = b * z.heads * s * m.seq_length
+    eager = not runs_compiled(bool(cfg.compile.enable), cfg.parallelism.data_parallel_shard_strategy, dims)
+    in_blocks = eager and scores > ROW_BLOCK_ELEMENTS
+    block = min(s, max(1, ROW_BLOCK_ELEMENTS // m.seq_length)) * m.seq_length  # one block's scores
+    largest_scores = 0  # the scores one attention backward holds at once
     for i in layer_ids:
         mod = layer_module(m, i, z, dims)
         k, r = _layer_kept(mod, m, i, z, full, select)
+        paths = {sub.path: sub.total() for sub in mod.walk()}
+        blocked = in_blocks and _core_recomputed(i, full, select)
+        if blocked and r:  # the replay keeps the core's inputs only; each block rebuilds itself
+            r -= paths["self_attn.core_attention"]
+        largest_scores = max(largest_scores, block if blocked else scores)
         kept += k
         rebuilt = max(rebuilt, r)
-        paths = {sub.path: sub.total() for sub in mod.walk()}
         kinds["attention scores and probabilities"] += paths["self_attn.core_attention"]
         kinds["routed-expert dispatch"] += paths.get("mlp.experts", 0)
         kinds["other"] += mod.total() + _layer_input(m, i, z) - paths["self_attn.core_attention"] \
             - paths.get("mlp.experts", 0)
     h, v = m.hidden_size, m.vocab_size // dims.tp
-    scores = b * z.heads * s * m.seq_length
     # the attention backward's largest moment: the probabilities' gradient, the softmax
     # backward's dout * out, its broadcast row sums, out * rows and the result
-    transient = 5 * scores * F32 if layer_ids else 0
+    transient = 5 * largest_scores * F32
     if "embedding" in units:
         kept += z.tl * h * F32
     if "head" in units:
@@ -530,12 +561,8 @@ class Estimate:
 
     @property
     def compiled(self) -> bool:
-        """The trainer runs compiled graphs (whole layers, regions under TP/EP/CP, ZeRO-3's
-        compiled twins) with ``compile.enable``, except ZeRO-3 under TP, EP, CP or PP
-        (``mindtrain.parallel.layout.compiled_regions``)."""
-        d = self.dims
-        zero3 = d.dp_shard > 1 and self.strategy == ZERO3
-        return self.compile_enabled and not (zero3 and (d.tp > 1 or d.ep > 1 or d.cp > 1 or d.pp > 1))
+        """See :func:`runs_compiled`."""
+        return runs_compiled(self.compile_enabled, self.strategy, self.dims)
 
     @property
     def worst(self) -> StageBytes:
