@@ -431,11 +431,16 @@ def _layer_input(m: ModelConfig, i: int, z: _Shapes) -> int:
     return 2 * n if i >= m.num_hidden_layers else n
 
 
-def _layer_kept(mod: Module, m: ModelConfig, i: int, z: _Shapes, plan_full: set, select: dict) -> tuple[int, int]:
-    """(bytes kept from forward to backward, bytes rebuilt while its backward runs) of layer ``i``."""
+def _layer_kept(mod: Module, m: ModelConfig, i: int, z: _Shapes, plan_full: set, select: dict,
+                core_in_blocks: bool = False) -> tuple[int, int]:
+    """(bytes kept from forward to backward, bytes rebuilt while its backward runs) of layer
+    ``i``. ``core_in_blocks``: a rebuilt attention core keeps only its inputs (each of its
+    blocks rebuilds itself in its own backward)."""
     inp = _layer_input(m, i, z)
+    core = next(sub.total() for sub in mod.walk() if sub.path == "self_attn.core_attention") \
+        if core_in_blocks else 0
     if i in plan_full:
-        return inp, mod.total()
+        return inp, mod.total() - core
     kept = inp
     rebuilt = 0
     covered: list[str] = []
@@ -448,7 +453,8 @@ def _layer_kept(mod: Module, m: ModelConfig, i: int, z: _Shapes, plan_full: set,
                   for pat, ids in select.items())
         if hit:
             covered.append(sub.path)
-            rebuilt = max(rebuilt, sub.total())
+            holds_core = "self_attn.core_attention" == sub.path or "self_attn.core_attention".startswith(sub.path + ".")
+            rebuilt = max(rebuilt, sub.total() - (core if holds_core else 0))
     for sub in mod.walk():
         if sub.path and not any(sub.path == p or sub.path.startswith(p + ".") for p in covered):
             kept += sub.own
@@ -505,11 +511,9 @@ def activation_bytes(cfg: MindTrainConfig, dims: ParallelDims, units: list[str],
     largest_scores = 0  # the scores one attention backward holds at once
     for i in layer_ids:
         mod = layer_module(m, i, z, dims)
-        k, r = _layer_kept(mod, m, i, z, full, select)
-        paths = {sub.path: sub.total() for sub in mod.walk()}
         blocked = in_blocks and _core_recomputed(i, full, select)
-        if blocked and r:  # the replay keeps the core's inputs only; each block rebuilds itself
-            r -= paths["self_attn.core_attention"]
+        k, r = _layer_kept(mod, m, i, z, full, select, blocked)
+        paths = {sub.path: sub.total() for sub in mod.walk()}
         largest_scores = max(largest_scores, block if blocked else scores)
         kept += k
         rebuilt = max(rebuilt, r)
