@@ -28,7 +28,7 @@ class CoreAttention(nn.Cell):
     :class:`_RowBlock` (nothing of a block is kept but its inputs; its backward computes
     the block again), so a backward holds one block's [B,N,rows,Sk] scores instead of
     [B,N,S,Sk]. The output of a recompute's first pass ([B,N,S,dv], small) is kept for its
-    replay, keyed by its inputs' sums, so the replay does not compute the blocks' forward
+    replay, keyed by its inputs' CRC-32, so the replay does not compute the blocks' forward
     once more. The outputs are the same numbers; the key and value gradients are summed
     over blocks, so they may differ from one pass in the last bits."""
 
