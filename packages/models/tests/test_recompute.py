@@ -162,18 +162,48 @@ def test_recomputed_attention_runs_in_row_blocks(monkeypatch):
     ids, labels, mask = _batch()
     params = model.trainable_params()
     loss, grads = ms.value_and_grad(lambda: model(ids, labels=labels, loss_mask=mask)[0], None, params)()
-    # recomputed layers: the forward (whole, its output kept); in backward the replay takes
-    # that output, and each of the 16 blocks is computed again in its own backward
-    assert calls == {0: 1, 1: 1, 2: 1, 3: 1}
+    # recomputed layers: the forward in 16 blocks (the output kept); in backward the replay
+    # takes that output, and each of the 16 blocks is computed again in its own backward
+    assert calls == {0: 16, 1: 1, 2: 1, 3: 16}
     cores = [layer.self_attn.core_attention for layer in model.model.layers]
     assert blocks == {id(cores[0]): 16, id(cores[3]): 16}
     assert all(not layer.self_attn.core_attention.__dict__.get("_first_pass_outputs")
                for layer in model.model.layers)  # every kept output was taken
+    # causal: a block of 4 rows attends to the keys up to its last row only
+    (_, rows, ext), = attention._EXTENTS.values()
+    assert rows == 4 and (ext == np.array([4, 8, 12, 16])).all()
     np.testing.assert_array_equal(loss.asnumpy(), off[0][0])
     for g, ref in zip(grads, off[1]):
         np.testing.assert_allclose(g.asnumpy(), ref, rtol=1e-5, atol=1e-7)
     model.set_jit(True)  # a compiled core is never run in blocks
     assert not any("construct" in layer.self_attn.core_attention.__dict__ for layer in model.model.layers)
+
+
+def test_row_blocks_skip_only_keys_the_mask_blocks_for_every_row():
+    """A block of query rows attends to keys up to its causal end when the mask blocks every
+    later key of its rows and opens each row's own position (packed documents included);
+    otherwise to every key (a row with no open key, a non-square mask)."""
+    from mindtrain.models import attention
+    from mindtrain.models.attention_mask import additive_mask
+
+    def extents(mask, rows, square=True):
+        attention._EXTENTS.clear()
+        return attention._key_extents(mask, rows, square).tolist()
+
+    causal = additive_mask(None, 2, 8, 2)  # [2, 2, 8, 8]
+    assert extents(causal, 2) == [[[2, 4, 6, 8]] * 2] * 2
+    docs = additive_mask(np.array([[3, 8], [8, 8]]), 2, 8, 1)  # two documents in sequence 0
+    assert extents(docs, 4) == [[[4, 8]], [[4, 8]]]
+    a = causal.asnumpy().copy()
+    a[1, 0, 5, 7] = 0.0  # row 5 sees a later key: its block takes every key
+    assert extents(Tensor(a), 2) == [[[2, 4, 6, 8]] * 2, [[2, 4, 8, 8], [2, 4, 6, 8]]]
+    a = causal.asnumpy().copy()
+    a[0, 1, 2, :] = -1e9  # row 2 sees nothing: softmax over all keys, so its block keeps them all
+    assert extents(Tensor(a), 2) == [[[2, 4, 6, 8], [2, 8, 6, 8]], [[2, 4, 6, 8]] * 2]
+    assert extents(causal, 2, square=False) == [[[8, 8, 8, 8]] * 2] * 2
+    # one mask, one computation: its layers share it
+    first = attention._key_extents(causal, 2, True)
+    assert attention._key_extents(causal, 2, True) is first
 
 
 def test_plan_grammar_and_errors():

@@ -196,7 +196,7 @@ def test_eager_recomputed_attention_is_rebuilt_in_blocks():
             "model.seq_length=4096", "train_dataset.dataloader.config.seq_length=4096",
             "model.max_position_embeddings=4096", "training.global_batch_size=1"]
     scores = 8 * 4096 * 4096  # one layer's [B, N, S, S], batch 1
-    block = ROW_BLOCK_ELEMENTS  # one head's 4096 rows x 4096 keys
+    block = ROW_BLOCK_ELEMENTS  # 1024 rows of one head x 4096 keys
 
     def act(compiled, mode, **select):
         cfg = load_config(TINY, size + [f"compile.enable={str(compiled).lower()}"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 import zlib
 
 import mindspore as ms
@@ -10,6 +11,7 @@ from mindspore import Tensor, nn, ops
 from mindspore.common._grad_function import _Function  # MindSpore's custom autograd function (pinned 2.10)
 
 from mindtrain.models import kernels
+from mindtrain.models.inputs import NEG
 from mindtrain.models.linear import Linear
 from mindtrain.models.norm import RMSNorm
 from mindtrain.models.precision import to_compute
@@ -24,26 +26,29 @@ class CoreAttention(nn.Cell):
     the probabilities [B,N,S,Sk] are most of an attention layer's activations.
 
     :meth:`recompute_in_row_blocks` (the model calls it for eager layers whose attention is
-    recomputed): while gradients are recorded, queries go in blocks of rows, each through
-    :class:`_RowBlock` (nothing of a block is kept but its inputs; its backward computes
-    the block again), so a backward holds one block's [B,N,rows,Sk] scores instead of
-    [B,N,S,Sk]. The output of a recompute's first pass ([B,N,S,dv], small) is kept for its
-    replay, keyed by its inputs' CRC-32, so the replay does not compute the blocks' forward
-    once more. The outputs are the same numbers; the key and value gradients are summed
-    over blocks, so they may differ from one pass in the last bits."""
+    recomputed): the core runs in blocks of query rows of one sequence and head, each over
+    the keys its mask leaves open (a causal block stops at its last row: about half the
+    scores of a long sequence are never computed; blocked keys' probabilities are exactly 0,
+    so skipping them changes no probability). A recompute's first pass runs the blocks
+    without gradients and keeps only the output ([B,N,S,dv], small), keyed by its inputs'
+    CRC-32; the replay takes it, and each block goes through :class:`_RowBlock` (nothing
+    of it kept but its inputs and output; its backward computes its probabilities again),
+    so neither pass ever holds more than one block's scores. The outputs are the same
+    numbers up to the softmax's row-sum order; the key and value gradients are sums over
+    blocks, so they may differ from one pass in the last bits."""
 
     matmul_dtype = None
     fast_kernels = False
-    row_block_elements = 1 << 24
-    """Score elements per recomputed block of rows (64 MB of float32): attention whose scores
-    hold more runs in blocks of one sequence and head, ``row_block_elements // Sk`` rows each."""
+    row_block_elements = 1 << 22
+    """Score elements per block of rows (16 MB of float32; 1,024 rows at 4,096 keys):
+    attention whose scores hold more runs in blocks of one sequence and head,
+    ``row_block_elements // Sk`` rows each."""
 
     def __init__(self):
         super().__init__()
         self.softmax = Softmax()
         self.bmm_t = ops.BatchMatMul(transpose_b=True)
         self.bmm = ops.BatchMatMul()
-        self.bmm_ta = ops.BatchMatMul(transpose_a=True)  # row blocks' backward (below)
 
     def construct(self, q, k, v, mask_add):
         cd = self.matmul_dtype
@@ -70,28 +75,43 @@ class CoreAttention(nn.Cell):
         fast = self.fast_kernels and self.matmul_dtype is not None
         if fast or b * n * s * sk <= self.row_block_elements:
             return type(self).construct(self, q, k, v, mask_add)
+        rows = max(1, self.row_block_elements // sk)
+        extents = _key_extents(mask_add, rows, s == sk)
         kept = self._first_pass_outputs
-        if not grad_recording():
-            out = self.attend(q, k, v, mask_add)
+        if not grad_recording():  # no backward of this call: the blocks' outputs, nothing kept
+            out = self._blockwise(q, k, v, mask_add, rows, extents, None)
             if in_first_pass():  # the replay will want this output again
                 if len(kept) >= 16:  # replays that never came (a failed step): drop the oldest
                     kept.pop(next(iter(kept)))
                 kept[_fingerprint(q, k, v)] = out
             return out
         out = kept.pop(_fingerprint(q, k, v), None) if kept else None
-        # blocks of rows of one sequence and head: their mask rows are one contiguous piece
-        # (adding a strided slice of the mask was ~15x slower than the add itself on CPU)
-        rows = max(1, self.row_block_elements // sk)
+        return self._blockwise(q, k, v, mask_add, rows, extents, out)
+
+    def _blockwise(self, q, k, v, mask_add, rows: int, extents, out):
+        """Attention by blocks of ``rows`` query rows of one sequence and head, each over the
+        keys its mask leaves open (``extents``); through :class:`_RowBlock` while gradients
+        are recorded (``out``: the whole output when already known)."""
+        b, n, s = q.shape[0], q.shape[1], q.shape[2]
+        recording = grad_recording()
         per_batch = []
         for x in range(b):
             per_head = []
             for h in range(n):
                 hm = h if mask_add.shape[1] > 1 else 0
-                kh, vh = k[x:x + 1, h:h + 1], v[x:x + 1, h:h + 1]
-                per_head.append(ops.concat([
-                    _RowBlock.apply(self, q[x:x + 1, h:h + 1, i:i + rows], kh, vh, mask_add, (x, hm, i),
-                                    None if out is None else out[x:x + 1, h:h + 1, i:i + rows])
-                    for i in range(0, s, rows)], 2))
+                blocks = []
+                for i in range(0, s, rows):
+                    r = min(rows, s - i)
+                    ke = int(extents[x, hm, i // rows])
+                    qb = q[x:x + 1, h:h + 1, i:i + r]
+                    kb, vb = k[x:x + 1, h:h + 1, :ke], v[x:x + 1, h:h + 1, :ke]
+                    at = (x, hm, i, ke)
+                    if recording:
+                        blocks.append(_RowBlock.apply(self, qb, kb, vb, mask_add, at,
+                                                      None if out is None else out[x:x + 1, h:h + 1, i:i + r]))
+                    else:
+                        blocks.append(self.attend(qb, kb, vb, _mask_block(mask_add, at, r)))
+                per_head.append(blocks[0] if len(blocks) == 1 else ops.concat(blocks, 2))
             per_batch.append(ops.concat(per_head, 1))
         return ops.concat(per_batch, 0)
 
@@ -106,46 +126,91 @@ def _fingerprint(*tensors) -> tuple:
     return tuple(key)
 
 
-def _mask_rows(mask_add, at, rows: int):
-    """Rows ``[i, i + rows)`` of sequence ``x`` and head ``h`` of the mask, ``at = (x, h, i)``."""
-    x, h, i = at
-    return mask_add[x:x + 1, h:h + 1, i:i + rows]
+_MASKED = NEG / 2  # a mask entry below this blocks its key: exp(NEG + score - max) is exactly 0 in float32
+_EXTENTS: dict = {}  # id(mask) -> (weak reference to it, block rows, extents): one step's mask, shared by its layers
+
+
+def _key_extents(mask_add, rows: int, square: bool) -> np.ndarray:
+    """Keys each block of ``rows`` query rows attends to: ``[B, mask heads, blocks]``, the
+    block's causal end (``i + rows``, square masks) where every later key of its rows is
+    blocked and each of its rows has its own position open (a row with no open key
+    attends to all of them), else every key. Skipping blocked keys changes no probability:
+    theirs are exactly 0. Computed once per mask (each layer gets the same one)."""
+    hit = _EXTENTS.get(id(mask_add))
+    if hit is not None and hit[0]() is mask_add and hit[1] == rows:
+        return hit[2]
+    m = mask_add.asnumpy()  # no copy on CPU
+    b, hm, s, sk = m.shape
+    starts = range(0, s, rows)
+    ext = np.full((b, hm, len(starts)), sk, np.int64)
+    if square:
+        for x in range(b):
+            for h in range(hm):
+                plane = m[x, h]
+                for j, i in enumerate(starts):
+                    end = min(i + rows, sk)
+                    if end < sk and plane[i:end, end:].max() < _MASKED and \
+                            np.diagonal(plane[i:end, i:end]).min() >= _MASKED:
+                        ext[x, h, j] = end
+    _EXTENTS.clear()
+    _EXTENTS[id(mask_add)] = (weakref.ref(mask_add), rows, ext)
+    return ext
+
+
+def _mask_block(mask_add, at, rows: int):
+    """The mask of block ``at = (x, h, i, keys)``: rows ``[i, i + rows)`` of sequence x and
+    head h over its first ``keys`` keys, contiguous (adding a strided slice of the mask was
+    ~15x slower than the add itself on CPU; numpy copies it at memory speed)."""
+    x, h, i, ke = at
+    if ke == mask_add.shape[3]:
+        return mask_add[x:x + 1, h:h + 1, i:i + rows]
+    return Tensor.from_numpy(np.ascontiguousarray(mask_add.asnumpy()[x:x + 1, h:h + 1, i:i + rows, :ke]))
 
 
 class _RowBlock(_Function):  # pylint: disable=abstract-method
-    """Attention of the query rows ``q`` (rows ``at = (x, h, i)`` onwards of sequence x, head h) over every key,
-    keeping only its inputs; its backward computes the block's forward again and its
-    gradients.
+    """Attention of the query rows ``q`` (block ``at = (x, h, i, keys)``: rows i onwards of
+    sequence x, head h, over the first ``keys`` keys), keeping only its inputs and output;
+    its backward computes the block's probabilities again and its gradients.
     ``out``: the block's output when it is already known (a recompute's first pass)."""
 
     @staticmethod
     def forward(ctx, core, q, k, v, mask_add, at, out=None):  # pylint: disable=arguments-differ
         ctx.core, ctx.at = core, at
-        ctx.save_for_backward(q, k, v, mask_add)
         if out is not None:  # the block's output from the first pass
-            return ops.deepcopy(out)
-        return core.attend(q, k, v, _mask_rows(mask_add, at, q.shape[2]))
+            out = ops.deepcopy(out)
+        else:
+            out = core.attend(q, k, v, _mask_block(mask_add, at, q.shape[2]))
+        ctx.save_for_backward(q, k, v, mask_add, out)
+        return out
 
     @staticmethod
     def backward(ctx, dout):  # pylint: disable=arguments-differ
-        # the block's forward again, then its gradients written out (what autograd computes
-        # for CoreAttention.attend, its softmax through the Softmax cell's own backward): a
-        # nested ms.grad here ran the block several times slower
-        q, k, v, mask_add = ctx.saved_tensors
+        # the block's probabilities again, then its gradients written out (what autograd
+        # computes for CoreAttention.attend; a nested ms.grad here ran several times slower).
+        # The softmax backward P * (dP - rowsum(dP * P)) takes the row sums as
+        # rowsum(dout * out) ([rows, dv], not [rows, keys]), and the products with a
+        # transposed [rows, keys] operand run as transposed products of the thin ones
+        # (BatchMatMul with transpose_a on CPU was ~1.7x slower).
+        q, k, v, mask_add, out = ctx.saved_tensors
         core = ctx.core
         cd = core.matmul_dtype
-        scores = core.bmm_t(q, k) + _mask_rows(mask_add, ctx.at, q.shape[2])
+        rows, keys = q.shape[2], k.shape[2]
+        scores = core.bmm_t(q, k) + _mask_block(mask_add, ctx.at, rows)
         probs = core.softmax.softmax(scores)
         dout = to_compute(dout, cd)
-        dv = core.bmm_ta(to_compute(probs, cd), dout)
+        dv = ops.transpose(core.bmm(ops.transpose(dout, _T), to_compute(probs, cd)), _T)
         dprobs = core.bmm_t(dout, v)
         if dprobs.dtype != probs.dtype:
             dprobs = ops.cast(dprobs, probs.dtype)
-        (dscores,) = core.softmax.bprop(scores, probs, dprobs)
-        dscores = to_compute(dscores, cd)
+        row = (ops.cast(dout, ms.float32) * ops.cast(out, ms.float32)).sum(-1, keepdims=True)  # [1, 1, rows, 1]
+        row = core.bmm(row, ops.ones((1, 1, 1, keys), row.dtype))
+        dscores = to_compute((dprobs - row) * probs, cd)
         dq = core.bmm(dscores, k)
-        dk = core.bmm_ta(dscores, q)
+        dk = ops.transpose(core.bmm(ops.transpose(q, _T), dscores), _T)
         return None, dq, dk, dv, None, None, None
+
+
+_T = (0, 1, 3, 2)
 
 
 class MLAttention(nn.Cell):

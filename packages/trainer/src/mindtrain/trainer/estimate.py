@@ -463,9 +463,9 @@ def _layer_kept(mod: Module, m: ModelConfig, i: int, z: _Shapes, plan_full: set,
 
 
 # mindtrain-models' CoreAttention.row_block_elements: an eager layer whose attention core is
-# recomputed runs the core's backward in blocks of rows of one sequence and head, each with at
-# most this many score elements (when the whole scores hold more)
-ROW_BLOCK_ELEMENTS = 1 << 24
+# recomputed runs the core (its first pass and its backward) in blocks of rows of one sequence
+# and head, each with at most this many score elements (when the whole scores hold more)
+ROW_BLOCK_ELEMENTS = 1 << 22
 
 
 def runs_compiled(compile_enabled: bool, strategy: str, dims: ParallelDims) -> bool:
