@@ -175,8 +175,34 @@ def test_recomputed_attention_runs_in_row_blocks(monkeypatch):
     np.testing.assert_array_equal(loss.asnumpy(), off[0][0])
     for g, ref in zip(grads, off[1]):
         np.testing.assert_allclose(g.asnumpy(), ref, rtol=1e-5, atol=1e-7)
-    model.set_jit(True)  # a compiled core is never run in blocks
-    assert not any("construct" in layer.self_attn.core_attention.__dict__ for layer in model.model.layers)
+
+
+def test_compiled_layer_with_recomputed_core_in_blocks_compiles_around_it(monkeypatch):
+    """A compiled model whose recomputed attention core holds more scores than a block
+    compiles that layer by pieces around the core, which runs eager in blocks (a graph
+    would keep all the scores in its workspace); the other layers stay whole graphs."""
+    from mindtrain.models import attention
+
+    monkeypatch.setattr(attention.CoreAttention, "row_block_elements", 16 * 4)
+    backward = attention._RowBlock.backward
+    blocks = [0]
+
+    def counted_backward(ctx, dout):
+        blocks[0] += 1
+        return backward(ctx, dout)
+
+    monkeypatch.setattr(attention._RowBlock, "backward", staticmethod(counted_backward))
+    off = _baseline(True)
+    on = _train(RecomputeConfig(mode="full", full_recompute_layer=[0]), jit=True, steps=1)
+    layers = on[3].model.layers
+    jit0 = layers[0].self_attn.__dict__["_mindtrain_jit"]
+    assert set(jit0) == {"project", "keys_values", "output"} and "_mindtrain_jit" not in layers[0].__dict__
+    assert "construct" in layers[0].self_attn.core_attention.__dict__  # eager, in blocks
+    assert all("construct" in layer.__dict__["_mindtrain_jit"] for layer in layers[1:])
+    assert blocks[0] == 16  # 2 sequences x 2 heads x 4 blocks of 4 rows
+    np.testing.assert_allclose(on[0][0], off[0][0], rtol=1e-6)
+    for g, ref in zip(on[1], off[1]):
+        np.testing.assert_allclose(g, ref, rtol=1e-5, atol=1e-7)
 
 
 def test_row_blocks_skip_only_keys_the_mask_blocks_for_every_row():

@@ -326,11 +326,17 @@ class MLAttention(nn.Cell):
 
     def attend(self, q, kv_lat, k_rot, mask_add):
         """Attention of the queries ``q`` over the keys and values made from ``kv_lat``
-        [B,Sk,kv_lora] and ``k_rot`` [B,1,Sk,rope], through ``o_proj``: [B,S,H]."""
-        b, n, s = q.shape[0], self.num_heads, q.shape[2]
+        [B,Sk,kv_lora] and ``k_rot`` [B,1,Sk,rope], through ``o_proj``: [B,S,H]. Compiled
+        whole by regions, or (a layer whose core runs in blocks) as the two pieces around
+        the core, :meth:`keys_values` and :meth:`output`."""
+        k, v = self.keys_values(q, kv_lat, k_rot)
+        return self.output(self.core_attention(q, k, v, mask_add))
+
+    def keys_values(self, q, kv_lat, k_rot):
+        """Keys [B,N,Sk,qk_head_dim] and values [B,N,Sk,dv] of the latent and roped key."""
+        b, n = q.shape[0], self.num_heads
         cd = self.matmul_dtype
         sk = kv_lat.shape[1]
-
         wkvb = self.kv_b_proj.weight.reshape(n, self.nope + self.v_dim, -1)
         lat2 = to_compute(kv_lat.reshape(b * sk, self.kv_lora_rank), cd)
         k_nope = self.matmul_t(lat2, to_compute(wkvb[:, :self.nope].reshape(n * self.nope, -1), cd))
@@ -338,7 +344,10 @@ class MLAttention(nn.Cell):
         k_nope = ops.transpose(k_nope.reshape(b, sk, n, self.nope), (0, 2, 1, 3))
         v = ops.transpose(v.reshape(b, sk, n, self.v_dim), (0, 2, 1, 3))
         k = ops.concat((k_nope, ops.broadcast_to(to_compute(k_rot, cd), (b, n, sk, self.rope))), -1)
+        return k, v
 
-        out = self.core_attention(q, k, v, mask_add)
+    def output(self, out):
+        """The heads' outputs [B,N,S,dv] through ``o_proj``: [B,S,H]."""
+        b, n, s = out.shape[0], out.shape[1], out.shape[2]
         out = ops.transpose(out, (0, 2, 1, 3)).reshape(b, s, n * self.v_dim)
         return self.o_proj(out)

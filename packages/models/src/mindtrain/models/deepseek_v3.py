@@ -181,15 +181,19 @@ class DeepseekV3ForCausalLM(nn.Cell):
         self._configure_row_blocks()
         if not enabled:
             return self
-        if granularity == "layer":
-            for cell in list(self.model.layers) + [self.head_loss]:
-                install_jit(cell, "construct")
-            return self
-        for layer in self.model.layers:
+        blocked = self._blocked_cores()
+        for i, layer in enumerate(self.model.layers):
+            if granularity == "layer" and i not in blocked:
+                install_jit(layer, "construct")
+                continue
             for norm in (layer.input_layernorm, layer.post_attention_layernorm):
                 install_jit(norm, "construct")
             install_jit(layer.self_attn, "project")
-            install_jit(layer.self_attn, "attend")
+            if i in blocked:  # the core between two graphs, eager in blocks
+                install_jit(layer.self_attn, "keys_values")
+                install_jit(layer.self_attn, "output")
+            else:
+                install_jit(layer.self_attn, "attend")
             if layer.is_moe:
                 install_jit(layer.mlp.gate, "construct")
                 install_jit(layer.mlp.experts, "construct")
@@ -197,8 +201,10 @@ class DeepseekV3ForCausalLM(nn.Cell):
                     install_jit(layer.mlp.shared_experts, "forward")
             else:
                 install_jit(layer.mlp, "forward")
-        # not installed as its construct: a layout may set its hooks after this call
-        self._head_graph = ms.jit(type(self.head_loss).construct.__get__(self.head_loss))
+        if granularity == "layer":
+            install_jit(self.head_loss, "construct")
+        else:  # not installed as its construct: a layout may set its hooks after this call
+            self._head_graph = ms.jit(type(self.head_loss).construct.__get__(self.head_loss))
         return self
 
     @property
@@ -254,19 +260,40 @@ class DeepseekV3ForCausalLM(nn.Cell):
                                   f"matches no module of layer(s) {_ranges(ids)}; modules are e.g. "
                                   f"{', '.join(n for n in names if n.count('.') < 2)}")
         self.recompute_plan = plan
-        self._configure_row_blocks()
+        if self._jit:  # layers whose recomputed core runs in blocks compile around it
+            self.set_jit(True, self._jit_granularity)
+        else:
+            self._configure_row_blocks()
         return self
 
-    def _configure_row_blocks(self) -> None:
-        """Eager layers whose attention core is recomputed (the whole layer, or a selected
-        module holding the core) recompute it in blocks of query rows
-        (:meth:`CoreAttention.recompute_in_row_blocks`): the backward then holds one block's
-        scores, not the whole [B, N, S, S]. Compiled layers keep the core as it is."""
-        keys = getattr(self, "recompute_wrappers", {})
+    def _core_recomputed(self, i: int) -> bool:
+        """Layer ``i``'s attention core is recomputed: the whole layer, or a selected module
+        that is the core or holds it."""
+        path = f"model.layers.{i}.self_attn.core_attention"
+        return any(path == k or path.startswith(k + ".") for k in getattr(self, "recompute_wrappers", {}))
+
+    def _blocked_cores(self) -> set:
+        """Layers whose attention core is recomputed and whose scores at the configured
+        sequence length (batch 1) exceed one block (``CoreAttention.row_block_elements``):
+        their core runs eager in blocks of rows, compiled or not."""
+        cfg = self.config
+        out = set()
         for i, layer in enumerate(self.model.layers):
-            path = f"model.layers.{i}.self_attn.core_attention"
-            covered = any(path == k or path.startswith(k + ".") for k in keys)
-            layer.self_attn.core_attention.recompute_in_row_blocks(covered and not self._jit)
+            core = layer.self_attn.core_attention
+            scores = layer.self_attn.num_heads * cfg.seq_length * cfg.seq_length
+            if self._core_recomputed(i) and scores > core.row_block_elements:
+                out.add(i)
+        return out
+
+    def _configure_row_blocks(self) -> None:
+        """Layers whose attention core is recomputed run it in blocks of query rows
+        (:meth:`CoreAttention.recompute_in_row_blocks`) when the layer is eager or the scores
+        exceed a block (a compiled model then compiles the layer around its core, see
+        :meth:`set_jit`): no pass holds more than one block's scores."""
+        blocked = self._blocked_cores()
+        for i, layer in enumerate(self.model.layers):
+            covered = self._core_recomputed(i)
+            layer.self_attn.core_attention.recompute_in_row_blocks(covered and (not self._jit or i in blocked))
 
     def _layer_call(self, i: int):
         """Layer ``i`` as the forward calls it: its recompute wrapper, unless the layer
