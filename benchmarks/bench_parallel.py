@@ -47,10 +47,12 @@ LAYOUTS = {  # name: (workers, overrides); global batch 2 everywhere
     "cp2": (2, ["parallelism.context_parallel=2", "training.local_batch_size=2"]),
     "pp2": (2, ["parallelism.pipeline_parallel=2", "training.local_batch_size=1"]),
     "dp2_tp2": (4, ["parallelism.tensor_parallel=2"]),
+    # ZeRO-3 under TP: per-layer units in compiled twins of layers compiled by regions
+    "dp2_tp2_zero3": (4, ["parallelism.tensor_parallel=2", ZERO + "optim_grads_params"]),
     "pp2_dp2": (4, ["parallelism.pipeline_parallel=2"]),
 }
 # the layouts that compile by regions or in twins, once more with eager layers (compile.enable=false)
-for _name in ("zero3", "tp2", "ep2", "cp2"):
+for _name in ("zero3", "tp2", "ep2", "cp2", "dp2_tp2_zero3"):
     LAYOUTS[_name + "_eager"] = (LAYOUTS[_name][0], LAYOUTS[_name][1] + ["compile.enable=false"])
 
 

@@ -1,9 +1,10 @@
-"""TP=2 x EP=2 x FSDP=2 and EP=2 x FSDP (4 ranks, experts sharded over edp=2) train the tiny
-DeepSeek-V3 exactly like one process: same per-step losses and final parameters; per-rank
-parameter and activation bytes shrink as TP/SP/EP/FSDP say.
+"""TP=2 x EP=2 x FSDP=2, EP=2 x FSDP (4 ranks, experts sharded over edp=2) and TP=2 x ZeRO-3
+(compiled by regions, per-layer units in compiled twins) train the tiny DeepSeek-V3 exactly
+like one process: same per-step losses and final parameters; per-rank parameter and
+activation bytes shrink as TP/SP/EP/FSDP say.
 
 The single-process reference runs (as a plain process) while the 4-worker msrun job runs
-both layouts in one launch. Every layout: the tiny config with 2 decoder layers (dense +
+the three layouts in one launch. Every layout: the tiny config with 2 decoder layers (dense +
 MoE) and its MoE MTP module, 5 steps, 8 sequences of 16 tokens per step, 2 accumulation
 micro-batches per rank, the trainer's AdamW, the aux-loss-free bias update with the global
 expert load. TP=2 and EP=2 alone are proven through the trainer itself
@@ -83,11 +84,19 @@ def _compare(ref: dict, got: dict, case: str) -> None:
     assert np.sqrt(num / den) <= MODEL_RTOL, f"{case}: model relative error {np.sqrt(num / den):.2e}"
 
 
-def test_tp2_ep2_fsdp2_and_ep2_fsdp4_match_single_process(out_dir):
+@pytest.fixture(scope="module")
+def results(out_dir):
+    """The reference and every case of the one 4-worker launch, by name."""
     d, ref_proc = out_dir
-    _msrun(d, 4, 8402, "tp2_ep2_fsdp2,ep2_fsdp4")
-    ref = _reference(d, ref_proc)
-    both, epf = dict(np.load(d / "tp2_ep2_fsdp2.npz")), dict(np.load(d / "ep2_fsdp4.npz"))
+    _msrun(d, 4, 8402, "tp2_ep2_fsdp2,ep2_fsdp4,tp2_zero3_compiled")
+    out = {"ref": _reference(d, ref_proc)}
+    for case in ("tp2_ep2_fsdp2", "ep2_fsdp4", "tp2_zero3_compiled"):
+        out[case] = dict(np.load(d / f"{case}.npz"))
+    return out
+
+
+def test_tp2_ep2_fsdp2_and_ep2_fsdp4_match_single_process(results):
+    ref, both, epf = results["ref"], results["tp2_ep2_fsdp2"], results["ep2_fsdp4"]
     _compare(ref, both, "tp2_ep2_fsdp2")
     _compare(ref, epf, "ep2_fsdp4")
     full = int(ref["param_bytes_local"])
@@ -105,3 +114,19 @@ def test_tp2_ep2_fsdp2_and_ep2_fsdp4_match_single_process(out_dir):
     # experts and edp=2 halves them again while FSDP over 4 shards the rest
     assert int(both["fsdp_param_bytes"]) <= 0.3 * full
     assert int(epf["fsdp_param_bytes"]) <= 0.3 * full
+
+
+def test_tp2_zero3_compiled_by_regions_in_twins_matches_single_process(results):
+    """TP=2 x ZeRO-3 over dp=2 as ShardedLayout lays it out from a compiled model: one FSDP
+    unit per decoder layer and MTP module, each run in its kind's compiled twin of the
+    TP-wrapped layer compiled by regions. Same losses, grad norms and final weights as one
+    process; each rank holds its dim-0 shards of the TP pieces plus one twin per kind."""
+    ref, got = results["ref"], results["tp2_zero3_compiled"]
+    _compare(ref, got, "tp2_zero3_compiled")
+    np.testing.assert_allclose(got["grad_norms"], ref["grad_norms"], rtol=LOSS_RTOL)
+    # it really ran compiled: by regions, every unit (two decoder layers, the MTP module) in
+    # a twin, three kinds
+    assert str(got["jit_granularity"]) == "region"
+    assert (int(got["units"]), int(got["twin_units"]), int(got["twins"])) == (3, 3, 3)
+    # resident between steps: the shards and the twins' full TP pieces of one layer per kind
+    assert int(got["param_bytes_layout"]) == int(got["shard_bytes"]) + int(got["layer_bytes_local"])

@@ -46,6 +46,10 @@ STEPS, GLOBAL, ACC, SEQ = int(os.environ.get("TP_EP_STEPS", 5)), 8, 2, 16
 CASES = {"ref": (1, 1, 1, False), "tp2": (1, 2, 1, False), "ep2": (2, 1, 2, False),
          "tp2_fsdp2": (2, 2, 1, True), "ep2_fsdp2": (2, 1, 2, True), "ep2_fsdp4": (4, 1, 2, True),
          "tp2_ep2_fsdp2": (2, 2, 2, True)}
+# cases laid out by ShardedLayout (mindtrain.parallel's composition, as the trainer runs it)
+# from a compiled model: TP=2 x ZeRO-3 over dp=2, per-layer units in compiled twins of
+# layers compiled by regions
+LAYOUT_CASES = {"tp2_zero3_compiled": (2, 2, 1)}
 
 
 def model_config():
@@ -110,7 +114,68 @@ def activation_bytes(model, ids, labels):
     return total[0]
 
 
+def run_layout(case, world, rank, out_dir):
+    """A case laid out by ShardedLayout: the model compiled (whole layers, as the trainer
+    builds it; the layout picks regions), the trainer's step (run_step, gradients,
+    grad_norm, AdamW, finish_step, the global expert load)."""
+    from mindtrain.parallel.compose import ShardedLayout
+
+    dp, tp_size, ep_size = LAYOUT_CASES[case]
+    dims = ParallelDims(world_size=dp * tp_size, pp=1, dp_shard=dp, cp=1, tp=tp_size, ep=ep_size)
+    assert dims.world_size == world, (case, world)
+    mesh = make_mesh(dims, world, rank)
+    config = load_config(os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml"),
+                         ["parallelism.data_parallel_shard_strategy=optim_grads_params",
+                          f"parallelism.tensor_parallel={tp_size}"], validate=False)
+    model = build()
+    model.set_jit(True)
+    plan = parallel_plan(model)
+    # each layer's trainable bytes as TP splits them: what one twin per kind holds (the
+    # two decoder layers and the MTP module are three kinds)
+    layer_bytes = 0
+    for name, info in plan["params"].items():
+        if name.startswith("model.layers.") and info.get("trainable", True):
+            shape = list(info["shape"])
+            if info["tp"] != "replicated":
+                shape[info["tp_dim"]] //= tp_size
+            layer_bytes += 4 * int(np.prod(shape))
+    layout = ShardedLayout(model, plan, mesh, config, ACC, ["input_ids", "labels"])
+    opt = AdamW(layout.named_params, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
+    dpg = mesh.group("dp_cp")
+    d = dpg.index
+    micro = GLOBAL // (dpg.size * ACC)
+    losses, norms = [], []
+    for step in range(STEPS):
+        ids, labels = data(step)
+        rows = [slice((d * ACC + m) * micro, (d * ACC + m + 1) * micro) for m in range(ACC)]
+        figures = layout.run_step([{"input_ids": ids[r], "labels": labels[r]} for r in rows])
+        grads = layout.gradients()
+        norms.append(layout.grad_norm(grads))
+        opt.step(grads)
+        layout.finish_step()
+        model.update_expert_bias(layout.expert_load())
+        local_loss = sum(f.loss for f in figures) / ACC
+        losses.append(float(C.all_reduce(Tensor([local_loss]), dpg, op="avg").asnumpy()[0]))
+    state = layout.to_full([t for _, t in layout.named_params])
+    for router in model.moe_routers():  # untrained: the aux-loss-free bias update's
+        bias = router.e_score_correction_bias
+        state[bias.name] = bias.asnumpy()
+    fsdp = layout.fsdp
+    result = {"losses": np.array(losses), "grad_norms": np.array(norms),
+              "jit_granularity": str(model.jit_granularity), "units": len(fsdp.units),
+              "twins": len(fsdp.twins), "twin_units": sum(b.twin is not None for b in fsdp.units),
+              "param_bytes_layout": layout.memory_bytes(),
+              "shard_bytes": sum(int(p.size) * p.itemsize for p in fsdp.params),
+              "layer_bytes_local": layer_bytes}
+    if rank == 0:
+        np.savez(os.path.join(out_dir, f"{case}.npz"), **result, **{f"p:{n}": v for n, v in state.items()})
+    C.barrier()
+    return losses
+
+
 def run(case, world, rank, out_dir):
+    if case in LAYOUT_CASES:
+        return run_layout(case, world, rank, out_dir)
     dp, tp_size, ep_size, fsdp_on = CASES[case]
     dims = ParallelDims(world_size=dp * tp_size, pp=1, dp_shard=dp, cp=1, tp=tp_size, ep=ep_size)
     assert dims.world_size == world, (case, world)
@@ -148,7 +213,7 @@ def run(case, world, rank, out_dir):
     else:
         grad_fn = ms.value_and_grad(loss_fn, None, weights=[p for _, p in dense])
 
-    losses = []
+    losses, norms = [], []
     for step in range(STEPS):
         ids, labels = data(step)
         local_loss, grads = 0.0, None
@@ -165,6 +230,8 @@ def run(case, world, rank, out_dir):
         elif dpg.size > 1:
             grads = [C.all_reduce(g, dpg, op="avg") for g in grads]
         grads = tp.sync_grads(names, grads)
+        if case == "ref":
+            norms.append(float(np.sqrt(sum(np.sum(g.asnumpy().astype(np.float64) ** 2) for g in grads))))
         opt.step(list(grads) + ep.grads)
         if fsdp is not None:
             fsdp.finish_step()
@@ -183,7 +250,7 @@ def run(case, world, rank, out_dir):
             state[p.name] = p.asnumpy()  # router correction biases
     state = {n: tp.full_param(n, state[n]) for n in sorted(state)}
     state.update(ep.full_state())
-    result = {"losses": np.array(losses), "param_bytes_full": full_bytes, "param_bytes_local": local_bytes,
+    result = {"losses": np.array(losses), "grad_norms": np.array(norms), "param_bytes_full": full_bytes, "param_bytes_local": local_bytes,
               "activation_bytes": act}
     if fsdp is not None:
         result["fsdp_param_bytes"] = sum(int(p.size) * p.itemsize for _, p in fsdp.named_parameters()) \

@@ -249,3 +249,50 @@ def test_plan_grammar_and_errors():
     with pytest.raises(ConfigError, match="recompute.select_module.nothing: matches no module"):
         mm.build_model(ModelConfig(**CFG), jit=False,
                        recompute=RecomputeConfig(mode="select", select_module={"nothing": True}))
+
+
+def test_compiled_copy_rebuilds_forwards_that_layouts_put_on_cells():
+    """A layout replaces forwards by closures over the cells (tensor parallelism's sequence
+    gather around a region): the compiled copy's closures call the copy's cells and its own
+    compiled graphs, which read the copy's weights, not the original's."""
+    from mindspore import ops
+
+    from mindtrain.models.recompute import compiled_copy
+
+    ms.set_seed(0)
+    model = mm.build_model(ModelConfig(**CFG), jit=False).set_jit(True, granularity="region")
+    layer = model.model.layers[0]
+    mlp, attn = layer.mlp, layer.self_attn
+    calls = []
+
+    def around_mlp(cell, inner):
+        def construct(x):
+            calls.append(cell)
+            return inner(x) * 2.0
+        return construct
+
+    def around_attention(cell, project, attend):
+        def construct(x, cos, sin, mask_add):
+            calls.append(cell)
+            return attend(*project(x, cos, sin), mask_add) * 0.5
+        return construct
+
+    # the MLP's eager forward (a bound method calling its compiled ``forward``), and the
+    # attention's compiled pieces themselves
+    object.__setattr__(mlp, "construct", around_mlp(mlp, mlp.construct))
+    object.__setattr__(attn, "construct", around_attention(attn, attn.project, attn.attend))
+    twin = compiled_copy(layer)
+    h = Tensor(np.random.RandomState(1).normal(size=(2, 16, 32)).astype(np.float32))
+    cos, sin, mask = model._rope_and_mask(2, 16, None, None)
+    want = layer(h, cos, sin, mask)[0].asnumpy()
+    assert calls == [attn, mlp]
+    calls.clear()
+    got = twin(h, cos, sin, mask)[0].asnumpy()
+    assert calls == [twin.self_attn, twin.mlp]
+    np.testing.assert_array_equal(got, want)
+    assert twin.mlp._mindtrain_jit["forward"] is not mlp._mindtrain_jit["forward"]
+    # the copy's graphs read the copy's weights: zeroing the original's changes nothing
+    for p in layer.get_parameters():
+        ops.assign(p, ops.zeros(p.shape, p.dtype))
+    np.testing.assert_array_equal(twin(h, cos, sin, mask)[0].asnumpy(), want)
+    assert not np.array_equal(layer(h, cos, sin, mask)[0].asnumpy(), want)

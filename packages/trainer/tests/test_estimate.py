@@ -65,6 +65,8 @@ LAYOUTS = {
     "zero2": (2, ["parallelism.data_parallel_shard_strategy=optim_grads"]),
     "zero3": (2, ["parallelism.data_parallel_shard_strategy=optim_grads_params"]),
     "tp2": (2, ["parallelism.tensor_parallel=2"]),
+    "tp2_dp2_zero3": (4, ["parallelism.tensor_parallel=2",
+                          "parallelism.data_parallel_shard_strategy=optim_grads_params"]),
     "ep2_zero3": (2, ["parallelism.expert_parallel=2"]),
     "tp2_ep2_zero2": (4, ["parallelism.tensor_parallel=2", "parallelism.expert_parallel=2",
                           "parallelism.data_parallel_shard_strategy=optim_grads"]),
@@ -79,6 +81,7 @@ def test_layout_bytes_are_the_sharded_models(name):
     mindtrain.parallel for every rank of the layout."""
     from mindtrain.models import parallel_plan
     from mindtrain.parallel import DeviceMesh, apply_expert_parallel, apply_tensor_parallel, fully_shard
+    from mindtrain.parallel.layout import compiled_regions
 
     workers, extra = LAYOUTS[name]
     cfg, _ = _model(TWO_LAYERS)  # sets the device
@@ -88,11 +91,13 @@ def test_layout_bytes_are_the_sharded_models(name):
     from mindtrain.models import build_model
 
     strategy = cfg.parallelism.data_parallel_shard_strategy
-    # ZeRO-3 alone: one unit per layer, compiled layers in one twin per kind of unit (as
-    # ShardedLayout lays it out; a compiled model compiles only when it first runs)
-    units = dims.dp > 1 and strategy == "optim_grads_params" and dims.tp == dims.ep == 1
+    # ZeRO-3 alone or under TP: one unit per layer, compiled layers (by regions under TP) in
+    # one twin per kind of unit (as ShardedLayout lays it out; a compiled model compiles
+    # only when it first runs)
+    units = dims.dp > 1 and strategy == "optim_grads_params" and dims.ep == 1
     for rank in range(workers):
         model = build_model(cfg.model, jit=units)
+        compiled_regions(model, units, dims.tp > 1, zero3_units=units)
         mesh = DeviceMesh(dims, rank)
         plan = parallel_plan(model)
         tp = apply_tensor_parallel(model, plan, mesh) if dims.tp > 1 else None

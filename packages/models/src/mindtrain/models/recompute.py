@@ -24,6 +24,7 @@ on every rank.
 from __future__ import annotations
 
 import copy
+import types
 
 import mindspore as ms
 from mindspore import Tensor, nn, ops
@@ -122,16 +123,52 @@ def install_jit(cell: nn.Cell, attr: str) -> None:
 def compiled_copy(cell: nn.Cell) -> nn.Cell:
     """A deep copy of ``cell`` with its own parameters and the methods :func:`install_jit`
     compiled in it compiled again for the copy (a deep copy keeps the original's compiled
-    functions, which read the original's parameters)."""
-    twin = copy.deepcopy(cell)
+    functions, which read the original's parameters).
+
+    Forwards that other code put on the instances (a layout's closure replacing a cell's
+    ``construct``, e.g. tensor parallelism's) are rebuilt for the copy too: a deep copy
+    shares functions, whose closures would still call the original cells. Closure contents
+    that the deep copy copied (the original's cells and parameters, bound methods of its
+    cells, functions replaced here) become the copy's; anything else (process groups,
+    numbers, other functions) is shared."""
+    memo: dict = {}
+    twin = copy.deepcopy(cell, memo)
+    old_fns: list = []  # (copied cell, attribute, the original's function)
     for _, c in twin.cells_and_names():
-        mine = c.__dict__.get("_mindtrain_jit")
+        mine = c.__dict__.get("_mindtrain_jit") or {}
+        compiled = {id(fn) for fn in mine.values()}
+        for attr, fn in list(c.__dict__.items()):
+            if isinstance(fn, types.FunctionType) and fn.__closure__ and id(fn) not in compiled:
+                old_fns.append((c, attr, fn))
         if not mine:
             continue
-        object.__setattr__(c, "_mindtrain_jit", {})
-        for attr in mine:
-            object.__delattr__(c, attr)
-            install_jit(c, attr)
+        fresh = {}
+        for attr, fn in mine.items():
+            fresh[attr] = memo[id(fn)] = ms.jit(getattr(type(c), attr).__get__(c))
+            if c.__dict__.get(attr) is fn:  # else other code replaced it (rebuilt below)
+                object.__setattr__(c, attr, fresh[attr])
+        object.__setattr__(c, "_mindtrain_jit", fresh)
+    # new functions first (with empty closure cells), so closures may refer to each other
+    new_fns = []
+    for c, attr, fn in old_fns:
+        new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
+                                 tuple(types.CellType() for _ in fn.__closure__))
+        new.__kwdefaults__, new.__dict__ = fn.__kwdefaults__, dict(fn.__dict__)
+        memo[id(fn)] = new
+        new_fns.append((c, attr, fn, new))
+
+    def mapped(value):
+        if isinstance(value, types.MethodType) and id(value.__self__) in memo:
+            return types.MethodType(value.__func__, memo[id(value.__self__)])
+        return memo.get(id(value), value)
+
+    for c, attr, fn, new in new_fns:
+        for old_cell, new_cell in zip(fn.__closure__, new.__closure__):
+            try:
+                new_cell.cell_contents = mapped(old_cell.cell_contents)
+            except ValueError:  # an empty closure cell stays empty
+                pass
+        object.__setattr__(c, attr, new)
     return twin
 
 

@@ -17,9 +17,10 @@ keep whole compiled layers. TP, EP and CP put collectives inside a layer, so a c
 model is compiled by regions there (:func:`compiled_regions`): the pieces between the
 collectives are graphs. ZeRO-3 frees and re-gathers parameters by swapping storage, which
 no graph sees (``benchmarks/probe_storage_resize.py``: freeing storage in place frees no
-memory on CPU): alone, its units (decoder layers, MTP modules) keep whole compiled layers,
-each run in a compiled twin per kind of unit whose buffers FSDP writes in place; with TP or
-EP it runs eager layers.
+memory on CPU): its units (decoder layers, MTP modules) run in a compiled twin per kind of
+unit whose buffers FSDP writes in place, compiled whole alone and by regions under TP (a
+twin of a TP-wrapped layer runs its own copies of TP's forwards); with EP, ZeRO-3 gathers
+the whole model as its root and runs eager layers.
 """
 
 from __future__ import annotations
@@ -110,7 +111,10 @@ class ShardedLayout:
         self.tp = None
         self.ep = None
         zero3 = dims.dp > 1 and self.strategy == ZERO3
-        compiled_regions(model, zero3, dims.tp > 1 or dims.ep > 1, zero3_units=True)
+        # ZeRO-3 gathers per decoder layer / MTP module (units, compiled ones in twins) alone
+        # and under TP; under EP the whole model is its root (gathered by set_data: eager)
+        zero3_units = zero3 and dims.ep == 1
+        compiled_regions(model, zero3, dims.tp > 1 or dims.ep > 1, zero3_units=zero3_units)
         if dims.tp > 1:
             self.tp = apply_tensor_parallel(model, plan, mesh)
         if dims.ep > 1:
@@ -126,7 +130,7 @@ class ShardedLayout:
 
         if dims.dp > 1:
             units, shared = (), None
-            if zero3 and self.tp is None and self.ep is None:
+            if zero3_units:
                 units, shared = _zero3_units(model, plan)
             reshard, _ = reshard_after_forward(config.parallelism.reshard_after_forward_policy, self.strategy,
                                                dims.pp > 1)

@@ -28,13 +28,15 @@ from mindtrain.parallel.group import Group
 def compiled_regions(model, zero3: bool, wrapped: bool, zero3_units: bool = False) -> None:
     """How a compiled model runs in a layout: compiled by regions when a layout wraps cells
     inside the layers (``wrapped``: TP, EP, CP), whole compiled layers otherwise. ZeRO-3
-    swaps weights' storage (``set_data``), which a graph never sees: with ZeRO-3 units
-    (``zero3_units``: FSDP runs each compiled unit in a compiled twin whose buffers it writes
-    in place) the layers stay compiled whole when nothing is wrapped; any other ZeRO-3
-    layout runs eager. Call before the layouts wrap anything."""
+    swaps weights' storage (``set_data``), which a graph never sees, so under ZeRO-3 only
+    its units run compiled (``zero3_units``: FSDP runs each compiled unit in a compiled twin
+    whose buffers it writes in place): whole layers when nothing is wrapped, by regions
+    when a layout wraps cells inside them (ShardedLayout: TP). ZeRO-3 without units (its
+    root gathered by ``set_data`` holds every weight: with EP, and in pipeline stages)
+    runs eager. Call before the layouts wrap anything."""
     if not getattr(model, "jit_enabled", False):
         return
-    if zero3 and (wrapped or not zero3_units):
+    if zero3 and not zero3_units:
         model.set_jit(False)
     elif wrapped and getattr(model, "jit_granularity", "layer") != "region":
         model.set_jit(True, granularity="region")

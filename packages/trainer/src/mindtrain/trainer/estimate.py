@@ -275,8 +275,9 @@ def stage_bytes(cfg: MindTrainConfig, dims: ParallelDims, stage: int, units: lis
     units_numel: dict[str, int] = {}
     for p in dense:
         units_numel[p.unit] = units_numel.get(p.unit, 0) + _local_numel(p, dims)
-    # ZeRO-3 without TP / EP wraps each layer as a unit; otherwise everything is the root
-    has_units = zero3 and not pipeline and dims.tp == 1 and dims.ep == 1
+    # ZeRO-3 alone or under TP wraps each layer as a unit; with EP (or in a pipeline stage)
+    # everything is the root (mindtrain.parallel.compose.ShardedLayout)
+    has_units = zero3 and not pipeline and dims.ep == 1
     if zero3:
         if has_units:
             root = sum(v for u, v in units_numel.items() if u in ("embedding", "head"))
@@ -285,6 +286,7 @@ def stage_bytes(cfg: MindTrainConfig, dims: ParallelDims, stage: int, units: lis
             if cfg.compile.enable:
                 # compiled units run in one resident compiled twin per kind of unit
                 # (mindtrain.parallel.fsdp): the dense layer, the MoE layer, the MTP module
+                # (under TP, twins of their TP pieces)
                 twins: dict[str, int] = {}
                 for u, v in units_numel.items():
                     if u in ("embedding", "head"):
@@ -470,10 +472,10 @@ ROW_BLOCK_ELEMENTS = 1 << 22
 
 def runs_compiled(compile_enabled: bool, strategy: str, dims: ParallelDims) -> bool:
     """The trainer runs compiled graphs (whole layers, regions under TP/EP/CP, ZeRO-3's
-    compiled twins) with ``compile.enable``, except ZeRO-3 under TP, EP, CP or PP
-    (``mindtrain.parallel.layout.compiled_regions``)."""
+    compiled twins, alone or under TP) with ``compile.enable``, except ZeRO-3 under EP, CP
+    or PP (``mindtrain.parallel.layout.compiled_regions``)."""
     zero3 = dims.dp_shard > 1 and strategy == ZERO3
-    return compile_enabled and not (zero3 and (dims.tp > 1 or dims.ep > 1 or dims.cp > 1 or dims.pp > 1))
+    return compile_enabled and not (zero3 and (dims.ep > 1 or dims.cp > 1 or dims.pp > 1))
 
 
 def _core_recomputed(i: int, full: set, select: dict) -> bool:
