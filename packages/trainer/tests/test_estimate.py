@@ -191,34 +191,39 @@ def test_671b_on_a_layout_that_fits():
     assert "pp=16" in out.stdout and "stage 15" in out.stdout
 
 
-def test_eager_recomputed_attention_is_rebuilt_in_blocks():
-    """Eager layers whose attention core is recomputed rebuild its scores one block at a time
-    (mindtrain-models' CoreAttention.row_block_elements): bench_memory's size at seq 4096.
-    Compiled layers, and attention that is not recomputed, keep the whole scores."""
-    from mindtrain.trainer.estimate import ROW_BLOCK_ELEMENTS, activation_bytes
+def test_recomputed_attention_is_rebuilt_in_blocks(monkeypatch):
+    """Layers whose attention core is recomputed rebuild its scores one block at a time
+    (mindtrain-models' CoreAttention.row_block_elements), eager or compiled (the model then
+    compiles such a layer around its core): bench_memory's size at seq 4096. Attention that
+    is not recomputed keeps the whole scores."""
+    from mindtrain.trainer import estimate
+    from mindtrain.config.schema import RecomputeConfig
 
     size = ["model.hidden_size=256", "model.num_attention_heads=8", "model.num_key_value_heads=8",
             "model.seq_length=4096", "train_dataset.dataloader.config.seq_length=4096",
             "model.max_position_embeddings=4096", "training.global_batch_size=1"]
     scores = 8 * 4096 * 4096  # one layer's [B, N, S, S], batch 1
-    block = ROW_BLOCK_ELEMENTS  # 1024 rows of one head x 4096 keys
+    block = estimate.ROW_BLOCK_ELEMENTS  # 1024 rows of one head x 4096 keys
 
     def act(compiled, mode, **select):
         cfg = load_config(TINY, size + [f"compile.enable={str(compiled).lower()}"])
         dims = resolve_parallelism(cfg.parallelism, 1)
-        from mindtrain.config.schema import RecomputeConfig
         rc = RecomputeConfig(mode=mode, **({"select_module": select} if select else {}))
         units = [f"layers.{i}" for i in range(cfg.model.num_hidden_layers)]
-        return activation_bytes(cfg, dims, units, 4, rc)
+        return estimate.activation_bytes(cfg, dims, units, 4, rc)
 
-    core = 2 * scores * 4  # the scores and probabilities a rebuilt core keeps
-    assert act(True, "full") - act(False, "full") == core + 5 * (scores - block) * 4
-    assert act(True, "None") == act(False, "None")  # nothing recomputed: nothing in blocks
-    # a selected core: the replay rebuilds only the core, in blocks
-    assert act(True, "select", **{"self_attn.core_attention": True}) - \
-        act(False, "select", **{"self_attn.core_attention": True}) == core + 5 * (scores - block) * 4
-    # selecting the experts alone leaves the attention whole
+    cases = [("full", {}), ("select", {"self_attn.core_attention": True})]
+    blocked = {(c, mode): act(c, mode, **sel) for c in (False, True) for mode, sel in cases}
+    off = act(False, "None")
+    assert act(True, "None") == off  # nothing recomputed: nothing in blocks
+    # selecting the experts alone leaves the attention whole, eager or compiled
     assert act(False, "select", **{"mlp.experts": True}) == act(True, "select", **{"mlp.experts": True})
+    monkeypatch.setattr(estimate, "ROW_BLOCK_ELEMENTS", 1 << 40)  # every core whole
+    whole = {(c, mode): act(c, mode, **sel) for c in (False, True) for mode, sel in cases}
+    core = 2 * scores * 4  # the scores and probabilities a rebuilt whole core keeps
+    for key, b in blocked.items():
+        # a core in blocks: nothing of it rebuilt at once, one block in the backward's transient
+        assert whole[key] - b == core + 5 * (scores - block) * 4, key
 
 
 def test_estimator_needs_no_mindspore():

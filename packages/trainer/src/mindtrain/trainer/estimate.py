@@ -490,8 +490,9 @@ def activation_bytes(cfg: MindTrainConfig, dims: ParallelDims, units: list[str],
                      recompute: Optional[RecomputeConfig] = None, breakdown: Optional[dict] = None) -> int:
     """Peak bytes of one micro-batch's activations on a rank holding ``units``, with
     ``recompute`` (default: the config's). ``breakdown`` (a dict) receives the bytes by kind
-    without recompute. Eager layers (``compile.enable: false``) whose attention core is
-    recomputed rebuild its scores one block at a time (:data:`ROW_BLOCK_ELEMENTS`)."""
+    without recompute. Layers whose attention core is recomputed rebuild its scores one
+    block at a time (:data:`ROW_BLOCK_ELEMENTS`): eager layers, and compiled ones whose
+    sequence's scores exceed a block."""
     m = cfg.model
     b = cfg.training.local_batch_size
     s = m.seq_length // dims.cp
@@ -508,7 +509,9 @@ def activation_bytes(cfg: MindTrainConfig, dims: ParallelDims, units: list[str],
              "logits": 0, "other": 0, "backward transient": 0}
     scores = b * z.heads * s * m.seq_length
     eager = not runs_compiled(bool(cfg.compile.enable), cfg.parallelism.data_parallel_shard_strategy, dims)
-    in_blocks = eager and scores > ROW_BLOCK_ELEMENTS
+    # compiled layers too, when one sequence's scores exceed a block: the model compiles such
+    # a layer around its core (mindtrain-models' DeepseekV3ForCausalLM._blocked_cores)
+    in_blocks = scores > ROW_BLOCK_ELEMENTS and (eager or m.num_attention_heads * m.seq_length ** 2 > ROW_BLOCK_ELEMENTS)
     block = min(s, max(1, ROW_BLOCK_ELEMENTS // m.seq_length)) * m.seq_length  # one block's scores
     largest_scores = 0  # the scores one attention backward holds at once
     for i in layer_ids:
