@@ -42,6 +42,8 @@ LAYOUTS = {  # name: (workers, overrides); global batch 2 everywhere
     "zero1": (2, [ZERO + "optim"]),
     "zero2": (2, [ZERO + "optim_grads"]),
     "zero3": (2, [ZERO + "optim_grads_params"]),
+    # ZeRO-3 keeping each unit's gathered weights from its forward to its backward
+    "zero3_never": (2, [ZERO + "optim_grads_params", "parallelism.reshard_after_forward_policy=never"]),
     "tp2": (2, ["parallelism.tensor_parallel=2", "training.local_batch_size=2"]),
     "ep2": (2, ["parallelism.expert_parallel=2"]),
     "cp2": (2, ["parallelism.context_parallel=2", "training.local_batch_size=2"]),
