@@ -21,8 +21,8 @@ from mindtrain.models.linear import Linear
 from mindtrain.models.loss import MaskedCrossEntropy, TokenCrossEntropy
 from mindtrain.models.mtp import MTPLayer
 from mindtrain.models.norm import RMSNorm
-from mindtrain.models.recompute import (Recompute, SharedGraphRecompute, cell_kind, compiled_copy, install_jit,
-                                        recompute_submodule)
+from mindtrain.models.recompute import (Recompute, SharedGraphRecompute, cell_kind, compiled_copy, compiled_method,
+                                        install_jit, recompute_submodule)
 from mindtrain.models.precision import (DTYPES, check_param_dtype, current_device, resolve_compute_dtype,
                                         to_compute)
 from mindtrain.models.rope import RotaryEmbedding
@@ -204,7 +204,7 @@ class DeepseekV3ForCausalLM(nn.Cell):
         if granularity == "layer":
             install_jit(self.head_loss, "construct")
         else:  # not installed as its construct: a layout may set its hooks after this call
-            self._head_graph = ms.jit(type(self.head_loss).construct.__get__(self.head_loss))
+            self._head_graph = compiled_method(self.head_loss, "construct")
         return self
 
     @property

@@ -103,6 +103,12 @@ def recompute_submodule(cell: nn.Cell) -> Recompute:
 
 
 # ---------------------------------------------------------------- compiled layers, one graph per kind
+def compiled_method(cell: nn.Cell, attr: str):
+    """The class's method ``attr`` bound to ``cell``, compiled with ms.jit (it reads
+    ``cell``'s parameters)."""
+    return ms.jit(getattr(type(cell), attr).__get__(cell))
+
+
 def install_jit(cell: nn.Cell, attr: str) -> None:
     """Replace ``cell``'s method ``attr`` on the instance by its ms.jit-compiled form, unless
     other code already replaced it, and list it in the cell's ``_mindtrain_jit``. (A compiled
@@ -111,7 +117,7 @@ def install_jit(cell: nn.Cell, attr: str) -> None:
     compiled through such a method.)"""
     if attr in cell.__dict__:
         return
-    fn = ms.jit(getattr(type(cell), attr).__get__(cell))
+    fn = compiled_method(cell, attr)
     object.__setattr__(cell, attr, fn)
     mine = cell.__dict__.get("_mindtrain_jit")
     if mine is None:
@@ -144,7 +150,7 @@ def compiled_copy(cell: nn.Cell) -> nn.Cell:
             continue
         fresh = {}
         for attr, fn in mine.items():
-            fresh[attr] = memo[id(fn)] = ms.jit(getattr(type(c), attr).__get__(c))
+            fresh[attr] = memo[id(fn)] = compiled_method(c, attr)
             if c.__dict__.get(attr) is fn:  # else other code replaced it (rebuilt below)
                 object.__setattr__(c, attr, fresh[attr])
         object.__setattr__(c, "_mindtrain_jit", fresh)

@@ -464,9 +464,10 @@ def _layer_kept(mod: Module, m: ModelConfig, i: int, z: _Shapes, plan_full: set,
     return kept, rebuilt
 
 
-# mindtrain-models' CoreAttention.row_block_elements: an eager layer whose attention core is
-# recomputed runs the core (its first pass and its backward) in blocks of rows of one sequence
-# and head, each with at most this many score elements (when the whole scores hold more)
+# mindtrain-models' CoreAttention.row_block_elements: a layer whose attention core is recomputed
+# (eager, or compiled with more scores per sequence than a block) runs the core (its first pass
+# and its backward) in blocks of rows of one sequence and head, each with at most this many
+# score elements (when the whole scores hold more)
 ROW_BLOCK_ELEMENTS = 1 << 22
 
 
