@@ -52,9 +52,13 @@ LAYOUTS = {  # name: (workers, overrides); global batch 2 everywhere
     # ZeRO-3 under TP: per-layer units in compiled twins of layers compiled by regions
     "dp2_tp2_zero3": (4, ["parallelism.tensor_parallel=2", ZERO + "optim_grads_params"]),
     "pp2_dp2": (4, ["parallelism.pipeline_parallel=2"]),
+    # ZeRO-3 under EP: per-layer units in compiled twins (regions), each running its own experts
+    "ep2_zero3": (2, ["parallelism.expert_parallel=2", ZERO + "optim_grads_params"]),
+    # ZeRO-3 in pipeline stages: every layer in its kind's compiled twin
+    "pp2_dp2_zero3": (4, ["parallelism.pipeline_parallel=2", ZERO + "optim_grads_params"]),
 }
 # the layouts that compile by regions or in twins, once more with eager layers (compile.enable=false)
-for _name in ("zero3", "tp2", "ep2", "cp2", "dp2_tp2_zero3"):
+for _name in ("zero3", "tp2", "ep2", "cp2", "dp2_tp2_zero3", "ep2_zero3", "pp2_dp2_zero3"):
     LAYOUTS[_name + "_eager"] = (LAYOUTS[_name][0], LAYOUTS[_name][1] + ["compile.enable=false"])
 
 

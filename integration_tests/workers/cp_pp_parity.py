@@ -237,7 +237,7 @@ def parallel(out_dir: str, ref_path: str, specs: list[str], docs: bool) -> None:
                          "worst_params": sorted(per_param.items(), key=lambda kv: -kv[1][0])[:5], "seconds": elapsed,
                          "stage_units": sched.parts[sched.stage_index],
                          "stage_bytes": int(full_bytes), "resident_bytes": int(resident),
-                         "compiled": bool(model.jit_enabled)}
+                         "compiled": bool(model.jit_enabled), "twins": bool(model.jit_twins)}
         print(f"cp_pp_parity {name}: figures {fig_err:.3e} params {param_err:.3e} ({elapsed:.1f} s)", flush=True)
         with open(os.path.join(out_dir, f"cp_pp_{rank}.json"), "w") as f:
             json.dump(results, f)

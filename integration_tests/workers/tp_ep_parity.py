@@ -47,9 +47,9 @@ CASES = {"ref": (1, 1, 1, False), "tp2": (1, 2, 1, False), "ep2": (2, 1, 2, Fals
          "tp2_fsdp2": (2, 2, 1, True), "ep2_fsdp2": (2, 1, 2, True), "ep2_fsdp4": (4, 1, 2, True),
          "tp2_ep2_fsdp2": (2, 2, 2, True)}
 # cases laid out by ShardedLayout (mindtrain.parallel's composition, as the trainer runs it)
-# from a compiled model: TP=2 x ZeRO-3 over dp=2, per-layer units in compiled twins of
-# layers compiled by regions
-LAYOUT_CASES = {"tp2_zero3_compiled": (2, 2, 1)}
+# from a compiled model: TP=2 x EP=2 x ZeRO-3 over dp=2 (EP over the dp ranks), per-layer
+# units in compiled twins of layers compiled by regions
+LAYOUT_CASES = {"tp2_ep2_zero3_compiled": (2, 2, 2)}
 
 
 def model_config():
@@ -126,14 +126,18 @@ def run_layout(case, world, rank, out_dir):
     mesh = make_mesh(dims, world, rank)
     config = load_config(os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml"),
                          ["parallelism.data_parallel_shard_strategy=optim_grads_params",
-                          f"parallelism.tensor_parallel={tp_size}"], validate=False)
+                          f"parallelism.tensor_parallel={tp_size}", f"parallelism.expert_parallel={ep_size}"],
+                         validate=False)
     model = build()
     model.set_jit(True)
     plan = parallel_plan(model)
     # each layer's trainable bytes as TP splits them: what one twin per kind holds (the
-    # two decoder layers and the MTP module are three kinds)
+    # two decoder layers and the MTP module are three kinds); under EP without the routed
+    # experts, which EP holds and the twin runs from the unit
     layer_bytes = 0
     for name, info in plan["params"].items():
+        if ep_size > 1 and info.get("expert"):
+            continue
         if name.startswith("model.layers.") and info.get("trainable", True):
             shape = list(info["shape"])
             if info["tp"] != "replicated":
@@ -166,6 +170,7 @@ def run_layout(case, world, rank, out_dir):
               "twins": len(fsdp.twins), "twin_units": sum(b.twin is not None for b in fsdp.units),
               "param_bytes_layout": layout.memory_bytes(),
               "shard_bytes": sum(int(p.size) * p.itemsize for p in fsdp.params),
+              "expert_bytes": layout.ep.param_bytes() if layout.ep is not None else 0,
               "layer_bytes_local": layer_bytes}
     if rank == 0:
         np.savez(os.path.join(out_dir, f"{case}.npz"), **result, **{f"p:{n}": v for n, v in state.items()})

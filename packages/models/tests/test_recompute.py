@@ -296,3 +296,70 @@ def test_compiled_copy_rebuilds_forwards_that_layouts_put_on_cells():
         ops.assign(p, ops.zeros(p.shape, p.dtype))
     np.testing.assert_array_equal(twin(h, cos, sin, mask)[0].asnumpy(), want)
     assert not np.array_equal(layer(h, cos, sin, mask)[0].asnumpy(), want)
+
+
+def test_a_twin_runs_the_state_a_layout_bound_to_the_cell_it_runs_for():
+    """A layout's per-cell state that is not a weight (expert parallelism's local experts)
+    sits in the cell's ``_mindtrain_bound``: the twin of the cell's kind shares it instead
+    of copying it (and the cell's own parameters, which the twin never reads), and each run
+    for a cell hands the twin that cell's state."""
+    from mindspore import ops
+
+    from mindtrain.models.recompute import BOUND
+
+    ms.set_seed(0)
+    model = mm.build_model(ModelConfig(**CFG), jit=False).set_jit(True, granularity="region")
+    a, b = model.model.layers[1], model.model.layers[2]  # two MoE layers: one kind
+
+    def routed(cell):  # in place of the experts: scale the tokens by the cell's own factor
+        def construct(x, topk_idx, topk_weight):
+            counts = ops.zeros((CFG["n_routed_experts"],), ms.int32)
+            return x * cell.__dict__[BOUND]["factor"], counts
+        return construct
+
+    for layer, factor in ((a, 2.0), (b, -3.0)):
+        object.__setattr__(layer.mlp.experts, BOUND, {"factor": Tensor(np.float32(factor))})
+        object.__setattr__(layer.mlp.experts, "construct", routed(layer.mlp.experts))
+    twin = model.compiled_twin(a)
+    assert model.compiled_twin(b) is twin
+    assert twin.mlp.experts.gate_proj is a.mlp.experts.gate_proj  # shared, not copied
+    h = Tensor(np.random.RandomState(1).normal(size=(2, 16, 32)).astype(np.float32))
+    cos, sin, mask = model._rope_and_mask(2, 16, None, None)
+    runs = {layer: SharedGraphRecompute(layer, twin, 1) for layer in (a, b)}
+    assert runs[b].binding.skip == {id(p) for p in b.mlp.experts.get_parameters()}
+    for layer in (b, a, b):
+        got = runs[layer](h, cos, sin, mask)[0].asnumpy()
+        assert twin.mlp.experts.__dict__[BOUND] is layer.mlp.experts.__dict__[BOUND]
+        np.testing.assert_array_equal(got, layer(h, cos, sin, mask)[0].asnumpy())
+    assert not np.array_equal(runs[a](h, cos, sin, mask)[0].asnumpy(), runs[b](h, cos, sin, mask)[0].asnumpy())
+
+
+def test_layers_in_twins_see_weights_whose_storage_was_swapped():
+    """``set_jit(True, twins=True)`` (a pipeline stage under ZeRO-3, which gathers its
+    weights for each step by ``set_data``): every layer runs in its kind's compiled twin,
+    its weights written in before each run, so a step after every weight got new storage
+    computes what the compiled model computes with its weights updated in place: the same
+    losses, gradients and weights as the run without twins, bit for bit."""
+    want_losses, want_grads, want_weights, _ = _baseline(True)
+    ms.set_seed(0)
+    model = mm.build_model(ModelConfig(**CFG), jit=False).set_jit(True, twins=True)
+    assert model.jit_twins and model.jit_granularity == "layer"
+    ids, labels, mask = _batch()
+    params = model.trainable_params()
+    grad_fn = ms.value_and_grad(lambda: model(ids, labels=labels, loss_mask=mask)[0], None, params)
+    losses, first = [], None
+    for _ in range(2):
+        loss, grads = grad_fn()
+        losses.append(loss.asnumpy())
+        first = first if first is not None else [g.asnumpy() for g in grads]
+        for p, g in zip(params, grads):  # SGD into new storage, freed first (as ZeRO-3 regathers)
+            new = (p - 0.5 * g).asnumpy()
+            p.set_data(Tensor(np.zeros((0,), np.float32)))
+            p.set_data(Tensor(new))
+    n_layers = CFG["num_hidden_layers"] + CFG["num_nextn_predict_layers"]
+    runners = [model._shared_graphs[i] for i in range(n_layers)]
+    assert [r.forward_calls for r in runners] == [4] * n_layers  # forward and replay, 2 steps
+    assert len({id(r.twin) for r in runners}) == 3  # the dense layer, the MoE layers, the MTP module
+    assert not model.recompute_wrappers  # twins are no recompute setting
+    for x, y in zip(losses + first + [p.asnumpy() for p in params], want_losses + want_grads + want_weights):
+        np.testing.assert_array_equal(x, y)

@@ -91,13 +91,13 @@ def test_layout_bytes_are_the_sharded_models(name):
     from mindtrain.models import build_model
 
     strategy = cfg.parallelism.data_parallel_shard_strategy
-    # ZeRO-3 alone or under TP: one unit per layer, compiled layers (by regions under TP) in
-    # one twin per kind of unit (as ShardedLayout lays it out; a compiled model compiles
-    # only when it first runs)
-    units = dims.dp > 1 and strategy == "optim_grads_params" and dims.ep == 1
+    # ZeRO-3 (alone, under TP or EP): one unit per layer, compiled layers (by regions under
+    # TP and EP) in one twin per kind of unit (as ShardedLayout lays it out; a compiled
+    # model compiles only when it first runs)
+    units = dims.dp > 1 and strategy == "optim_grads_params"
     for rank in range(workers):
         model = build_model(cfg.model, jit=units)
-        compiled_regions(model, units, dims.tp > 1, zero3_units=units)
+        compiled_regions(model, units, dims.tp > 1 or dims.ep > 1, zero3_units=units)
         mesh = DeviceMesh(dims, rank)
         plan = parallel_plan(model)
         tp = apply_tensor_parallel(model, plan, mesh) if dims.tp > 1 else None
@@ -123,7 +123,8 @@ def test_layout_bytes_are_the_sharded_models(name):
 PIPELINE_LAYOUTS = {
     "pp2": (2, ["parallelism.pipeline_parallel=2"]),
     "pp2_dp2_zero1": (4, ["parallelism.pipeline_parallel=2", "parallelism.data_parallel_shard_strategy=optim"]),
-    "pp2_dp2_zero3": (4, ["parallelism.pipeline_parallel=2"]),
+    "pp2_dp2_zero3": (4, ["parallelism.pipeline_parallel=2",
+                          "parallelism.data_parallel_shard_strategy=optim_grads_params"]),
     "pp2_cp2_ep2": (4, ["parallelism.pipeline_parallel=2", "parallelism.context_parallel=2",
                         "parallelism.expert_parallel=2"]),
 }
@@ -143,10 +144,17 @@ def test_pipeline_stage_bytes_are_the_schedules(name):
     est = estimate(cfg, workers, "CPU")
     p = cfg.parallelism
     for rank in range(workers):
-        model = build_model(cfg.model, jit=False)
+        model = build_model(cfg.model, jit=bool(cfg.compile.enable))
         sched = PipelineSchedule(model, parallel_plan(model), DeviceMesh(dims, rank), cfg.model.seq_length,
                                  layers_per_stage=p.pipeline_parallel_layers_per_stage,
                                  dp_sharding=p.data_parallel_shard_strategy if dims.dp_shard > 1 else None)
+        if model.jit_twins:
+            # ZeRO-3: the stage's layers run in compiled twins, copies of the gathered layers
+            # made at their first run (the stage's own weights are freed until its step)
+            gathered = build_model(cfg.model, jit=False).set_jit(True, twins=True)
+            for i in sched.stage.decoder_ids + sched.stage.mtp_ids:
+                model.compiled_twin(gathered.model.layers[i])
+            assert model.twin_bytes() > 0
         want = est.stages[sched.stage_index]
         assert (want.params, want.optimizer) == (sched.memory_bytes(), 8 * sum(q.size for q in sched.params)), \
             (name, rank)

@@ -21,8 +21,8 @@ from mindtrain.models.linear import Linear
 from mindtrain.models.loss import MaskedCrossEntropy, TokenCrossEntropy
 from mindtrain.models.mtp import MTPLayer
 from mindtrain.models.norm import RMSNorm
-from mindtrain.models.recompute import (Recompute, SharedGraphRecompute, cell_kind, compiled_copy, compiled_method,
-                                        install_jit, recompute_submodule)
+from mindtrain.models.recompute import (Recompute, SharedGraphRecompute, TwinBinding, cell_kind, compiled_copy,
+                                        compiled_method, install_jit, recompute_submodule)
 from mindtrain.models.precision import (DTYPES, check_param_dtype, current_device, resolve_compute_dtype,
                                         to_compute)
 from mindtrain.models.rope import RotaryEmbedding
@@ -122,6 +122,7 @@ class DeepseekV3ForCausalLM(nn.Cell):
         self._expert_load: Optional[Tensor] = None
         self._jit = False
         self._jit_granularity: Optional[str] = None
+        self._twins = False
         self._head_graph = None
         self._rope_mask_cache: dict = {}
         self._configure_cells()
@@ -147,7 +148,8 @@ class DeepseekV3ForCausalLM(nn.Cell):
                 cell.fast_kernels = self.fast_kernels
 
     # ------------------------------------------------------------------ jit
-    def set_jit(self, enabled: bool = True, granularity: str = "layer") -> "DeepseekV3ForCausalLM":
+    def set_jit(self, enabled: bool = True, granularity: str = "layer",
+                twins: bool = False) -> "DeepseekV3ForCausalLM":
         """Compile the model with ms.jit (True), or run it eagerly (False).
 
         ``granularity="layer"``: each decoder layer and the head + loss is one graph.
@@ -163,6 +165,13 @@ class DeepseekV3ForCausalLM(nn.Cell):
         (``ops.assign``, the AdamW kernel) reach it, a parameter swapped by ``set_data`` does
         not. Only forwards this method installed are removed again, so forward overrides
         that other code put on these cells survive.
+
+        ``twins=True``: every decoder layer and MTP module runs in the compiled copy of its
+        kind (:meth:`compiled_twin`), its weights written in before each run
+        (:class:`~mindtrain.models.recompute.SharedGraphRecompute`: the layer keeps no
+        activations and runs its forward again in backward). For a layout that swaps the
+        weights' storage between steps (a pipeline stage under ZeRO-3 gathers its weights
+        for each step by ``set_data``), which a graph of the layer's own would never see.
         """
         if granularity not in ("layer", "region"):
             raise ValueError(f"set_jit: granularity must be 'layer' or 'region', not {granularity!r}")
@@ -176,6 +185,7 @@ class DeepseekV3ForCausalLM(nn.Cell):
             object.__delattr__(cell, "_mindtrain_jit")
         self._jit = bool(enabled)
         self._jit_granularity = granularity if enabled else None
+        self._twins = bool(enabled and twins)
         self._head_graph = None
         self._drop_shared_graphs()
         self._configure_row_blocks()
@@ -215,6 +225,11 @@ class DeepseekV3ForCausalLM(nn.Cell):
     def jit_granularity(self) -> Optional[str]:
         """``"layer"`` or ``"region"`` when compiled (see :meth:`set_jit`), else None."""
         return self._jit_granularity
+
+    @property
+    def jit_twins(self) -> bool:
+        """Every layer runs in its kind's compiled twin (``set_jit(..., twins=True)``)."""
+        return self._twins
 
     # ------------------------------------------------------------------ recompute
     def set_recompute(self, recompute) -> "DeepseekV3ForCausalLM":
@@ -261,7 +276,7 @@ class DeepseekV3ForCausalLM(nn.Cell):
                                   f"{', '.join(n for n in names if n.count('.') < 2)}")
         self.recompute_plan = plan
         if self._jit:  # layers whose recomputed core runs in blocks compile around it
-            self.set_jit(True, self._jit_granularity)
+            self.set_jit(True, self._jit_granularity, twins=self._twins)
         else:
             self._configure_row_blocks()
         return self
@@ -299,10 +314,15 @@ class DeepseekV3ForCausalLM(nn.Cell):
         """Layer ``i`` as the forward calls it: its recompute wrapper, unless the layer
         (e.g. a ZeRO-3 unit, which already frees and replays its forward) has a custom
         backward of its own or layouts replaced the layer object. A layer compiled whole
-        runs in the compiled copy of its kind (:class:`SharedGraphRecompute`)."""
+        runs in the compiled copy of its kind (:class:`SharedGraphRecompute`), and so does
+        every layer with ``set_jit(..., twins=True)``."""
         layer = self.model.layers[i]
         rc = self._recompute_layers.get(i)
-        if rc is None or layer.has_bprop:
+        if layer.has_bprop:
+            return layer
+        if self._twins:
+            return self._shared_graph(i, layer, recomputed=rc is not None)
+        if rc is None:
             return layer
         if self._jit_granularity == "layer" and "construct" in (layer.__dict__.get("_mindtrain_jit") or {}):
             return self._shared_graph(i, layer)
@@ -311,12 +331,13 @@ class DeepseekV3ForCausalLM(nn.Cell):
         self.recompute_wrappers[f"model.layers.{i}"] = rc
         return rc
 
-    def _shared_graph(self, i: int, layer: nn.Cell) -> SharedGraphRecompute:
+    def _shared_graph(self, i: int, layer: nn.Cell, recomputed: bool = True) -> SharedGraphRecompute:
         runner = self._shared_graphs.get(i)
         if runner is None or runner.target is not layer:
             runner = SharedGraphRecompute(layer, self.compiled_twin(layer), 2 if isinstance(layer, MTPLayer) else 1)
             self._shared_graphs[i] = runner
-        self.recompute_wrappers[f"model.layers.{i}"] = runner
+        if recomputed:
+            self.recompute_wrappers[f"model.layers.{i}"] = runner
         return runner
 
     def _drop_shared_graphs(self) -> None:
@@ -337,6 +358,18 @@ class DeepseekV3ForCausalLM(nn.Cell):
         if twin is None:
             twin = self._shared_graphs[kind] = compiled_copy(cell)
         return twin
+
+    def twin_bytes(self) -> int:
+        """Bytes of the trained weights that the compiled twins made so far hold."""
+        return sum(int(p.size) * p.itemsize for key, twin in self._shared_graphs.items()
+                   if isinstance(key, tuple)  # a kind's twin (the other keys are layer indices)
+                   for p in twin.get_parameters() if p.requires_grad)
+
+    def twin_binding(self, twin: nn.Cell, cell: nn.Cell) -> TwinBinding:
+        """What ``twin`` (:meth:`compiled_twin` of ``cell``) takes from ``cell`` before each
+        run besides its weights (:class:`~mindtrain.models.recompute.TwinBinding`: a
+        layout's per-cell state, such as expert parallelism's local experts)."""
+        return TwinBinding(twin, cell)
 
     # ------------------------------------------------------------------ forward
     def construct(self, input_ids, labels=None, loss_mask=None, position_ids=None, attention_mask=None):

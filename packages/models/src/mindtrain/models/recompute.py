@@ -136,8 +136,17 @@ def compiled_copy(cell: nn.Cell) -> nn.Cell:
     shares functions, whose closures would still call the original cells. Closure contents
     that the deep copy copied (the original's cells and parameters, bound methods of its
     cells, functions replaced here) become the copy's; anything else (process groups,
-    numbers, other functions) is shared."""
+    numbers, other functions) is shared. So is a cell's bound state (see
+    :class:`TwinBinding`): the objects in its ``_mindtrain_bound`` and its own parameters,
+    which the twin never reads."""
     memo: dict = {}
+    for _, c in cell.cells_and_names():  # per-instance state (TwinBinding) is shared, not copied
+        bound = c.__dict__.get(BOUND)
+        if bound:
+            for value in bound.values():
+                memo[id(value)] = value
+            for p in c.get_parameters():
+                memo[id(p)] = p
     twin = copy.deepcopy(cell, memo)
     old_fns: list = []  # (copied cell, attribute, the original's function)
     for _, c in twin.cells_and_names():
@@ -178,6 +187,32 @@ def compiled_copy(cell: nn.Cell) -> nn.Cell:
     return twin
 
 
+BOUND = "_mindtrain_bound"
+"""The instance attribute (a dict) where a layout puts a cell's state that is not a weight
+(see :class:`TwinBinding`)."""
+
+
+class TwinBinding:
+    """What a compiled twin takes from the cell it runs for, besides weights.
+
+    A layout may give a cell state of its own: expert parallelism's local experts (whose
+    weights to run, where their gradients go), reached from the cell's forward through
+    ``cell._mindtrain_bound``. The twin of the cell's kind shares those objects with the
+    cell it was copied from (:func:`compiled_copy` does not copy them), so before each run
+    for a cell, :meth:`bind` hands the twin's cells that cell's dicts. The parameters of
+    a cell with bound state belong to that state, and the twin never reads its own:
+    :attr:`skip` holds their ids (nothing to write into the twin)."""
+
+    def __init__(self, twin: nn.Cell, cell: nn.Cell):
+        mine = dict(twin.cells_and_names())
+        self.pairs = [(mine[n], c) for n, c in cell.cells_and_names() if c.__dict__.get(BOUND)]
+        self.skip = {id(p) for _, c in self.pairs for p in c.get_parameters()}
+
+    def bind(self) -> None:
+        for twin_cell, cell in self.pairs:
+            object.__setattr__(twin_cell, BOUND, cell.__dict__[BOUND])
+
+
 def cell_kind(cell: nn.Cell) -> tuple:
     """Cells of one kind can run in one compiled copy: the same class, parameters (names,
     shapes, dtypes, trained or not) and the same sub-cells compiled and recomputed."""
@@ -211,11 +246,14 @@ class SharedGraphRecompute:
         self.forward_calls = 0
         names = dict(layer.parameters_and_names())
         mine = dict(twin.parameters_and_names())
+        self.binding = TwinBinding(twin, layer)
         self.weights = [p for p in names.values() if p.requires_grad]
         self._twin_weights = [mine[n] for n, p in names.items() if p.requires_grad]
-        self._buffers = [(mine[n], p) for n, p in names.items() if not p.requires_grad]
+        self._buffers = [(mine[n], p) for n, p in names.items()
+                         if not p.requires_grad and id(p) not in self.binding.skip]
 
     def load(self, weights) -> None:
+        self.binding.bind()
         for target, w in zip(self._twin_weights, weights):
             ops.assign(target, w)
         for target, own in self._buffers:  # untrained (e.g. the router's correction bias)

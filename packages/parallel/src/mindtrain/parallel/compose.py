@@ -18,9 +18,9 @@ model is compiled by regions there (:func:`compiled_regions`): the pieces betwee
 collectives are graphs. ZeRO-3 frees and re-gathers parameters by swapping storage, which
 no graph sees (``benchmarks/probe_storage_resize.py``: freeing storage in place frees no
 memory on CPU): its units (decoder layers, MTP modules) run in a compiled twin per kind of
-unit whose buffers FSDP writes in place, compiled whole alone and by regions under TP (a
-twin of a TP-wrapped layer runs its own copies of TP's forwards); with EP, ZeRO-3 gathers
-the whole model as its root and runs eager layers.
+unit whose buffers FSDP writes in place, compiled whole alone and by regions under TP and
+EP (a twin of a TP-wrapped layer runs its own copies of TP's forwards; under EP it runs the
+unit's own local experts, which FSDP hands it with the weights).
 """
 
 from __future__ import annotations
@@ -111,9 +111,8 @@ class ShardedLayout:
         self.tp = None
         self.ep = None
         zero3 = dims.dp > 1 and self.strategy == ZERO3
-        # ZeRO-3 gathers per decoder layer / MTP module (units, compiled ones in twins) alone
-        # and under TP; under EP the whole model is its root (gathered by set_data: eager)
-        zero3_units = zero3 and dims.ep == 1
+        # ZeRO-3 gathers per decoder layer / MTP module (units; compiled ones run in twins)
+        zero3_units = zero3
         compiled_regions(model, zero3, dims.tp > 1 or dims.ep > 1, zero3_units=zero3_units)
         if dims.tp > 1:
             self.tp = apply_tensor_parallel(model, plan, mesh)

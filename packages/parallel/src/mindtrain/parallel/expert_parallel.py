@@ -46,6 +46,9 @@ from mindtrain.parallel.layout import check_not_whole_layers, split_piece
 from mindtrain.parallel.mesh import DeviceMesh, Group
 
 _WEIGHTS = ("gate_proj", "up_proj", "down_proj")
+BOUND = "_mindtrain_bound"
+"""Where a cell keeps state of its own that a compiled copy of its kind must take from it
+(mindtrain-models' ``recompute.TwinBinding``): here the experts cell's local experts."""
 
 
 class _ExpertSlot:
@@ -261,15 +264,19 @@ def apply_expert_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> Exper
             slot = _ExpertSlot(name, p, ep.local_experts, info["tp_dim"] if split else None)
             ep.slots[name] = slot
             slots.append(slot)
-        object.__setattr__(cell, "construct", _dispatch_forward(ep, _LocalExperts(ep, slots)))
+        # the cell's own state, not its kind's: a compiled twin that runs this layer for
+        # ZeRO-3 takes it from the layer (the models package's TwinBinding convention)
+        object.__setattr__(cell, BOUND, {"local_experts": _LocalExperts(ep, slots)})
+        object.__setattr__(cell, "construct", _dispatch_forward(ep, cell))
     return ep
 
 
-def _dispatch_forward(ep: ExpertParallel, local: _LocalExperts):
+def _dispatch_forward(ep: ExpertParallel, cell: nn.Cell):
     group = ep.ep_group
     n_experts, per_rank = ep.n_experts, ep.local_experts
 
     def construct(x, topk_idx, topk_weight):
+        local = cell.__dict__[BOUND]["local_experts"]
         t, h = x.shape
         k = topk_idx.shape[1]
         flat_e = topk_idx.reshape(-1).asnumpy().astype(np.int64)

@@ -88,6 +88,7 @@ class _Bucket:
     twin_shared: list = field(default_factory=list)  # the twin's copies of the shared root ones
     twin_buffers: list = field(default_factory=list)  # (twin's, unit's own) untrained Parameters
     fulls: Optional[list] = None  # twin units kept gathered from forward to backward
+    twin_binding: Any = None  # the unit's own state its twin takes (model.twin_binding)
 
 
 @dataclass
@@ -260,8 +261,11 @@ class FSDP:
             bucket.twin_shared = [twin.params[rel[id(s.param)]] for s in bucket.shared]
             for s in bucket.slots:  # the twin holds the full weights from now on
                 s.param.set_data(ops.zeros((0,), s.dtype))
+            binding = getattr(self.model, "twin_binding", None)
+            bucket.twin_binding = binding(copy_, module) if binding is not None else None
+            skip = bucket.twin_binding.skip if bucket.twin_binding is not None else set()
             bucket.twin_buffers = [(twin.params[n], p) for n, p in module.parameters_and_names()
-                                   if not p.requires_grad]
+                                   if not p.requires_grad and id(p) not in skip]
         twin_bytes = sum(t.nbytes for t in self.twins)
         self._gathered_bytes += twin_bytes
         self.peak_gathered_bytes = max(self.peak_gathered_bytes, self._gathered_bytes)
@@ -512,7 +516,8 @@ class FSDP:
     def _load_twin(self, bucket: _Bucket) -> None:
         """Write the unit's full weights (gathered now, or kept from its forward), the root
         weights it shares (gathered for the micro-batch) and its own untrained parameters
-        (e.g. a router's bias) into its twin's buffers."""
+        (e.g. a router's bias) into its twin's buffers, and hand the twin the unit's own
+        state (expert parallelism's local experts: ``model.twin_binding``)."""
         fulls = bucket.fulls
         if fulls is None:
             fulls = self._all_gather(bucket.slots, [s.shard for s in bucket.slots])
@@ -523,6 +528,8 @@ class FSDP:
             ops.assign(target, s.param)
         for target, own in bucket.twin_buffers:
             ops.assign(target, own)
+        if bucket.twin_binding is not None:
+            bucket.twin_binding.bind()
         bucket.fulls = None if self.reshard_after_forward else fulls
 
     def _unit_backward(self, bucket: _Bucket, module: nn.Cell, args: tuple, dout) -> tuple:

@@ -31,15 +31,21 @@ def compiled_regions(model, zero3: bool, wrapped: bool, zero3_units: bool = Fals
     swaps weights' storage (``set_data``), which a graph never sees, so under ZeRO-3 only
     its units run compiled (``zero3_units``: FSDP runs each compiled unit in a compiled twin
     whose buffers it writes in place): whole layers when nothing is wrapped, by regions
-    when a layout wraps cells inside them (ShardedLayout: TP). ZeRO-3 without units (its
-    root gathered by ``set_data`` holds every weight: with EP, and in pipeline stages)
-    runs eager. Call before the layouts wrap anything."""
+    when a layout wraps cells inside them (ShardedLayout: TP, EP). ZeRO-3 without units (a
+    pipeline stage's weights, gathered by ``set_data`` for the whole step) runs every layer
+    in its kind's compiled twin with its weights written in before each run
+    (``set_jit(..., twins=True)``; a model without twins runs eager). Call before the
+    layouts wrap anything."""
     if not getattr(model, "jit_enabled", False):
         return
+    granularity = "region" if wrapped else getattr(model, "jit_granularity", "layer")
     if zero3 and not zero3_units:
-        model.set_jit(False)
-    elif wrapped and getattr(model, "jit_granularity", "layer") != "region":
-        model.set_jit(True, granularity="region")
+        if getattr(model, "compiled_twin", None) is None:
+            model.set_jit(False)
+        elif not getattr(model, "jit_twins", False) or granularity != model.jit_granularity:
+            model.set_jit(True, granularity=granularity, twins=True)
+    elif granularity != getattr(model, "jit_granularity", "layer"):
+        model.set_jit(True, granularity=granularity)
 
 
 def check_not_whole_layers(model, what: str) -> None:

@@ -163,8 +163,9 @@ class PipelineSchedule:
                       for r in range(self.num_stages)]
         """Unit names per rank of the ``pp`` group (its chunks in order)."""
         # Compiled (ms.jit) layers stay whole when nothing wraps cells inside them; CP, TP and
-        # EP do (compiled by regions then), and ZeRO-3 swaps the weights' storage (set_data),
-        # which a compiled graph never sees (eager then).
+        # EP do (compiled by regions then). ZeRO-3 swaps the weights' storage (set_data),
+        # which a layer's own graph never sees: each layer then runs in its kind's compiled
+        # twin, its gathered weights written in before each run.
         compiled_regions(model, dp_sharding == "optim_grads_params" and self.dp.size > 1,
                          self.cp.size > 1 or mesh.size("tp") > 1 or mesh.size("ep") > 1)
         self.tp = apply_tensor_parallel(model, plan, mesh)
@@ -411,10 +412,12 @@ class PipelineSchedule:
 
     def memory_bytes(self) -> int:
         """Bytes of parameters resident on this rank between steps: the stage's full weights
-        (kept resident), its FSDP shards and its expert pieces."""
+        (kept resident; freed under ZeRO-3), its FSDP shards, its expert pieces and, when its
+        layers run in compiled twins (ZeRO-3), the twins' weights."""
         resident = sum(q.size * q.itemsize for q in self.stage_params)
         shards = sum(q.size * q.itemsize for q in self.fsdp.params) if self.fsdp is not None else 0
-        return int(resident + shards + self.ep.param_bytes(self.expert_names))
+        twins = self.model.twin_bytes() if getattr(self.model, "jit_twins", False) else 0
+        return int(resident + shards + twins + self.ep.param_bytes(self.expert_names))
 
     def finish_step(self) -> None:
         """After the optimizer updated :attr:`params`: with ZeRO-1/2 all-gather the updated

@@ -275,28 +275,29 @@ def stage_bytes(cfg: MindTrainConfig, dims: ParallelDims, stage: int, units: lis
     units_numel: dict[str, int] = {}
     for p in dense:
         units_numel[p.unit] = units_numel.get(p.unit, 0) + _local_numel(p, dims)
-    # ZeRO-3 alone or under TP wraps each layer as a unit; with EP (or in a pipeline stage)
-    # everything is the root (mindtrain.parallel.compose.ShardedLayout)
-    has_units = zero3 and not pipeline and dims.ep == 1
+    # ZeRO-3 outside a pipeline wraps each layer as a unit; in a pipeline stage everything
+    # is the root (mindtrain.parallel.compose.ShardedLayout)
+    has_units = zero3 and not pipeline
     if zero3:
         if has_units:
             root = sum(v for u, v in units_numel.items() if u in ("embedding", "head"))
             unit_max = max((v for u, v in units_numel.items() if u not in ("embedding", "head")), default=0)
             out.gathered = F32 * (root + unit_max)
-            if cfg.compile.enable:
-                # compiled units run in one resident compiled twin per kind of unit
-                # (mindtrain.parallel.fsdp): the dense layer, the MoE layer, the MTP module
-                # (under TP, twins of their TP pieces)
-                twins: dict[str, int] = {}
-                for u, v in units_numel.items():
-                    if u in ("embedding", "head"):
-                        continue
-                    i = _layer_index(m, u)
-                    kind = "mtp" if i >= m.num_hidden_layers else ("dense" if i < m.first_k_dense_replace else "moe")
-                    twins[kind] = max(twins.get(kind, 0), v)
-                out.params += F32 * sum(twins.values())
         else:
-            out.gathered = F32 * full  # the root (all dense weights) / the stage, for the whole step
+            out.gathered = F32 * full  # the stage's weights, for the whole step
+        if cfg.compile.enable:
+            # compiled layers run in one resident compiled twin per kind (the dense layer, the
+            # MoE layer, the MTP module): ZeRO-3's units (mindtrain.parallel.fsdp), and every
+            # layer of a ZeRO-3 pipeline stage (set_jit twins); under TP twins of the TP
+            # pieces, under EP without the experts, which the twin runs from the layer
+            twins: dict[str, int] = {}
+            for u, v in units_numel.items():
+                if u in ("embedding", "head"):
+                    continue
+                i = _layer_index(m, u)
+                kind = "mtp" if i >= m.num_hidden_layers else ("dense" if i < m.first_k_dense_replace else "moe")
+                twins[kind] = max(twins.get(kind, 0), v)
+            out.params += F32 * sum(twins.values())
     if expert_sharded:
         out.gathered += F32 * expert_live
     # gradients: one micro-batch's full gradients of what value_and_grad differentiates at
@@ -473,10 +474,18 @@ ROW_BLOCK_ELEMENTS = 1 << 22
 
 def runs_compiled(compile_enabled: bool, strategy: str, dims: ParallelDims) -> bool:
     """The trainer runs compiled graphs (whole layers, regions under TP/EP/CP, ZeRO-3's
-    compiled twins, alone or under TP) with ``compile.enable``, except ZeRO-3 under EP, CP
-    or PP (``mindtrain.parallel.layout.compiled_regions``)."""
+    compiled twins) with ``compile.enable``, in every layout
+    (``mindtrain.parallel.layout.compiled_regions``)."""
+    del strategy, dims  # every layout compiles since twins run ZeRO-3's pipeline stages
+    return compile_enabled
+
+
+def runs_in_twins(compile_enabled: bool, strategy: str, dims: ParallelDims) -> bool:
+    """Every layer runs in its kind's compiled twin, which keeps none of its activations and
+    runs its forward again in backward (like full recompute): ZeRO-3 in a pipeline stage
+    (CP or PP), whose weights are gathered for the step by ``set_data``."""
     zero3 = dims.dp_shard > 1 and strategy == ZERO3
-    return compile_enabled and not (zero3 and (dims.ep > 1 or dims.cp > 1 or dims.pp > 1))
+    return compile_enabled and zero3 and (dims.cp > 1 or dims.pp > 1)
 
 
 def _core_recomputed(i: int, full: set, select: dict) -> bool:
@@ -503,6 +512,9 @@ def activation_bytes(cfg: MindTrainConfig, dims: ParallelDims, units: list[str],
     n_layers = m.num_hidden_layers + m.num_nextn_predict_layers
     plan = recompute_plan(recompute if recompute is not None else cfg.recompute, n_layers)
     full, select = set(plan.full), plan.select
+    cores = (full, select)  # what decides whether a layer's core runs in blocks
+    if runs_in_twins(bool(cfg.compile.enable), cfg.parallelism.data_parallel_shard_strategy, dims):
+        full, select = set(range(n_layers)), {}  # every layer kept like a fully recomputed one
     layer_ids = [_layer_index(m, u) for u in units if u.startswith("layers.")]
     layer_ids += [_layer_index(m, u) for u in units if u.startswith("mtp.")]
     kept = rebuilt = 0
@@ -517,7 +529,7 @@ def activation_bytes(cfg: MindTrainConfig, dims: ParallelDims, units: list[str],
     largest_scores = 0  # the scores one attention backward holds at once
     for i in layer_ids:
         mod = layer_module(m, i, z, dims)
-        blocked = in_blocks and _core_recomputed(i, full, select)
+        blocked = in_blocks and _core_recomputed(i, *cores)
         k, r = _layer_kept(mod, m, i, z, full, select, blocked)
         paths = {sub.path: sub.total() for sub in mod.walk()}
         largest_scores = max(largest_scores, block if blocked else scores)
