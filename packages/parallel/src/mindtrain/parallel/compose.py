@@ -112,8 +112,7 @@ class ShardedLayout:
         self.ep = None
         zero3 = dims.dp > 1 and self.strategy == ZERO3
         # ZeRO-3 gathers per decoder layer / MTP module (units; compiled ones run in twins)
-        zero3_units = zero3
-        compiled_regions(model, zero3, dims.tp > 1 or dims.ep > 1, zero3_units=zero3_units)
+        compiled_regions(model, zero3, dims.tp > 1 or dims.ep > 1, zero3_units=zero3)
         if dims.tp > 1:
             self.tp = apply_tensor_parallel(model, plan, mesh)
         if dims.ep > 1:
@@ -129,7 +128,7 @@ class ShardedLayout:
 
         if dims.dp > 1:
             units, shared = (), None
-            if zero3_units:
+            if zero3:
                 units, shared = _zero3_units(model, plan)
             reshard, _ = reshard_after_forward(config.parallelism.reshard_after_forward_policy, self.strategy,
                                                dims.pp > 1)

@@ -45,7 +45,8 @@ def compiled_regions(model, zero3: bool, wrapped: bool, zero3_units: bool = Fals
         elif not getattr(model, "jit_twins", False) or granularity != model.jit_granularity:
             model.set_jit(True, granularity=granularity, twins=True)
     elif granularity != getattr(model, "jit_granularity", "layer"):
-        model.set_jit(True, granularity=granularity)
+        twins = {"twins": True} if getattr(model, "jit_twins", False) else {}  # kept (CP after PP x ZeRO-3)
+        model.set_jit(True, granularity=granularity, **twins)
 
 
 def check_not_whole_layers(model, what: str) -> None:
