@@ -357,7 +357,7 @@ def test_layers_in_twins_see_weights_whose_storage_was_swapped():
             p.set_data(Tensor(np.zeros((0,), np.float32)))
             p.set_data(Tensor(new))
     n_layers = CFG["num_hidden_layers"] + CFG["num_nextn_predict_layers"]
-    runners = [model._shared_graphs[i] for i in range(n_layers)]
+    runners = [model.twin_runners[i] for i in range(n_layers)]
     assert [r.forward_calls for r in runners] == [4] * n_layers  # forward and replay, 2 steps
     assert len({id(r.twin) for r in runners}) == 3  # the dense layer, the MoE layers, the MTP module
     assert not model.recompute_wrappers  # twins are no recompute setting

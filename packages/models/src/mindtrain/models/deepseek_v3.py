@@ -127,7 +127,10 @@ class DeepseekV3ForCausalLM(nn.Cell):
         self._rope_mask_cache: dict = {}
         self._configure_cells()
         self._recompute_layers: dict[int, Recompute] = {}
-        self._shared_graphs: dict = {}  # compiled full recompute: cell_kind -> twin, layer index -> runner
+        self._kind_twins: dict = {}  # cell_kind -> its compiled twin (compiled_twin)
+        self.twin_runners: dict[int, SharedGraphRecompute] = {}
+        """Layer index -> the runner that runs it in its kind's twin (compiled full recompute,
+        ``set_jit(..., twins=True)``); made at the layer's first run."""
         self.recompute_plan = RecomputePlan()
         self.recompute_wrappers: dict[str, Recompute] = {}
         """Every recompute wrapper by what it recomputes ("model.layers.3",
@@ -187,11 +190,10 @@ class DeepseekV3ForCausalLM(nn.Cell):
         self._jit_granularity = granularity if enabled else None
         self._twins = bool(enabled and twins)
         self._head_graph = None
-        self._drop_shared_graphs()
-        self._configure_row_blocks()
+        self._drop_twins()
+        blocked = self._configure_row_blocks()
         if not enabled:
             return self
-        blocked = self._blocked_cores()
         for i, layer in enumerate(self.model.layers):
             if granularity == "layer" and i not in blocked:
                 install_jit(layer, "construct")
@@ -300,15 +302,17 @@ class DeepseekV3ForCausalLM(nn.Cell):
                 out.add(i)
         return out
 
-    def _configure_row_blocks(self) -> None:
+    def _configure_row_blocks(self) -> set:
         """Layers whose attention core is recomputed run it in blocks of query rows
         (:meth:`CoreAttention.recompute_in_row_blocks`) when the layer is eager or the scores
         exceed a block (a compiled model then compiles the layer around its core, see
-        :meth:`set_jit`): no pass holds more than one block's scores."""
+        :meth:`set_jit`): no pass holds more than one block's scores. Returns the layers
+        whose core is in blocks at any jit setting (:meth:`_blocked_cores`)."""
         blocked = self._blocked_cores()
         for i, layer in enumerate(self.model.layers):
             covered = self._core_recomputed(i)
             layer.self_attn.core_attention.recompute_in_row_blocks(covered and (not self._jit or i in blocked))
+        return blocked
 
     def _layer_call(self, i: int):
         """Layer ``i`` as the forward calls it: its recompute wrapper, unless the layer
@@ -332,16 +336,17 @@ class DeepseekV3ForCausalLM(nn.Cell):
         return rc
 
     def _shared_graph(self, i: int, layer: nn.Cell, recomputed: bool = True) -> SharedGraphRecompute:
-        runner = self._shared_graphs.get(i)
+        runner = self.twin_runners.get(i)
         if runner is None or runner.target is not layer:
             runner = SharedGraphRecompute(layer, self.compiled_twin(layer), 2 if isinstance(layer, MTPLayer) else 1)
-            self._shared_graphs[i] = runner
+            self.twin_runners[i] = runner
         if recomputed:
             self.recompute_wrappers[f"model.layers.{i}"] = runner
         return runner
 
-    def _drop_shared_graphs(self) -> None:
-        self._shared_graphs = {}
+    def _drop_twins(self) -> None:
+        self._kind_twins = {}
+        self.twin_runners = {}
         for i, rc in self._recompute_layers.items():
             self.recompute_wrappers[f"model.layers.{i}"] = rc
 
@@ -354,15 +359,14 @@ class DeepseekV3ForCausalLM(nn.Cell):
         cell's weights into its twin's before each run (a graph reads the storage it was
         compiled with)."""
         kind = cell_kind(cell)
-        twin = self._shared_graphs.get(kind)
+        twin = self._kind_twins.get(kind)
         if twin is None:
-            twin = self._shared_graphs[kind] = compiled_copy(cell)
+            twin = self._kind_twins[kind] = compiled_copy(cell)
         return twin
 
     def twin_bytes(self) -> int:
         """Bytes of the trained weights that the compiled twins made so far hold."""
-        return sum(int(p.size) * p.itemsize for key, twin in self._shared_graphs.items()
-                   if isinstance(key, tuple)  # a kind's twin (the other keys are layer indices)
+        return sum(int(p.size) * p.itemsize for twin in self._kind_twins.values()
                    for p in twin.get_parameters() if p.requires_grad)
 
     def twin_binding(self, twin: nn.Cell, cell: nn.Cell) -> TwinBinding:
