@@ -27,7 +27,7 @@ class Lin(nn.Cell):
         self.w = Parameter(Tensor(np.ones((2, 2), np.float32)), name="w")
     @ms.jit
     def construct(self, x):
-        return ops.matmul(x, self.w)
+        return ops.matmul(x * x, self.w)
 
 net = Lin()
 x = Tensor(np.ones((1, 2), np.float32))
@@ -42,15 +42,7 @@ print("after free + regather (set_data 0-size then w=4):", net(x).asnumpy())
 
 
 # under a gradient: the forward value and the input gradient of x * x @ w (x = 1.5)
-class Sq(nn.Cell):
-    def __init__(self):
-        super().__init__()
-        self.w = Parameter(Tensor(np.ones((2, 2), np.float32)), name="w")
-    @ms.jit
-    def construct(self, x):
-        return ops.matmul(x * x, self.w)
-
-sq = Sq()
+sq = Lin()
 x = Tensor(np.full((1, 2), 1.5, np.float32))
 grad = ms.value_and_grad(lambda x: sq(x).sum(), 0, [sq.w])
 
