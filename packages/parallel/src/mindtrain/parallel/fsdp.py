@@ -22,8 +22,9 @@ Strategies (``parallelism.data_parallel_shard_strategy``):
   class, parameter names and shapes, e.g. "a MoE decoder layer") therefore gets one compiled
   *twin*, a copy with its own resident full-size weights that the model supplies
   (``model.compiled_twin(cell)``, one per kind; mindtrain-models' DeepSeek-V3 has it): a unit's forward all-gathers its
-  weights and writes them into its twin's buffers in place (``ops.assign``, which graphs
-  read), then runs the twin. The rank holds one unit's full weights per kind beside its
+  weights and writes them into its twin's buffers in place (which graphs read: straight
+  from the gathered table into the buffers' storage on the host transport, ``ops.assign``
+  otherwise), then runs the twin. The rank holds one unit's full weights per kind beside its
   shards (3 of 62 units for DeepSeek-V3: dense layer, MoE layer, MTP module) and compiles
   once per kind instead of once per layer.
 
@@ -42,6 +43,7 @@ import numpy as np
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, mint, nn, ops
+from mindspore.graph.api import _pynative_executor  # its sync(): MindSpore 2.10 (pinned)
 
 from mindtrain.config import ZERO3, ZERO_STRATEGIES
 from mindtrain.parallel import collectives as C
@@ -469,16 +471,26 @@ class FSDP:
             s.param.set_data(ops.zeros((0,), s.dtype))
         bucket.gathered = False
 
-    def _all_gather(self, slots: list[_Slot], shards: list[Tensor]) -> list[Tensor]:
+    def _all_gather(self, slots: list[_Slot], shards: list[Tensor],
+                    into: Optional[list[Tensor]] = None) -> list[Optional[Tensor]]:
         """Full tensors of ``slots`` from their shard-shaped ``shards``: one all_gather per
-        shard group."""
+        shard group. ``into``: full-shape tensors to write the result into instead, where
+        the gather runs on the host (a CPU tensor's ``asnumpy()`` is its storage: one copy
+        from the gathered table, no tensor made, no op dispatched); their entries of the
+        result are None, the others' are made as without ``into``."""
         out: list[Optional[Tensor]] = [None] * len(slots)
         for grp, idx in _by_group(slots).items():
             xp = _Arrays.of(grp, [slots[i] for i in idx])
             table = xp.all_gather(xp.cat([xp.flat(shards[i]) for i in idx]), grp)
+            direct = into is not None and xp.host
+            if direct:
+                _pynative_executor.sync()  # no queued op may still read what is overwritten
             for i, s, off in _columns(slots, idx):
                 part = table[:, off:off + s.shard_numel].reshape((s.local_rows * grp.size,) + s.rest)
-                out[i] = xp.owned(part[:s.rows].reshape(s.shape))
+                if direct:
+                    np.copyto(into[i].asnumpy(), part[:s.rows].reshape(s.shape))
+                else:
+                    out[i] = xp.owned(part[:s.rows].reshape(s.shape))
         return out
 
     def _reduce_scatter(self, slots: list[_Slot], fulls: list[Tensor]) -> list[Tensor]:
@@ -520,10 +532,13 @@ class FSDP:
         state (expert parallelism's local experts: ``model.twin_binding``)."""
         fulls = bucket.fulls
         if fulls is None:
-            fulls = self._all_gather(bucket.slots, [s.shard for s in bucket.slots])
+            # gathered straight into the twin unless the weights are kept for the backward
+            into = bucket.twin_params if self.reshard_after_forward else None
+            fulls = self._all_gather(bucket.slots, [s.shard for s in bucket.slots], into=into)
             self.gather_count += 1
         for target, full in zip(bucket.twin_params, fulls):
-            ops.assign(target, full)
+            if full is not None:
+                ops.assign(target, full)
         for target, s in zip(bucket.twin_shared, bucket.shared):  # gathered with the root
             ops.assign(target, s.param)
         for target, own in bucket.twin_buffers:
