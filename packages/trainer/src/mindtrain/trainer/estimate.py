@@ -472,14 +472,6 @@ def _layer_kept(mod: Module, m: ModelConfig, i: int, z: _Shapes, plan_full: set,
 ROW_BLOCK_ELEMENTS = 1 << 22
 
 
-def runs_compiled(compile_enabled: bool, strategy: str, dims: ParallelDims) -> bool:
-    """The trainer runs compiled graphs (whole layers, regions under TP/EP/CP, ZeRO-3's
-    compiled twins) with ``compile.enable``, in every layout
-    (``mindtrain.parallel.layout.compiled_regions``)."""
-    del strategy, dims  # every layout compiles since twins run ZeRO-3's pipeline stages
-    return compile_enabled
-
-
 def runs_in_twins(compile_enabled: bool, strategy: str, dims: ParallelDims) -> bool:
     """Every layer runs in its kind's compiled twin, which keeps none of its activations and
     runs its forward again in backward (like full recompute): ZeRO-3 in a pipeline stage
@@ -521,7 +513,7 @@ def activation_bytes(cfg: MindTrainConfig, dims: ParallelDims, units: list[str],
     kinds = {"attention scores and probabilities": 0, "routed-expert dispatch": 0, "attention mask": 0,
              "logits": 0, "other": 0, "backward transient": 0}
     scores = b * z.heads * s * m.seq_length
-    eager = not runs_compiled(bool(cfg.compile.enable), cfg.parallelism.data_parallel_shard_strategy, dims)
+    eager = not cfg.compile.enable  # every layout compiles with it (parallel's compiled_regions)
     # compiled layers too, when one sequence's scores exceed a block: the model compiles such
     # a layer around its core (mindtrain-models' DeepseekV3ForCausalLM._blocked_cores)
     in_blocks = scores > ROW_BLOCK_ELEMENTS and (eager or m.num_attention_heads * m.seq_length ** 2 > ROW_BLOCK_ELEMENTS)
@@ -583,8 +575,9 @@ class Estimate:
 
     @property
     def compiled(self) -> bool:
-        """See :func:`runs_compiled`."""
-        return runs_compiled(self.compile_enabled, self.strategy, self.dims)
+        """The layout runs compiled graphs (whole layers, regions under TP/EP/CP, twins under
+        ZeRO-3): every layout does with ``compile.enable``."""
+        return self.compile_enabled
 
     @property
     def worst(self) -> StageBytes:
