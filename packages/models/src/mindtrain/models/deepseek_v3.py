@@ -371,8 +371,9 @@ class DeepseekV3ForCausalLM(nn.Cell):
 
     def twin_binding(self, twin: nn.Cell, cell: nn.Cell) -> TwinBinding:
         """What ``twin`` (:meth:`compiled_twin` of ``cell``) takes from ``cell`` before each
-        run besides its weights (:class:`~mindtrain.models.recompute.TwinBinding`: a
-        layout's per-cell state, such as expert parallelism's local experts)."""
+        run besides its trained weights (:class:`~mindtrain.models.recompute.TwinBinding`:
+        its untrained parameters, and a layout's per-cell state such as expert
+        parallelism's local experts)."""
         return TwinBinding(twin, cell)
 
     # ------------------------------------------------------------------ forward

@@ -193,24 +193,31 @@ BOUND = "_mindtrain_bound"
 
 
 class TwinBinding:
-    """What a compiled twin takes from the cell it runs for, besides weights.
+    """What a compiled twin takes from the cell it runs for, besides its trained weights
+    (which each caller writes in: they may come gathered, or as autograd inputs).
 
-    A layout may give a cell state of its own: expert parallelism's local experts (whose
-    weights to run, where their gradients go), reached from the cell's forward through
-    ``cell._mindtrain_bound``. The twin of the cell's kind shares those objects with the
-    cell it was copied from (:func:`compiled_copy` does not copy them), so before each run
-    for a cell, :meth:`bind` hands the twin's cells that cell's dicts. The parameters of
-    a cell with bound state belong to that state, and the twin never reads its own:
-    :attr:`skip` holds their ids (nothing to write into the twin)."""
+    - The cell's untrained parameters (e.g. a router's correction bias): written into the
+      twin's (``ops.assign``, which its graphs read).
+    - A layout's per-cell state: expert parallelism's local experts (whose weights to run,
+      where their gradients go), reached from the cell's forward through
+      ``cell._mindtrain_bound``. The twin shares those objects with the cell it was copied
+      from (:func:`compiled_copy` does not copy them); :meth:`load` hands the twin's cells
+      this cell's dicts. The parameters of a cell with bound state belong to that state and
+      the twin never reads its own: :attr:`skip` holds their ids (nothing to write)."""
 
     def __init__(self, twin: nn.Cell, cell: nn.Cell):
         mine = dict(twin.cells_and_names())
         self.pairs = [(mine[n], c) for n, c in cell.cells_and_names() if c.__dict__.get(BOUND)]
         self.skip = {id(p) for _, c in self.pairs for p in c.get_parameters()}
+        theirs = dict(twin.parameters_and_names())
+        self.buffers = [(theirs[n], p) for n, p in cell.parameters_and_names()
+                        if not p.requires_grad and id(p) not in self.skip]
 
-    def bind(self) -> None:
+    def load(self) -> None:
         for twin_cell, cell in self.pairs:
             object.__setattr__(twin_cell, BOUND, cell.__dict__[BOUND])
+        for target, own in self.buffers:
+            ops.assign(target, own)
 
 
 def cell_kind(cell: nn.Cell) -> tuple:
@@ -246,18 +253,14 @@ class SharedGraphRecompute:
         self.forward_calls = 0
         names = dict(layer.parameters_and_names())
         mine = dict(twin.parameters_and_names())
-        self.binding = TwinBinding(twin, layer)
+        self.binding = TwinBinding(twin, layer)  # untrained parameters, bound state
         self.weights = [p for p in names.values() if p.requires_grad]
         self._twin_weights = [mine[n] for n, p in names.items() if p.requires_grad]
-        self._buffers = [(mine[n], p) for n, p in names.items()
-                         if not p.requires_grad and id(p) not in self.binding.skip]
 
     def load(self, weights) -> None:
-        self.binding.bind()
         for target, w in zip(self._twin_weights, weights):
             ops.assign(target, w)
-        for target, own in self._buffers:  # untrained (e.g. the router's correction bias)
-            ops.assign(target, own)
+        self.binding.load()
 
     def __call__(self, *args):
         if not grad_recording():

@@ -88,9 +88,8 @@ class _Bucket:
     twin: Optional["_Twin"] = None  # compiled units: the compiled copy the unit runs in
     twin_params: list = field(default_factory=list)  # the twin's Parameters aligned with slots
     twin_shared: list = field(default_factory=list)  # the twin's copies of the shared root ones
-    twin_buffers: list = field(default_factory=list)  # (twin's, unit's own) untrained Parameters
     fulls: Optional[list] = None  # twin units kept gathered from forward to backward
-    twin_binding: Any = None  # the unit's own state its twin takes (model.twin_binding)
+    twin_binding: Any = None  # what its twin takes besides weights (model.twin_binding: untrained, bound)
 
 
 @dataclass
@@ -244,10 +243,12 @@ class FSDP:
             if not _compiled(module):
                 continue
             twin_of = getattr(self.model, "compiled_twin", None)
-            if twin_of is None:
+            binding = getattr(self.model, "twin_binding", None)
+            if twin_of is None or binding is None:
                 raise ValueError(f"fully_shard: ZeRO-3 runs the compiled unit {bucket.name} in a compiled copy "
-                                 f"that the model supplies (model.compiled_twin(cell)), and this model has "
-                                 f"none; run it eager (set_jit(False))")
+                                 f"that the model supplies (model.compiled_twin(cell) and "
+                                 f"model.twin_binding(twin, cell)), and this model has none; run it eager "
+                                 f"(set_jit(False))")
             copy_ = twin_of(module)
             twin = kinds.get(id(copy_))
             if twin is None:
@@ -263,11 +264,7 @@ class FSDP:
             bucket.twin_shared = [twin.params[rel[id(s.param)]] for s in bucket.shared]
             for s in bucket.slots:  # the twin holds the full weights from now on
                 s.param.set_data(ops.zeros((0,), s.dtype))
-            binding = getattr(self.model, "twin_binding", None)
-            bucket.twin_binding = binding(copy_, module) if binding is not None else None
-            skip = bucket.twin_binding.skip if bucket.twin_binding is not None else set()
-            bucket.twin_buffers = [(twin.params[n], p) for n, p in module.parameters_and_names()
-                                   if not p.requires_grad and id(p) not in skip]
+            bucket.twin_binding = binding(copy_, module)
         twin_bytes = sum(t.nbytes for t in self.twins)
         self._gathered_bytes += twin_bytes
         self.peak_gathered_bytes = max(self.peak_gathered_bytes, self._gathered_bytes)
@@ -541,10 +538,7 @@ class FSDP:
                 ops.assign(target, full)
         for target, s in zip(bucket.twin_shared, bucket.shared):  # gathered with the root
             ops.assign(target, s.param)
-        for target, own in bucket.twin_buffers:
-            ops.assign(target, own)
-        if bucket.twin_binding is not None:
-            bucket.twin_binding.bind()
+        bucket.twin_binding.load()  # its untrained parameters, its own state
         bucket.fulls = None if self.reshard_after_forward else fulls
 
     def _unit_backward(self, bucket: _Bucket, module: nn.Cell, args: tuple, dout) -> tuple:
