@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from mindtrain.trainer.export_hf import export_hf
 from mindtrain.trainer.runtime import Runtime
 from mindtrain.trainer.trainer import NonFiniteError, Trainer
 
@@ -37,11 +38,14 @@ def test_resume_is_exact_and_checkpoint_is_an_hf_directory(tiny64, tmp_path):
     for key in ("loss", "grad_norm", "load_balancing_loss", "mtp_loss", "lr"):
         assert resumed[0][key] == full[2][key], key
 
-    # the checkpoint folder is an HF model directory (config.json + HF-named safetensors)
+    # the sharded checkpoint exports to an HF model directory (config.json + HF-named safetensors)
     folder = tmp_path / "ck" / "iter_0000003"
-    hf = json.loads((folder / "config.json").read_text())
+    assert sorted(os.listdir(folder)) == ["config.json", "metadata.json", "model-0000000-0000001.safetensors",
+                                          "opt-0000000-0000001.safetensors", "rank_00000.json", "trainer_state.json"]
+    export_hf(str(folder), str(tmp_path / "hf"))
+    hf = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert hf["model_type"] == "deepseek_v3" and hf["num_hidden_layers"] == 2
-    names = load_file(str(folder / "model.safetensors"))
+    names = load_file(str(tmp_path / "hf" / "model.safetensors"))
     assert "model.layers.1.mlp.experts.0.gate_proj.weight" in names
     metrics = [json.loads(x) for d in os.listdir(tmp_path / "metrics")
                for x in open(tmp_path / "metrics" / d / "metrics.jsonl")]
@@ -53,10 +57,8 @@ def test_hf_start_and_non_finite_steps_stop_the_run(tiny64, tmp_path):
                  "training.steps=1")
     Trainer(cfg, Runtime(device="CPU"), out=lambda _: None).train()
     hf = tmp_path / "hf"
-    hf.mkdir()
-    shutil.copy(tmp_path / "ck" / "iter_0000001" / "config.json", hf / "config.json")
-    weights = load_file(str(tmp_path / "ck" / "iter_0000001" / "model.safetensors"))
-    save_file(weights, str(hf / "model.safetensors"))
+    export_hf(str(tmp_path / "ck" / "iter_0000001"), str(hf))
+    weights = load_file(str(hf / "model.safetensors"))
     lines = []
     start = Trainer(tiny64(f"checkpoint.load_path={hf}", "training.steps=1"),
                     Runtime(device="CPU"), out=lines.append)

@@ -28,26 +28,36 @@ _STACKED = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_proj|up_proj|
 _MTP_COPIES = re.compile(r"^model\.layers\.(\d+)\.(embed_tokens\.weight|shared_head\.head\.weight)$")
 
 
-def hf_state_dict(model) -> dict[str, np.ndarray]:
-    """The model's weights under HF checkpoint names (float32 numpy arrays).
+def hf_tensor_names(name: str, shape) -> list[tuple[str, Optional[int]]]:
+    """The HF checkpoint tensors a model parameter is stored as: ``[(name, None)]``, or for
+    stacked routed experts one per expert, ``(per-expert name, expert index)``."""
+    m = _STACKED.match(name)
+    if m:
+        return [(f"{m.group(1)}.{e}.{m.group(2)}.weight", e) for e in range(int(shape[0]))]
+    return [(name, None)]
 
-    MTP modules also get the copies of the shared embedding and head that the official
-    checkpoint stores (``model.layers.{L+k}.embed_tokens.weight``, ``shared_head.head.weight``).
-    """
+
+def hf_copies(cfg) -> list[tuple[str, str]]:
+    """``(copy, source)``: the MTP modules' copies of the shared embedding and head that the
+    official checkpoint stores (``model.layers.{L+k}.embed_tokens.weight``, ...)."""
+    out = []
+    for k in range(cfg.num_nextn_predict_layers):
+        idx = cfg.num_hidden_layers + k
+        out += [(f"model.layers.{idx}.embed_tokens.weight", "model.embed_tokens.weight"),
+                (f"model.layers.{idx}.shared_head.head.weight", "lm_head.weight")]
+    return out
+
+
+def hf_state_dict(model) -> dict[str, np.ndarray]:
+    """The model's weights under HF checkpoint names (float32 numpy arrays), MTP copies
+    included (:func:`hf_copies`)."""
     out: dict[str, np.ndarray] = {}
     for p in model.get_parameters():
         arr = p.asnumpy()
-        m = _STACKED.match(p.name)
-        if m:
-            for e in range(arr.shape[0]):
-                out[f"{m.group(1)}.{e}.{m.group(2)}.weight"] = np.ascontiguousarray(arr[e])
-        else:
-            out[p.name] = arr
-    cfg = model.config
-    for k in range(cfg.num_nextn_predict_layers):
-        idx = cfg.num_hidden_layers + k
-        out[f"model.layers.{idx}.embed_tokens.weight"] = out["model.embed_tokens.weight"]
-        out[f"model.layers.{idx}.shared_head.head.weight"] = out["lm_head.weight"]
+        for hf_name, e in hf_tensor_names(p.name, arr.shape):
+            out[hf_name] = arr if e is None else np.ascontiguousarray(arr[e])
+    for copy, source in hf_copies(model.config):
+        out[copy] = out[source]
     return out
 
 

@@ -36,7 +36,8 @@ from mindtrain.config.fsdp_policy import reshard_after_forward
 from mindtrain.config.plan import ParallelPlan
 from mindtrain.parallel.expert_parallel import apply_expert_parallel, global_expert_load
 from mindtrain.parallel.fsdp import fully_shard
-from mindtrain.parallel.layout import Layout, compiled_regions, full_arrays, grad_norm, local_arrays
+from mindtrain.parallel.layout import (Layout, Shard, compiled_regions, full_arrays, grad_norm, load_pieces, local_arrays,
+                                      shards_of)
 from mindtrain.parallel.mesh import DeviceMesh
 from mindtrain.parallel.pipeline_parallel import PipelineSchedule, relax_receive_timeout
 from mindtrain.parallel.tensor_parallel import apply_tensor_parallel
@@ -103,6 +104,7 @@ class ShardedLayout:
                  columns: Sequence[str]):
         dims = mesh.dims
         self.model = model
+        self._shapes = {n: tuple(p.shape) for n, p in plan.params.items()}
         self.columns = list(columns)
         self.mesh = mesh
         self.accum = accumulation
@@ -210,6 +212,15 @@ class ShardedLayout:
     def to_local(self, full: Mapping[str, Any]) -> list[Tensor]:
         """This rank's pieces of full-shape arrays, aligned with :attr:`named_params`."""
         return local_arrays(self.fsdp, self.tp, self.ep, self.dense_names, self.expert_names, full)
+
+    def shards(self) -> list[Shard]:
+        """Where each of :attr:`named_params` sits in its full array."""
+        return shards_of(self.fsdp, self.tp, self.ep, self.dense_names, self.expert_names, self._shapes)
+
+    def load_params(self, pieces: Sequence[np.ndarray]) -> None:
+        """Write this rank's pieces (aligned with :attr:`named_params`) into the weights."""
+        n = len(self.dense_names)
+        load_pieces(self.fsdp, self.named_params[:n], self.named_params[n:], pieces)
 
     def memory_bytes(self) -> int:
         """Bytes of parameters resident on this rank between steps: FSDP shards plus any

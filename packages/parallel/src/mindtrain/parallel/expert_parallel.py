@@ -42,7 +42,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindtrain.config import ConfigError
 from mindtrain.parallel import collectives as C
 from mindtrain.parallel import functional as F
-from mindtrain.parallel.layout import check_not_whole_layers, split_piece
+from mindtrain.parallel.layout import check_not_whole_layers, narrow_even, split_piece
 from mindtrain.parallel.mesh import DeviceMesh, Group
 
 _WEIGHTS = ("gate_proj", "up_proj", "down_proj")
@@ -184,6 +184,17 @@ class ExpertParallel:
             n = self.local_experts // self.edp_group.size
             a = a[self.edp_group.index * n:(self.edp_group.index + 1) * n]
         return np.ascontiguousarray(a)
+
+    def narrow(self, name: str, offset: list, shape: list) -> None:
+        """Narrow the box of expert weight ``name`` (full ``[E, ...]`` coordinates) to this
+        rank's piece: its TP split, its experts, their ``edp`` rows (as :meth:`local_value`)."""
+        s = self.slots[name]
+        if s.tp_dim is not None:
+            narrow_even(offset, shape, s.tp_dim, self.tp_group.size, self.tp_group.index)
+        offset[0] += self.first_expert
+        shape[0] = self.local_experts
+        if self.edp_group.size > 1:
+            narrow_even(offset, shape, 0, self.edp_group.size, self.edp_group.index)
 
     def full_state(self) -> dict[str, np.ndarray]:
         """Every expert weight at its full ``[E, ...]`` shape (collective over ep, edp, tp)."""

@@ -434,6 +434,25 @@ class FSDP:
             result.append(Tensor(np.ascontiguousarray(pad[i * s.local_rows:(i + 1) * s.local_rows])))
         return result
 
+    def narrow(self, name: str, offset: list, shape: list) -> None:
+        """Narrow the box ``offset``/``shape`` (full coordinates of the parameter as the model
+        holds it) to this rank's dim-0 shard; past the last row the box is empty."""
+        s = self.slots[name]
+        if not shape:
+            raise ValueError(f"{name}: a 0-d parameter has no dim-0 shard box")
+        start = min(s.group.index * s.local_rows, s.rows)
+        offset[0] += start
+        shape[0] = min(s.local_rows, s.rows - start)
+
+    def load_shards(self, shards: Sequence[np.ndarray], names: Sequence[str]) -> None:
+        """Write this rank's shard arrays (shard-shaped, padding included) of ``names`` and
+        refresh the full parameters kept gathered (ZeRO-1/2: a collective)."""
+        for name, a in zip(names, shards):
+            self.slots[name].shard.set_data(Tensor(np.ascontiguousarray(a)))
+        if self.strategy != ZERO3:
+            for bucket in self._buckets:
+                self._materialize(bucket, force=True)
+
     def memory_bytes(self) -> dict[str, int]:
         """Bytes this rank holds now: shards + materialized full parameters (ZeRO-3's compiled
         twins included), and gradients."""

@@ -13,6 +13,7 @@ may be ``None``).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Protocol, Sequence, Union, runtime_checkable
 
 import numpy as np
@@ -103,6 +104,81 @@ class Layout(Protocol):
     def memory_bytes(self) -> int:
         """Bytes of parameters resident on this rank between steps."""
 
+    def shards(self) -> list["Shard"]:
+        """Where each of :attr:`named_params` sits in its full array (no communication):
+        what a sharded checkpoint writes and reads for this rank."""
+
+    def load_params(self, pieces: Sequence[np.ndarray]) -> None:
+        """Write this rank's pieces (laid out like :attr:`named_params`, e.g. read by
+        :attr:`shards` from a checkpoint) into the weights, and refresh what the layout
+        keeps gathered from them (a collective under FSDP ZeRO-1/2)."""
+
+
+@dataclass(frozen=True)
+class Shard:
+    """The box of a full array that one rank's piece of a parameter holds: ``shape`` elements
+    from ``offset`` on, per dimension, of the ``global_shape`` array ``name``. Every layout
+    cuts contiguous ranges per dimension (TP, FSDP's dim 0, EP's experts), so a piece is
+    always such a box; an FSDP shard past the last row is empty (``shape[0] == 0``).
+
+    The local tensor may be longer than the box (FSDP pads dim 0 to a multiple of the group):
+    the box is its first :attr:`numel` elements in row-major order."""
+
+    name: str
+    global_shape: tuple[int, ...]
+    offset: tuple[int, ...]
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        return int(math.prod(self.shape))
+
+    @property
+    def key(self) -> tuple:
+        """What identifies the piece across ranks (replicas share it)."""
+        return (self.name, self.offset, self.shape)
+
+    def take(self, local: np.ndarray) -> np.ndarray:
+        """The box's values from a local tensor's array (padding dropped; a view)."""
+        return np.asarray(local).reshape(-1)[:self.numel].reshape(self.shape)
+
+    def place(self, piece: np.ndarray, local_shape: Sequence[int]) -> np.ndarray:
+        """A local tensor's array holding ``piece`` (zeros in the padding)."""
+        if tuple(piece.shape) == tuple(local_shape):
+            return np.ascontiguousarray(piece)
+        out = np.zeros(int(math.prod(local_shape)), piece.dtype)
+        out[:self.numel] = piece.reshape(-1)
+        return out.reshape(tuple(local_shape))
+
+
+def shards_of(fsdp, tp, ep, dense_names: Sequence[str], expert_names: Sequence[str],
+              shapes: Mapping[str, Sequence[int]]) -> list[Shard]:
+    """The :class:`Shard` of each parameter ``dense_names + expert_names`` (``shapes``: full
+    shapes by name), given the objects that split them (any may be ``None``): the TP split,
+    then FSDP's dim-0 shard of the TP piece; for expert weights their TP split, then EP's
+    experts and their ``edp`` rows. Mirrors :func:`local_arrays`."""
+    out = []
+    for name in dense_names:
+        offset, shape = [0] * len(shapes[name]), list(shapes[name])
+        if tp is not None:
+            tp.narrow(name, offset, shape)
+        if fsdp is not None:
+            fsdp.narrow(name, offset, shape)
+        out.append(Shard(name, tuple(shapes[name]), tuple(offset), tuple(shape)))
+    for name in expert_names:
+        offset, shape = [0] * len(shapes[name]), list(shapes[name])
+        ep.narrow(name, offset, shape)
+        out.append(Shard(name, tuple(shapes[name]), tuple(offset), tuple(shape)))
+    return out
+
+
+def narrow_even(offset: list, shape: list, dim: int, parts: int, index: int) -> None:
+    """Narrow the box to piece ``index`` of ``parts`` equal pieces along ``dim`` (the box
+    form of :func:`split_piece`)."""
+    n = shape[dim] // parts
+    offset[dim] += index * n
+    shape[dim] = n
+
 
 def split_piece(full: np.ndarray, dim: int, parts: int, index: int) -> np.ndarray:
     """Piece ``index`` of ``parts`` equal pieces of ``full`` along ``dim`` (the one TP
@@ -175,4 +251,22 @@ def local_arrays(fsdp, tp, ep, dense_names: Sequence[str], expert_names: Sequenc
     return local
 
 
-__all__ = ["Layout", "full_arrays", "grad_norm", "grad_sq_sums", "local_arrays", "split_piece"]
+def load_pieces(fsdp, named_dense: Sequence[tuple[str, Tensor]], named_experts: Sequence[tuple[str, Tensor]],
+                pieces: Sequence[np.ndarray]) -> None:
+    """Write local pieces (aligned with ``named_dense + named_experts``, each of its tensor's
+    shape) into the weights: FSDP's shards (then its gathered copies), the others in place
+    (``ops.assign``: their existing buffers, which compiled layers read)."""
+    from mindspore import ops
+
+    n_dense = len(named_dense)
+    if fsdp is not None:
+        fsdp.load_shards(pieces[:n_dense], [n for n, _ in named_dense])
+    else:
+        for (_, p), a in zip(named_dense, pieces[:n_dense]):
+            ops.assign(p, Tensor(np.ascontiguousarray(a, np.float32)))
+    for (_, p), a in zip(named_experts, pieces[n_dense:]):
+        ops.assign(p, Tensor(np.ascontiguousarray(a, np.float32)))
+
+
+__all__ = ["Layout", "Shard", "full_arrays", "narrow_even", "shards_of", "grad_norm", "grad_sq_sums", "load_pieces", "local_arrays",
+           "split_piece"]

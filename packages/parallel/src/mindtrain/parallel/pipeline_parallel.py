@@ -45,7 +45,8 @@ from mindtrain.parallel import collectives as C
 from mindtrain.parallel.context_parallel import apply_context_parallel, split_batch
 from mindtrain.parallel.expert_parallel import apply_expert_parallel
 from mindtrain.parallel.fsdp import FSDP
-from mindtrain.parallel.layout import compiled_regions, full_arrays, grad_norm, local_arrays
+from mindtrain.parallel.layout import (Shard, compiled_regions, full_arrays, grad_norm, load_pieces, local_arrays,
+                                      shards_of)
 from mindtrain.parallel.mesh import DeviceMesh, Group
 from mindtrain.parallel.tensor_parallel import apply_tensor_parallel
 from mindtrain.parallel.pipeline_schedule import op_messages, resolve_schedule, stage_ops
@@ -409,6 +410,17 @@ class PipelineSchedule:
     def to_local(self, full: Mapping[str, Any]) -> list[Tensor]:
         """This rank's pieces of full arrays, aligned with :attr:`params` (no communication)."""
         return local_arrays(self.fsdp, self.tp, self.ep, self.dense_names, self.expert_names, full)
+
+    def shards(self) -> list[Shard]:
+        """Where each of :attr:`params` sits in its full array."""
+        shapes = {n: tuple(self.plan["params"][n]["shape"]) for n in self.param_names}
+        return shards_of(self.fsdp, self.tp if self.tp.size > 1 else None, self.ep, self.dense_names,
+                         self.expert_names, shapes)
+
+    def load_params(self, pieces: Sequence[np.ndarray]) -> None:
+        """Write this rank's pieces (aligned with :attr:`params`) into the weights."""
+        n = len(self.dense_names)
+        load_pieces(self.fsdp, self.named_params[:n], self.named_params[n:], pieces)
 
     def memory_bytes(self) -> int:
         """Bytes of parameters resident on this rank between steps: the stage's full weights

@@ -31,7 +31,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindtrain.config import ConfigError
 from mindtrain.parallel import collectives as C
 from mindtrain.parallel import functional as F
-from mindtrain.parallel.layout import check_not_whole_layers, split_piece
+from mindtrain.parallel.layout import check_not_whole_layers, narrow_even, split_piece
 from mindtrain.parallel.mesh import DeviceMesh, Group
 
 SEQ_DIM = 1
@@ -132,6 +132,11 @@ class TensorParallel:
         if name not in self.sharded or self.size == 1:
             return np.asarray(full)
         return split_piece(full, self.sharded[name][1], self.size, self.index)
+
+    def narrow(self, name: str, offset: list, shape: list) -> None:
+        """Narrow the box ``offset``/``shape`` (full coordinates) to this rank's piece."""
+        if name in self.sharded and self.size > 1:
+            narrow_even(offset, shape, self.sharded[name][1], self.size, self.index)
 
     def full_param(self, name: str, local: np.ndarray) -> np.ndarray:
         """The unsharded value of parameter ``name`` from this rank's ``local`` array

@@ -2,13 +2,22 @@
 
 Two layouts under ``save_path`` (``checkpoint.layout``)::
 
-    mindtrain (default)                  mindformers
-    iter_0000005/                        iteration_00000005/
-      model.safetensors (HF names),        {prefix}-model-0000000-{world:07d}.safetensors,
-      config.json: an HF model directory   {prefix}-opt-..., common.json, metadata.json
-      optimizer.safetensors,               (mindformers_checkpoint.py)
-      trainer_state.json, rank_*.json      + config.json, trainer_state.json, rank_*.json
-    latest_checkpointed_iteration.txt    the step of the newest complete folder
+    mindtrain (default): sharded          mindformers
+    iter_0000005/                         iteration_00000005/
+      model-{rank:07d}-{world:07d}          {prefix}-model-0000000-{world:07d}.safetensors,
+        .safetensors (each rank's pieces),  {prefix}-opt-..., common.json, metadata.json
+      opt-...safetensors (AdamW moments),   (mindformers_checkpoint.py; MindFormers' names)
+      metadata.json (MindFormers' format),  + config.json, trainer_state.json, rank_*.json
+      config.json, trainer_state.json,
+      rank_*.json
+    latest_checkpointed_iteration.txt     the step of the newest complete folder
+
+In the mindtrain layout every rank writes the pieces of the weights and moments it holds
+(:mod:`mindtrain.trainer.sharded`): nothing is gathered, and a rank that loads reads only
+the parts of the files that overlap its own pieces, in any layout and world size.
+``mindtrain-export-hf`` turns such a folder into an HF model directory. Folders of the
+earlier full-tensor form (``model.safetensors`` in HF names, ``optimizer.safetensors``) are
+still read.
 
 :class:`Checkpointer` is the trainer's one door to checkpoints: it loads the weights (from a
 checkpoint of either layout or an HF model directory, through mindtrain.models' one HF
@@ -35,11 +44,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
 from mindtrain.config import UserError
 from mindtrain.trainer import faults
 from mindtrain.trainer import mindformers_checkpoint as mf
+from mindtrain.trainer import sharded
 
 TRACKER = "latest_checkpointed_iteration.txt"
 STATE_FILE = "trainer_state.json"
@@ -84,10 +94,8 @@ def _write_bytes_durably(path: str, data: bytes) -> None:
 
 
 def save_tensors(path: str, tensors: dict[str, np.ndarray]) -> None:
-    """safetensors file of contiguous arrays, fsynced."""
-    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, path)
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
+    """safetensors file of the arrays, written one by one and fsynced."""
+    sharded.write_safetensors(path, tensors.items())
 
 
 def save_json(path: str, obj: Any) -> None:
@@ -341,6 +349,7 @@ class Resume:
     folder: str
     state: Optional[dict]
     mindformers: Optional[tuple] = None
+    reader: Optional[sharded.ShardedReader] = None  # a sharded checkpoint's
 
 
 class Checkpointer:
@@ -355,6 +364,9 @@ class Checkpointer:
         self.dp = dp
         self.out = out
         self.writer: Optional[CheckpointWriter] = None
+        self.all_gather_bytes: Callable[[bytes], list[bytes]] = lambda data: [data]
+        """Every rank's bytes in rank order (a collective); the trainer sets the runtime's."""
+        self._pending: Optional[sharded.ShardedReader] = None  # weights to load once laid out
         if self.ck.enable_save:
             self.writer = CheckpointWriter(self.ck.save_path or os.path.join("output", "checkpoint"), self.ck.save_max,
                                            rank=rank, world_size=world_size, barrier=barrier, layout=self.ck.layout,
@@ -424,6 +436,16 @@ class Checkpointer:
                 weights = hf_names(model, weights)
             mindformers = (opt, common)
             has_optimizer = bool(opt)
+        elif sharded.is_sharded(folder):  # read piece by piece once the layout exists
+            self._check_model_config(folder)
+            reader = sharded.ShardedReader(folder)
+            self._pending = reader
+            if self.ck.no_load_optim or (state or {}).get("weights_only"):
+                self.out(f"mindtrain: loaded model weights from {folder} ("
+                         + ("checkpoint.no_load_optim is true)" if self.ck.no_load_optim else
+                            "saved with checkpoint.no_save_optim; fresh optimizer state from step 0)"))
+                return None
+            return Resume(folder, state, reader=reader)
         else:
             weights = load_tensors(folder, MODEL_FILE)
             if state is not None and "weights_only" in state:
@@ -442,10 +464,26 @@ class Checkpointer:
             return None
         return Resume(folder, state, mindformers)
 
-    def load_state(self, resume: Resume, named_params: Sequence[tuple[str, Any]], to_local, optimizer, loader,
-                   schedule, total_steps: int) -> dict[str, int]:
-        """Optimizer moments (full arrays laid out by ``to_local``), data position and RNG
-        state; returns the counters (step, consumed_samples, skipped_total, skipped_in_row).
+    def load_laid_out(self, layout, buffers: Sequence[tuple[str, Any]]) -> None:
+        """The weights of a sharded checkpoint (if :meth:`load_weights` found one) into the
+        laid-out model: each of ``layout``'s pieces read from the files that hold it, and the
+        untrained ``buffers`` (``(name, Parameter)``, e.g. expert biases) whole."""
+        reader, self._pending = self._pending, None
+        if reader is None:
+            return
+        from mindspore import Tensor, ops
+
+        shards = layout.shards()
+        reader.check_shapes([(sh.name, sh.global_shape) for sh in shards]
+                            + [(n, tuple(p.shape)) for n, p in buffers])
+        layout.load_params(read_pieces(reader, shards, [t for _, t in layout.named_params]))
+        for name, p in buffers:
+            ops.assign(p, Tensor(np.ascontiguousarray(reader.read_full(name), np.float32)))
+
+    def load_state(self, resume: Resume, layout, optimizer, loader, schedule, total_steps: int) -> dict[str, int]:
+        """Optimizer moments (this rank's pieces of them, laid out as ``layout``'s
+        parameters), data position and RNG state; returns the counters (step,
+        consumed_samples, skipped_total, skipped_in_row).
 
         What trainer_state.json holds is checked against this run:
 
@@ -466,7 +504,19 @@ class Checkpointer:
           naming the fields (mis-shaped weights already fail to load).
         """
         folder = resume.folder
+        named_params = layout.named_params
         names = [n for n, _ in named_params]
+        if resume.reader is not None:
+            shards = layout.shards()
+            state = resume.state if resume.state is not None else load_json(folder)
+            self.check_resume(state, schedule, folder)
+            local = {"step": resume.reader.read_full("step")}
+            for kind in ("exp_avg", "exp_avg_sq"):
+                moment = [sharded_replace(sh, f"{kind}.{sh.name}") for sh in shards]
+                for sh, a in zip(shards, read_pieces(resume.reader, moment, [t for _, t in named_params])):
+                    local[f"{kind}.{sh.name}"] = a
+            optimizer.load_state_dict(local)
+            return self._restore_position(state, folder, loader, total_steps)
         if resume.mindformers is not None:
             saved, state = mf.to_mindtrain_state(*resume.mindformers, names,
                                                  self.cfg.training.global_batch_size, folder)
@@ -480,9 +530,13 @@ class Checkpointer:
         for kind in ("exp_avg", "exp_avg_sq"):
             full = {n: saved[f"{kind}.{n}"] for n in names if f"{kind}.{n}" in saved}
             if len(full) == len(names):
-                for n, t in zip(names, to_local(full)):
+                for n, t in zip(names, layout.to_local(full)):
                     local[f"{kind}.{n}"] = t.asnumpy()
         optimizer.load_state_dict(local)
+        return self._restore_position(state, folder, loader, total_steps)
+
+    def _restore_position(self, state: dict, folder: str, loader, total_steps: int) -> dict[str, int]:
+        """The counters, data position and RNG state of a resumed checkpoint."""
         counters = {"step": int(state["step"]), "consumed_samples": int(state["consumed_samples"]),
                     "skipped_total": int(state["skipped_total"]), "skipped_in_row": int(state["skipped_in_row"])}
         if counters["step"] >= total_steps:
@@ -534,24 +588,73 @@ class Checkpointer:
             self.out(f"mindtrain: warning: model settings differ from the checkpoint's config.json ({shown}{more})")
 
     # ------------------------------------------------------------------ save
-    def save(self, step: int, counters: dict[str, int], schedule, model, model_params, full: dict[str, np.ndarray],
-             optimizer_state: Optional[dict[str, np.ndarray]], loader_state: dict, total_steps: int) -> str:
-        """Write ``step``'s folder (call on every rank). ``full``: trainable parameters at full
-        shape; ``optimizer_state``: AdamW's at full shape, None with ``checkpoint.no_save_optim``
-        (then no optimizer, data or RNG state is written)."""
-        ck = self.ck
-        tensors: dict[str, dict[str, np.ndarray]] = {}
+    def _common_files(self, step: int, counters: dict[str, int], schedule, with_state: bool,
+                      loader_state: dict) -> dict[str, object]:
+        """The JSON files of a checkpoint folder: this rank's data and RNG state, and (rank 0)
+        config.json and trainer_state.json."""
         files: dict[str, object] = {}
-        if optimizer_state is not None:
+        if with_state:
             files[rank_file(self.rank)] = {"loader": loader_state,
                                            "rng": {"numpy": _numpy_rng_state(), "python": _python_rng_state()}}
         if self.rank == 0:
-            from mindtrain.models import config_to_hf, hf_state_dict
+            from mindtrain.models import config_to_hf
 
             files["config.json"] = config_to_hf(self.cfg.model)
             files[STATE_FILE] = dict(counters, world_size=self.world_size, dp=self.dp,
                                      lr_schedule=schedule_state(schedule), seed=self.cfg.training.seed,
-                                     weights_only=optimizer_state is None)
+                                     weights_only=not with_state)
+        return files
+
+    def save_sharded(self, step: int, counters: dict[str, int], schedule, layout, buffers: Sequence[tuple[str, Any]],
+                     optimizer, loader_state: dict) -> str:
+        """Write ``step``'s folder in the sharded layout (call on every rank): each rank the
+        pieces of ``layout``'s parameters (and, unless ``checkpoint.no_save_optim``, of
+        ``optimizer``'s moments) it is the first holder of, plus the untrained ``buffers``
+        once; rank 0 also metadata.json. Nothing is gathered: the ranks exchange only the
+        list of their pieces."""
+        import zlib
+
+        shards = layout.shards()
+        tensors = [t for _, t in layout.named_params]
+        pieces = pieces_of(shards, tensors)
+        full = [(n, tuple(p.shape)) for n, p in buffers]
+        pieces += [(sharded.Piece("model", n, shape, (0,) * len(shape), shape, "float32"), p.asnumpy())
+                   for (n, p), (_, shape) in zip(buffers, full)]
+        with_state = optimizer is not None
+        if with_state:
+            pieces += pieces_of(shards, optimizer.exp_avg, "opt", "exp_avg.")
+            pieces += pieces_of(shards, optimizer.exp_avg_sq, "opt", "exp_avg_sq.")
+            step_count = np.array(optimizer.step_count, np.int64)
+            pieces.append((sharded.Piece("opt", "step", (), (), (), "int64"), step_count))
+        message = zlib.compress(json.dumps([p.to_json() for p, _ in pieces]).encode())
+        everyone = [[sharded.Piece.from_json(j) for j in json.loads(zlib.decompress(b))]
+                    for b in self.all_gather_bytes(message)]
+        writer = sharded.writers(everyone)
+        def file_of(p: sharded.Piece) -> str:
+            return sharded.file_name(None, p.kind, writer[p.key], self.world_size)
+
+        tensors_by_file: dict[str, dict[str, np.ndarray]] = {}
+        for p, a in pieces:
+            if writer[p.key] == self.rank:
+                tensors_by_file.setdefault(file_of(p), {})[p.name] = a
+        files = self._common_files(step, counters, schedule, with_state, loader_state)
+        if self.rank == 0:
+            written = [p for r, ps in enumerate(everyone) for p in ps if writer[p.key] == r]
+            files[sharded.METADATA_FILE] = sharded.metadata(written, file_of, self.world_size)
+        return self.writer.save(step, tensors_by_file, files)
+
+    def save(self, step: int, counters: dict[str, int], schedule, model, model_params, full: dict[str, np.ndarray],
+             optimizer_state: Optional[dict[str, np.ndarray]], loader_state: dict, total_steps: int) -> str:
+        """Write ``step``'s folder of full-shape tensors (call on every rank; the
+        mindformers layout). ``full``: trainable parameters at full shape;
+        ``optimizer_state``: AdamW's at full shape, None with ``checkpoint.no_save_optim``
+        (then no optimizer, data or RNG state is written)."""
+        ck = self.ck
+        tensors: dict[str, dict[str, np.ndarray]] = {}
+        files = self._common_files(step, counters, schedule, optimizer_state is not None, loader_state)
+        if self.rank == 0:
+            from mindtrain.models import hf_state_dict
+
             if ck.layout == "mindformers":
                 weights = {p.name: full[p.name] if p.name in full else p.asnumpy() for p in model_params}
                 mf_tensors, mf_json = mf.checkpoint_files(
@@ -570,6 +673,38 @@ class Checkpointer:
         """An asynchronous save finishes (call before training returns)."""
         if self.writer is not None:
             self.writer.wait()
+
+
+def sharded_replace(shard, name: str):
+    """The same box of another tensor (an optimizer moment of the parameter)."""
+    import dataclasses
+
+    return dataclasses.replace(shard, name=name)
+
+
+def read_pieces(reader: sharded.ShardedReader, shards: Sequence[Any], tensors: Sequence[Any]) -> list[np.ndarray]:
+    """Each shard's box read from the checkpoint, laid out as the local tensor it belongs to
+    (FSDP's padding rows zero)."""
+    out = []
+    for sh, t in zip(shards, tensors):
+        local_shape = tuple(t.shape)
+        if sh.numel == 0:
+            out.append(np.zeros(local_shape, np.float32))
+            continue
+        out.append(sh.place(reader.read(sh.name, sh.offset, sh.shape).astype(np.float32, copy=False), local_shape))
+    return out
+
+
+def pieces_of(shards: Sequence[Any], tensors: Sequence[Any], kind: str = "model",
+              prefix: str = "") -> list[tuple[sharded.Piece, np.ndarray]]:
+    """``(Piece, array)`` of each non-empty shard: the box's values taken from its tensor."""
+    out = []
+    for sh, t in zip(shards, tensors):
+        if sh.numel == 0 and sh.shape:
+            continue
+        a = sh.take(t.asnumpy())
+        out.append((sharded.Piece(kind, prefix + sh.name, sh.global_shape, sh.offset, sh.shape, a.dtype.name), a))
+    return out
 
 
 def hf_names(model, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

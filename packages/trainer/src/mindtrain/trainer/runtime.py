@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -244,6 +244,26 @@ class Runtime:
         from mindtrain.parallel import all_reduce
 
         return all_reduce(ms.Tensor(np.ascontiguousarray(values, np.float32))).asnumpy()
+
+    def all_gather_bytes(self, data: bytes) -> list[bytes]:
+        """Every rank's ``data``, in rank order (one small collective pair)."""
+        return all_gather_bytes(self.all_sum, self.rank, self.world_size, data)
+
+
+def all_gather_bytes(all_sum: Callable[[np.ndarray], np.ndarray], rank: int, world_size: int,
+                     data: bytes) -> list[bytes]:
+    """Every rank's ``data``, in rank order, through two float32 sums (lengths, then the
+    bytes each rank puts in its own span): small messages such as a save's piece lists."""
+    if world_size == 1:
+        return [data]
+    lengths = np.zeros(world_size, np.float32)
+    lengths[rank] = len(data)
+    lengths = all_sum(lengths).astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    buf = np.zeros(int(starts[-1]), np.float32)
+    buf[starts[rank]:starts[rank + 1]] = np.frombuffer(data, np.uint8)
+    total = np.rint(all_sum(buf)).astype(np.uint8).tobytes()
+    return [total[starts[r]:starts[r + 1]] for r in range(world_size)]
 
 
 def start(device_target: Optional[str]) -> tuple[Runtime, str]:

@@ -114,17 +114,23 @@ class Trainer:
                                                   np.array([float(failed)], np.float32))[0] > 0))
         # an unwritable save_path or one without room is said now, not at the first save
         self.checkpointer.check_storage(sum(int(np.prod(p.shape)) * 4 for p in self.model.get_parameters()))
-        # weights load into the whole model before it is sharded; the rest of the state after
+        self.checkpointer.all_gather_bytes = runtime.all_gather_bytes
+        # full-tensor checkpoints and HF directories load into the whole model before it is
+        # sharded; a sharded checkpoint's pieces once laid out; the rest of the state after
         resume = self.checkpointer.load_weights(self.model) if cfg.checkpoint.load_path else None
         from mindtrain.models import parallel_plan
         from mindtrain.parallel import DeviceMesh, Layout, parallelize
 
         # every Parameter under its HF-mappable name, taken before the layout wraps layers
         self._model_params = list(self.model.get_parameters())
+        plan = parallel_plan(self.model)
+        by_name = {p.name: p for p in self._model_params}
+        # untrained parameters (expert biases): whole on every rank, saved once
+        self._buffers = [(n, by_name[n]) for n, info in plan.params.items() if not info.trainable and n in by_name]
 
         mesh = DeviceMesh(self.dims, runtime.rank)
-        self.layout: Layout = parallelize(self.model, parallel_plan(self.model), mesh, cfg,
-                                          accumulation=self.accum, columns=self.columns)
+        self.layout: Layout = parallelize(self.model, plan, mesh, cfg, accumulation=self.accum, columns=self.columns)
+        self.checkpointer.load_laid_out(self.layout, self._buffers)
         self.params = self.layout.named_params
         self.schedule = LRSchedule.from_config(cfg)
         self.optimizer = AdamW.from_config(self.params, cfg.optimizer, lr=self.schedule(1))
@@ -314,6 +320,12 @@ class Trainer:
             return False
 
     def _save(self) -> str:
+        if self.cfg.checkpoint.layout != "mindformers":  # sharded: each rank writes its pieces
+            counters = {"step": self.step, "consumed_samples": self.consumed_samples, **self.skips.state_dict()}
+            with_state = not self.cfg.checkpoint.no_save_optim
+            return self.checkpointer.save_sharded(self.step, counters, self.schedule, self.layout, self._buffers,
+                                                  self.optimizer if with_state else None,
+                                                  self.loader.state_dict() if with_state else {})
         full = self._full_params()
         # checkpoint.no_save_optim: weights only (no optimizer, data or RNG state)
         optimizer_state = None if self.cfg.checkpoint.no_save_optim else self._full_optimizer_state()
@@ -323,7 +335,7 @@ class Trainer:
                                       self.total_steps)
 
     def _load_state(self, resume: ckpt.Resume) -> None:
-        counters = self.checkpointer.load_state(resume, self.params, self.layout.to_local, self.optimizer, self.loader,
+        counters = self.checkpointer.load_state(resume, self.layout, self.optimizer, self.loader,
                                                 self.schedule, self.total_steps)
         self.step = counters["step"]
         self.consumed_samples = counters["consumed_samples"]

@@ -1,0 +1,104 @@
+"""``mindtrain-export-hf CHECKPOINT OUT``: a sharded checkpoint folder as an HF model directory.
+
+Tensor by tensor: each HF tensor (one routed expert of a stacked weight, say) is read from
+the pieces that hold it and written before the next is read, so the memory it takes is the
+largest HF tensor's, whatever the model's size. The directory is what ``from_pretrained``
+(mindtrain's and transformers') reads: config.json, safetensors shards and their index.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Optional, Sequence
+
+import numpy as np
+
+from mindtrain.config import UserError
+from mindtrain.trainer import sharded
+
+MAX_SHARD_BYTES = 2 * 1024 ** 3
+_OPTIMIZER = ("exp_avg.", "exp_avg_sq.")
+
+
+def export_hf(folder: str, out: str, max_shard_bytes: int = MAX_SHARD_BYTES) -> list[str]:
+    """Write the HF model directory ``out`` from the sharded checkpoint ``folder``; returns
+    the safetensors files written."""
+    from mindtrain.models.hf_checkpoint import hf_copies, hf_tensor_names
+    from mindtrain.models.hf_config import config_from_hf
+
+    if not sharded.is_sharded(folder):
+        raise UserError(f"{folder}: no {sharded.METADATA_FILE}; give a sharded checkpoint folder (iter_NNNNNNN)")
+    config_path = os.path.join(folder, "config.json")
+    if not os.path.isfile(config_path):
+        raise UserError(f"{config_path}: missing; the checkpoint folder is incomplete")
+    with open(config_path, encoding="utf-8") as f:
+        hf_config = json.load(f)
+    reader = sharded.ShardedReader(folder)
+    entries: list[sharded.Lazy] = []
+    source: dict[str, tuple[str, Optional[int]]] = {}
+    for name in reader.names():
+        if name == "step" or name.startswith(_OPTIMIZER):
+            continue
+        shape = reader.global_shapes[name]
+        for hf_name, e in hf_tensor_names(name, shape):
+            source[hf_name] = (name, e)
+            entries.append(_lazy(reader, hf_name, name, shape, e))
+    for copy, src in hf_copies(config_from_hf(hf_config)):
+        if src in source:
+            name, e = source[src]
+            entries.append(_lazy(reader, copy, name, reader.global_shapes[name], e))
+    files: list[list[sharded.Lazy]] = [[]]
+    size = 0
+    for t in sorted(entries, key=lambda t: t.name):
+        if files[-1] and size + t.nbytes > max_shard_bytes:
+            files.append([])
+            size = 0
+        files[-1].append(t)
+        size += t.nbytes
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(hf_config, f, indent=2)
+    names = (["model.safetensors"] if len(files) == 1 else
+             [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))])
+    for fname, tensors in zip(names, files):
+        sharded.write_lazy(os.path.join(out, fname), tensors, metadata={"format": "pt"})
+    if len(files) > 1:
+        index = {"metadata": {"total_size": sum(t.nbytes for t in entries)},
+                 "weight_map": {t.name: fname for fname, tensors in zip(names, files) for t in tensors}}
+        with open(os.path.join(out, "model.safetensors.index.json"), "w", encoding="utf-8") as f:
+            json.dump(index, f, indent=2)
+    return names
+
+
+def _lazy(reader: sharded.ShardedReader, hf_name: str, name: str, shape: tuple, expert: Optional[int]
+          ) -> sharded.Lazy:
+    if expert is None:
+        return sharded.Lazy(hf_name, tuple(shape), np.dtype(np.float32),
+                            lambda: reader.read_full(name).astype(np.float32, copy=False))
+    rest = tuple(shape[1:])
+    return sharded.Lazy(hf_name, rest, np.dtype(np.float32),
+                        lambda: reader.read(name, (expert,) + (0,) * len(rest), (1,) + rest)
+                        .reshape(rest).astype(np.float32, copy=False))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="mindtrain-export-hf", description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint", help="a sharded checkpoint folder (iter_NNNNNNN)")
+    parser.add_argument("out", help="the HF model directory to write")
+    parser.add_argument("--max-shard-bytes", type=int, default=MAX_SHARD_BYTES,
+                        help="largest safetensors file (default 2 GiB)")
+    args = parser.parse_args(argv)
+    try:
+        files = export_hf(args.checkpoint, args.out, args.max_shard_bytes)
+    except UserError as err:
+        print(f"mindtrain-export-hf: {err}", file=sys.stderr)
+        return 2
+    print(f"mindtrain-export-hf: wrote {args.out} ({len(files)} safetensors file{'s' if len(files) > 1 else ''})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
