@@ -135,8 +135,11 @@ def test_ten_steps_in_the_seed_format(work, run_a):
     ckpt = os.path.join(work, "a", "ckpt")
     assert sorted(os.listdir(ckpt)) == ["iter_0000005", "iter_0000010", "latest_checkpointed_iteration.txt"]
     files = sorted(os.listdir(os.path.join(ckpt, "iter_0000010")))
-    assert files == ["config.json", "model.safetensors", "optimizer.safetensors", "rank_00000.json",
-                     "rank_00001.json", "trainer_state.json"]
+    # sharded: each worker's pieces of the weights and AdamW moments (ZeRO shards); replicas once
+    assert files == ["config.json", "metadata.json", "model-0000000-0000002.safetensors",
+                     "model-0000001-0000002.safetensors", "opt-0000000-0000002.safetensors",
+                     "opt-0000001-0000002.safetensors", "rank_00000.json", "rank_00001.json",
+                     "trainer_state.json"]
 
 
 def test_worker_killed_mid_run_then_resume_matches(work, runs, run_a):

@@ -48,13 +48,14 @@ STEPS = 5
 FIGURES = ("loss", "load_balancing_loss", "mtp_loss", "grad_norm")
 LAYOUTS = {  # name: (workers, overrides)
     # the only run whose step-4 checkpoint is read (by the resume)
+    # the default sharded checkpoint: each rank writes its own dim-0 shards
     "zero3": (2, ["parallelism.data_parallel_shard_strategy=optim_grads_params",
-                  f"checkpoint.save_interleaved_steps={STEPS - 1}",
-                  # MindFormers' checkpoint layout (iteration_NNNNNNNN/, ds3-model/-opt files)
-                  "checkpoint.layout=mindformers", "checkpoint.prefix=ds3"]),
+                  f"checkpoint.save_interleaved_steps={STEPS - 1}"]),
     "tp2": (2, ["parallelism.tensor_parallel=2"]),
-    # eager: EP under compiled regions is the 4-worker run's, and a compile costs more than 5 steps save
-    "ep2": (2, ["parallelism.expert_parallel=2", "compile.enable=false"]),
+    # eager: EP under compiled regions is the 4-worker run's, and a compile costs more than 5 steps save;
+    # its final checkpoint in MindFormers' layout (iteration_NNNNNNNN/, ds3-model/-opt files)
+    "ep2": (2, ["parallelism.expert_parallel=2", "compile.enable=false",
+                "checkpoint.layout=mindformers", "checkpoint.prefix=ds3"]),
     # PP=2 x CP=2 x EP=2 (EP over the two context-parallel ranks), compiled by regions; with
     # activation recompute, which must change no figure (issue 16): stage 1's MoE layer 1
     # whole (its CP attention and EP all-to-alls run again in backward), the attention core
@@ -64,6 +65,18 @@ LAYOUTS = {  # name: (workers, overrides)
                         "parallelism.expert_parallel=2", "recompute.mode=select",
                         "recompute.full_recompute_layer=[1]",
                         "recompute.select_module={self_attn.core_attention: [0, 2], mlp.experts: [2]}"]),
+}
+
+
+# resumes of the ZeRO-3 run's sharded step-4 checkpoint, each rank reading the parts of its
+# files that it holds: name -> (workers, overrides). Recompute changes no figure (issue 16):
+# the one-process resume recomputes the attention core and the experts, the TP=2 resume every
+# layer whole; PP=2 reads each stage's layers only.
+RESUMES = {
+    "resume": (1, ["recompute.mode=select",
+                   "recompute.select_module={self_attn.core_attention: true, mlp.experts: true}"]),
+    "resume_tp2": (2, ["parallelism.tensor_parallel=2", "recompute.mode=full"]),
+    "resume_pp2": (2, ["parallelism.pipeline_parallel=2"]),
 }
 
 
@@ -123,12 +136,23 @@ class _Job:
 
 
 def _weights(ckpt: str, step: int, name: str = "model.safetensors") -> dict:
+    """Whole tensors of a checkpoint: the weights under HF names (as mindtrain-export-hf
+    writes them), or the AdamW state (``optimizer.safetensors``: exp_avg.<n>, exp_avg_sq.<n>, step)."""
     from safetensors.numpy import load_file
 
+    from mindtrain.trainer.export_hf import export_hf
+    from mindtrain.trainer.sharded import ShardedReader
+
     folder = os.path.join(ckpt, f"iter_{step:07d}")
-    if os.path.isdir(folder):
-        return load_file(os.path.join(folder, name))
-    return _from_mindformers_layout(os.path.join(ckpt, f"iteration_{step:08d}"), name)
+    if not os.path.isdir(folder):
+        return _from_mindformers_layout(os.path.join(ckpt, f"iteration_{step:08d}"), name)
+    if name == "optimizer.safetensors":
+        reader = ShardedReader(folder)
+        return reader.read_all(n for n in reader.names() if n == "step" or n.startswith("exp_avg"))
+    out = folder + "_hf"
+    if not os.path.isdir(out):
+        export_hf(folder, out)
+    return load_file(os.path.join(out, "model.safetensors"))
 
 
 def _from_mindformers_layout(folder: str, name: str) -> dict:
@@ -196,17 +220,10 @@ def jobs(work):
         if name not in started:
             if name == "ref":
                 started[name] = _Job(work, "ref", 1)
-            elif name in ("resume", "resume_tp2"):
-                folder = os.path.join(work, "zero3", "ckpt", f"iteration_{STEPS - 1:08d}")
-                extra = [f"checkpoint.load_path={folder}"]
-                # recompute changes no figure (issue 16): the one-process resume recomputes the
-                # attention core and the experts, the TP=2 resume every layer whole
-                if name == "resume_tp2":  # another multi-worker layout: the weights split by TP, not dim-0 shards
-                    extra += ["parallelism.tensor_parallel=2", "recompute.mode=full"]
-                else:
-                    extra += ["recompute.mode=select",
-                              "recompute.select_module={self_attn.core_attention: true, mlp.experts: true}"]
-                started[name] = _Job(work, name, 2 if name == "resume_tp2" else 1, extra, port=8560)
+            elif name in RESUMES:
+                folder = os.path.join(work, "zero3", "ckpt", f"iter_{STEPS - 1:07d}")
+                extra = [f"checkpoint.load_path={folder}"] + RESUMES[name][1]
+                started[name] = _Job(work, name, RESUMES[name][0], extra, port=8560 if name == "resume_tp2" else 8620)
             else:
                 workers, extra = LAYOUTS[name]
                 # EP=2 runs beside TP=2: its own preferred port
@@ -228,8 +245,8 @@ def reference(jobs):
 @pytest.fixture(scope="module")
 def zero3(jobs):
     result = jobs("zero3").result()
-    jobs("resume")  # its step-4 checkpoint is written: the resumes run beside the next jobs
-    jobs("resume_tp2")
+    for name in RESUMES:  # its step-4 checkpoint is written: the resumes run beside the next jobs
+        jobs(name)
     return result
 
 
@@ -258,10 +275,10 @@ def test_layout_equals_one_process(jobs, reference, layout):
     _assert_same(jobs(layout).result(), reference)
 
 
-@pytest.mark.parametrize("name", ["resume", "resume_tp2"])
-def test_resume_from_a_sharded_mindformers_checkpoint(jobs, reference, zero3, name):
-    """The 2-worker ZeRO-3 run's MindFormers-layout checkpoint resumes in one process (with
-    selective recompute) and under TP=2 (with full recompute): step 5's figures and the final
-    weights and moments equal the uninterrupted run."""
+@pytest.mark.parametrize("name", list(RESUMES))
+def test_resume_from_a_sharded_checkpoint(jobs, reference, zero3, name):
+    """The 2-worker ZeRO-3 run's sharded checkpoint (each rank's dim-0 shards) resumes in one
+    process (with selective recompute), under TP=2 (with full recompute) and under PP=2: step
+    5's figures and the final weights and moments equal the uninterrupted run."""
     resumed = jobs(name).result()
     _assert_same(resumed, reference, first_step=STEPS)

@@ -52,6 +52,7 @@ from mindspore import Tensor, ops  # noqa: E402
 from mindtrain.config import load_config  # noqa: E402
 from mindtrain.models import build_model, parallel_plan  # noqa: E402
 from mindtrain.trainer.optimizer import AdamW  # noqa: E402
+from shards_check import check_shards  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SEQ = int(os.environ.get("CP_PP_SEQ", "16"))
@@ -213,6 +214,7 @@ def parallel(out_dir: str, ref_path: str, specs: list[str], docs: bool) -> None:
         # the router correction biases are not among them: every rank updates all of them
         # with the same global load, so its own model holds them
         state = sched.to_full(sched.params)
+        check_shards(sched, state)  # what a sharded checkpoint writes and reads back
         state.update({p.name: p.asnumpy() for p in model.get_parameters() if p.name not in state})
         ref_file = ref_path.replace("{micro}", str(micro))
         while not os.path.exists(ref_file):  # the reference runs beside this job

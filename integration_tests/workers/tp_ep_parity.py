@@ -39,6 +39,7 @@ from mindtrain.parallel import DeviceMesh, collectives as C, fully_shard, init_d
 from mindtrain.parallel.expert_parallel import apply_expert_parallel, global_expert_load
 from mindtrain.parallel.tensor_parallel import apply_tensor_parallel, param_bytes
 from mindtrain.trainer.optimizer import AdamW
+from shards_check import check_shards
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS, GLOBAL, ACC, SEQ = int(os.environ.get("TP_EP_STEPS", 5)), 8, 2, 16
@@ -161,6 +162,7 @@ def run_layout(case, world, rank, out_dir):
         local_loss = sum(f.loss for f in figures) / ACC
         losses.append(float(C.all_reduce(Tensor([local_loss]), dpg, op="avg").asnumpy()[0]))
     state = layout.to_full([t for _, t in layout.named_params])
+    check_shards(layout, state)  # what a sharded checkpoint writes and reads back
     for router in model.moe_routers():  # untrained: the aux-loss-free bias update's
         bias = router.e_score_correction_bias
         state[bias.name] = bias.asnumpy()

@@ -22,7 +22,8 @@ def test_async_mindformers_layout_and_weights_only(tiny_config, tmp_path, monkey
                                "checkpoint.save_interleaved_steps=1", "checkpoint.save_max=2",
                                "checkpoint.no_save_optim=true"), Runtime(device="CPU"), out=lambda _: None).train()
     assert sorted(os.listdir(a_dir)) == ["iter_0000002", "iter_0000003", ckpt.TRACKER]
-    assert sorted(os.listdir(a_dir / "iter_0000003")) == ["config.json", "model.safetensors", ckpt.STATE_FILE]
+    assert sorted(os.listdir(a_dir / "iter_0000003")) == ["config.json", "metadata.json",
+                                                          "model-0000000-0000001.safetensors", ckpt.STATE_FILE]
 
     # B: async_save in MindFormers' layout; step 1's files are written by a deliberately slow
     # writer that finishes only once step 2 has started
@@ -78,7 +79,7 @@ def test_async_mindformers_layout_and_weights_only(tiny_config, tmp_path, monkey
     w = Trainer(tiny_config(f"checkpoint.load_path={a_dir}"), Runtime(device="CPU"), out=notes.append)
     said = [x for x in notes if "weights only" in x]
     assert w.step == 0 and len(said) == 1 and "checkpoint.no_save_optim" in said[0], notes
-    saved = load_file(str(a_dir / "iter_0000003" / "model.safetensors"))
+    saved = load_file(str(a_dir / "iter_0000003" / "model-0000000-0000001.safetensors"))  # one rank: whole tensors
     got = {p.name: p.asnumpy() for p in w.model.get_parameters()}
     np.testing.assert_array_equal(got["model.norm.weight"], saved["model.norm.weight"])
 

@@ -428,6 +428,7 @@ class Checkpointer:
             return None
         state = load_json(folder) if os.path.isfile(os.path.join(folder, STATE_FILE)) else None
         mindformers = None
+        reader = None
         if kind == "mindformers":
             weights, opt, common = mf.read_checkpoint(folder, self.ck.load_worker_number)
             weights, opt = mf.network_tensors(weights, opt, self.cfg.model)  # from MindFormers' names
@@ -437,15 +438,11 @@ class Checkpointer:
             mindformers = (opt, common)
             has_optimizer = bool(opt)
         elif sharded.is_sharded(folder):  # read piece by piece once the layout exists
-            self._check_model_config(folder)
             reader = sharded.ShardedReader(folder)
+            reader.check_shapes((p.name, tuple(p.shape)) for p in model.get_parameters())
+            reader.check_files()  # damaged files are one line now, before the layout is built
             self._pending = reader
-            if self.ck.no_load_optim or (state or {}).get("weights_only"):
-                self.out(f"mindtrain: loaded model weights from {folder} ("
-                         + ("checkpoint.no_load_optim is true)" if self.ck.no_load_optim else
-                            "saved with checkpoint.no_save_optim; fresh optimizer state from step 0)"))
-                return None
-            return Resume(folder, state, reader=reader)
+            has_optimizer = not (state or {}).get("weights_only", False)
         else:
             weights = load_tensors(folder, MODEL_FILE)
             if state is not None and "weights_only" in state:
@@ -453,8 +450,9 @@ class Checkpointer:
             else:
                 has_optimizer = os.path.isfile(os.path.join(folder, OPTIMIZER_FILE))
         self._check_model_config(folder)
-        check_floating(weights, folder)
-        load_hf_state_dict(model, weights, source=folder, in_place=False)  # not run yet; laid out next
+        if reader is None:
+            check_floating(weights, folder)
+            load_hf_state_dict(model, weights, source=folder, in_place=False)  # not run yet; laid out next
         if self.ck.no_load_optim:
             self.out(f"mindtrain: loaded model weights from {folder} (checkpoint.no_load_optim is true)")
             return None
@@ -462,7 +460,7 @@ class Checkpointer:
             self.out(f"mindtrain: {folder} holds model weights only (saved with checkpoint.no_save_optim); "
                      "training starts from them at step 0 with fresh optimizer state")
             return None
-        return Resume(folder, state, mindformers)
+        return Resume(folder, state, mindformers, reader)
 
     def load_laid_out(self, layout, buffers: Sequence[tuple[str, Any]]) -> None:
         """The weights of a sharded checkpoint (if :meth:`load_weights` found one) into the

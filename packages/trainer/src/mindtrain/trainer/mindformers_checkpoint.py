@@ -28,6 +28,7 @@ import numpy as np
 from mindtrain.config import UserError
 
 from mindtrain.trainer import mindformers_names as names
+from mindtrain.trainer import sharded
 
 TRACKER = "latest_checkpointed_iteration.txt"
 COMMON_FILE = "common.json"
@@ -36,11 +37,6 @@ FOLDER = re.compile(r"^iteration_(\d{8,})$")
 _FILE = re.compile(r"^(?:(?P<prefix>.+)-)?(?P<kind>model|opt)-(?P<rank>\d{7})-(?P<world>\d{7})\.safetensors$")
 # MindFormers' AdamW names its moments after the model parameter: adam_m.<name>, adam_v.<name>
 MOMENTS = {"adam_m": "exp_avg", "adam_v": "exp_avg_sq"}
-# str(mindspore dtype) as MindFormers stores it in metadata.json
-_DTYPE_NAMES = {np.dtype(np.float32): "Float32", np.dtype(np.float16): "Float16", np.dtype(np.float64): "Float64",
-                np.dtype(np.int64): "Int64", np.dtype(np.int32): "Int32", np.dtype(np.int8): "Int8",
-                np.dtype(np.uint8): "UInt8", np.dtype(np.bool_): "Bool"}
-
 
 def folder_name(step: int) -> str:
     return f"iteration_{step:08d}"
@@ -68,37 +64,19 @@ def common_info(step: int, total_steps: int, global_batch_size: int, consumed_sa
 def metadata(files: dict[str, dict[str, np.ndarray]], world: int) -> dict[str, Any]:
     """metadata.json for files of full (unsharded) tensors: one chunk per tensor at offset 0,
     stored once, in the file that holds it, for every rank of the job."""
-    state: dict[str, Any] = {}
-    storage: dict[str, Any] = {}
+    pieces, file_of = [], {}
     for fname, tensors in files.items():
-        rank = int(_FILE.match(fname).group("rank"))
         for name, a in tensors.items():
-            shape = list(a.shape)
-            offset = [0] * max(len(shape), 1)
-            state[name] = {
-                "properties": {"dtype": _DTYPE_NAMES.get(a.dtype, str(a.dtype)), "replica_id": 0,
-                               "allow_shape_mismatch": False, "allow_to_save": True},
-                "global_shape": shape, "axis_fragmentations": [1] * len(shape), "layout": None,
-                "chunk": [{"global_offset": offset, "local_shape": shape}]}
-            storage[_shard_id(name, offset)] = [{"file_name": fname, "storage_rank": rank,
-                                                "rank_group": list(range(world))}]
-    return {"state_dict_metadata": state, "storage_data": storage}
+            shape = tuple(np.shape(a))
+            piece = sharded.Piece("model", name, shape, (0,) * len(shape), shape, np.asarray(a).dtype.name)
+            pieces.append(piece)
+            file_of[piece.key] = fname
+    return sharded.metadata(pieces, lambda p: file_of[p.key], world)
 
 
-def _shard_id(name: str, offset) -> str:
-    # MindFormers keys storage_data by str((name, tuple(offset)))
-    return str((name, tuple(int(x) for x in offset)))
-
-
-_SHARD_ID = re.compile(r"^\('(?P<name>.*)', \((?P<offset>[\d, ]*)\)\)$")
-
-
-def _parse_shard_id(key: str) -> tuple[str, tuple[int, ...]]:
-    m = _SHARD_ID.match(key)
-    if not m:
-        raise UserError(f"checkpoint.load_path: metadata.json has a storage_data key '{key}' that is not "
-                        "('name', (offsets)); the file is not MindFormers' metadata")
-    return m.group("name"), tuple(int(x) for x in m.group("offset").replace(" ", "").split(",") if x)
+_shard_id = sharded.shard_id
+_parse_shard_id = sharded.parse_shard_id
+damaged_message = sharded.damaged_message
 
 
 def read_tracker(save_path: str) -> Optional[int]:
@@ -178,10 +156,6 @@ def _assemble(folder: str, meta: dict, workers: int) -> dict[str, np.ndarray]:
     return full
 
 
-# safetensors dtype -> numpy; BF16 (MindFormers' usual params_dtype) widened to float32
-_ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
-              "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
-
 
 def read_json(path: str) -> Any:
     """A checkpoint's JSON file; unreadable JSON is the damaged-file line."""
@@ -192,27 +166,11 @@ def read_json(path: str) -> Any:
         raise UserError(damaged_message(path, err)) from None
 
 
-def damaged_message(path: str, err: BaseException) -> str:
-    """The one line for a checkpoint file that cannot be read back (either layout)."""
-    why = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
-    return (f"checkpoint.load_path: '{path}' is damaged (truncated or corrupted: {why}); restore it, "
-            "or resume from an earlier iteration folder")
-
-
 def read_safetensors(path: str, names: Optional[list[str]] = None) -> dict[str, np.ndarray]:
     """Tensors of a safetensors file (all, or ``names``), BF16 read as float32. Parsed from
     the header directly: numpy has no bfloat16, so safetensors' numpy reader refuses BF16."""
-    size = os.path.getsize(path)
+    header, base = sharded.read_header(path)
     with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        try:
-            if n > size - 8:
-                raise ValueError(f"header of {n} bytes in a file of {size}")
-            header = json.loads(f.read(n))
-        except ValueError as err:
-            raise UserError(damaged_message(path, err)) from None
-        header.pop("__metadata__", None)
-        base = 8 + n
         out = {}
         for name in (names if names is not None else list(header)):
             if name not in header:
@@ -227,8 +185,8 @@ def read_safetensors(path: str, names: Optional[list[str]] = None) -> dict[str, 
                                                                  f"{len(raw)} are left")))
             if info["dtype"] == "BF16":
                 a = (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
-            elif info["dtype"] in _ST_DTYPES:
-                a = np.frombuffer(raw, _ST_DTYPES[info["dtype"]]).copy()
+            elif info["dtype"] in sharded.ST_DTYPES:
+                a = np.frombuffer(raw, sharded.ST_DTYPES[info["dtype"]]).copy()
             else:
                 raise UserError(f"checkpoint.load_path: '{path}' stores '{name}' as {info['dtype']}, "
                                 "which mindtrain does not read (float/int types and BF16 are read)")

@@ -26,9 +26,9 @@ import numpy as np
 from mindtrain.config import UserError
 
 METADATA_FILE = "metadata.json"
-_ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
+ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
               "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
-_ST_NAMES = {np.dtype(v): k for k, v in _ST_DTYPES.items()}
+_ST_NAMES = {np.dtype(v): k for k, v in ST_DTYPES.items()}
 # str(mindspore dtype) as MindFormers stores it in metadata.json
 _MS_NAMES = {np.dtype(np.float32): "Float32", np.dtype(np.float16): "Float16", np.dtype(np.float64): "Float64",
              np.dtype(np.int64): "Int64", np.dtype(np.int32): "Int32", np.dtype(np.int8): "Int8",
@@ -229,6 +229,21 @@ class ShardedReader:
                                 f"{self.folder}, the model's is {list(shape)}; the checkpoint was written for "
                                 "another model")
 
+    def check_files(self, names: Optional[Iterable[str]] = None) -> None:
+        """Every chunk of the tensors ``names`` (default: all) is in the file metadata.json
+        names, whole, with its shape and a floating-point dtype (the step counter an integer):
+        a damaged or mismatched checkpoint is one line before any tensor is read."""
+        for name in (self.names() if names is None else names):
+            for c in self.chunks.get(name, ()):
+                src = self._tensor(c.file, self.stored_name[name], name)
+                path = os.path.join(self.folder, c.file)
+                if tuple(src.shape) != tuple(c.shape):
+                    raise UserError(f"checkpoint.load_path: '{name}' in '{path}' has shape {list(src.shape)}, "
+                                    f"metadata.json says {list(c.shape)}; the checkpoint is damaged")
+                if name != "step" and src.dtype.kind != "f" and not self._is_bf16(c.file, name):
+                    raise UserError(f"checkpoint.load_path: '{name}' in '{path}' is {src.dtype}, but the model's "
+                                    "parameters are floating point; the checkpoint is damaged or of another model")
+
     def read(self, name: str, offset: Sequence[int], shape: Sequence[int]) -> np.ndarray:
         """The box ``offset``/``shape`` of tensor ``name`` (float32 for BF16), assembled from
         the chunks that overlap it; only those parts of the files are read."""
@@ -276,17 +291,7 @@ class ShardedReader:
             if not os.path.isfile(path):
                 raise UserError(f"checkpoint.load_path: '{name}' is stored in '{path}', which is missing; "
                                 "the checkpoint is incomplete")
-            size = os.path.getsize(path)
-            with open(path, "rb") as f:
-                try:
-                    n = int.from_bytes(f.read(8), "little")
-                    if n > size - 8:
-                        raise ValueError(f"header of {n} bytes in a file of {size}")
-                    header = json.loads(f.read(n))
-                except ValueError as err:
-                    raise UserError(damaged_message(path, err)) from None
-            header.pop("__metadata__", None)
-            self._headers[fname] = (header, 8 + n)
+            self._headers[fname] = read_header(path)
         return self._headers[fname]
 
     def _tensor(self, fname: str, stored: str, name: str) -> np.ndarray:
@@ -297,7 +302,7 @@ class ShardedReader:
                             "says it does; the checkpoint is damaged")
         info = header[stored]
         start, end = info["data_offsets"]
-        dtype = np.uint16 if info["dtype"] == "BF16" else _ST_DTYPES.get(info["dtype"])
+        dtype = np.uint16 if info["dtype"] == "BF16" else ST_DTYPES.get(info["dtype"])
         if dtype is None:
             raise UserError(f"checkpoint.load_path: '{path}' stores '{stored}' as {info['dtype']}, which "
                             "mindtrain does not read (float/int types and BF16 are read)")
@@ -307,6 +312,22 @@ class ShardedReader:
         if end == start:
             return np.zeros(shape, dtype)
         return np.memmap(path, dtype=dtype, mode="r", offset=base + start, shape=shape)
+
+
+def read_header(path: str) -> tuple[dict, int]:
+    """(tensor entries, offset of the data) of a safetensors file; a damaged header is the
+    damaged-file line."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        try:
+            n = int.from_bytes(f.read(8), "little")
+            if n > size - 8:
+                raise ValueError(f"header of {n} bytes in a file of {size}")
+            header = json.loads(f.read(n))
+        except ValueError as err:
+            raise UserError(damaged_message(path, err)) from None
+    header.pop("__metadata__", None)
+    return header, 8 + n
 
 
 def _to_float32(bf16: np.ndarray) -> np.ndarray:
