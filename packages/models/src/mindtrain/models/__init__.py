@@ -18,16 +18,18 @@ from mindtrain.models.precision import effective_compute_dtype, synchronous_cpu_
 from mindtrain.models.registry import build_model, model_class, register_model
 from mindtrain.models.rope import RotaryEmbedding
 from mindtrain.models.router import TopkRouter
+from mindtrain.models.weights import Init, init_of, initial_values, is_empty, materialize
 
 # the built-in models (registry.py imports none, so models may build through it)
 register_model("deepseek_v3", "DeepseekV3ForCausalLM", DeepseekV3ForCausalLM)
 
 __all__ = [
     "__version__",
-    "DecoderLayer", "DeepseekV3ForCausalLM", "DeepseekV3Model", "FastKernelsUnavailable", "MLAttention", "MLP",
+    "DecoderLayer", "DeepseekV3ForCausalLM", "DeepseekV3Model", "FastKernelsUnavailable", "Init", "MLAttention", "MLP",
     "MoE", "MTPLayer", "RMSNorm", "RotaryEmbedding", "RoutedExperts", "TopkRouter",
     "build_model", "config_from_hf", "config_to_hf", "count_parameters", "effective_compute_dtype",
-    "fast_kernels_enabled", "flops_per_token", "from_pretrained", "hf_state_dict", "load_hf_state_dict",
-    "model_class", "parallel_plan", "register_model", "save_pretrained", "synchronous_cpu_dispatch",
+    "fast_kernels_enabled", "flops_per_token", "from_pretrained", "hf_state_dict", "init_of", "initial_values",
+    "is_empty", "load_hf_state_dict", "materialize", "model_class", "parallel_plan", "register_model",
+    "save_pretrained", "synchronous_cpu_dispatch",
     "use_fast_kernels",
 ]

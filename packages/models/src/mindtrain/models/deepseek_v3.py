@@ -8,8 +8,7 @@ from typing import Optional
 
 import mindspore as ms
 import numpy as np
-from mindspore import Parameter, Tensor, nn, ops
-from mindspore.common.initializer import Normal, initializer
+from mindspore import Tensor, nn, ops
 
 from mindtrain.config import ConfigError, ModelConfig, RecomputePlan, module_matches, recompute_plan
 from mindtrain.config.schema import RecomputeConfig
@@ -26,6 +25,7 @@ from mindtrain.models.recompute import (Recompute, SharedGraphRecompute, TwinBin
 from mindtrain.models.precision import (DTYPES, check_param_dtype, current_device, resolve_compute_dtype,
                                         to_compute)
 from mindtrain.models.rope import RotaryEmbedding
+from mindtrain.models.weights import Init, new_weight
 
 
 def _ranges(ids) -> str:
@@ -38,7 +38,7 @@ class Embedding(nn.Cell):
 
     def __init__(self, vocab_size: int, hidden_size: int, init_std: float):
         super().__init__()
-        self.weight = Parameter(initializer(Normal(init_std), (vocab_size, hidden_size)), name="weight")
+        self.weight = new_weight((vocab_size, hidden_size), Init("normal", init_std), "weight")
 
     def construct(self, ids):
         return ops.gather(self.weight, ids, 0)

@@ -8,13 +8,12 @@ code compiles once under ms.jit and an expert with no tokens needs no special ca
 
 from __future__ import annotations
 
-import numpy as np
 import mindspore as ms
-from mindspore import Parameter, Tensor, nn, ops
-from mindspore.common.initializer import Normal, initializer
+from mindspore import Tensor, nn, ops
 
 from mindtrain.models import kernels
 from mindtrain.models.precision import to_compute
+from mindtrain.models.weights import Init, new_weight
 
 
 class RoutedExperts(nn.Cell):
@@ -34,12 +33,10 @@ class RoutedExperts(nn.Cell):
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
         self.block = block
-        self.gate_proj = Parameter(initializer(Normal(init_std), (n_experts, intermediate_size, hidden_size)),
-                                   name="gate_proj")
-        self.up_proj = Parameter(initializer(Normal(init_std), (n_experts, intermediate_size, hidden_size)),
-                                 name="up_proj")
-        self.down_proj = Parameter(initializer(Normal(init_std), (n_experts, hidden_size, intermediate_size)),
-                                   name="down_proj")
+        normal = Init("normal", init_std)
+        self.gate_proj = new_weight((n_experts, intermediate_size, hidden_size), normal, "gate_proj")
+        self.up_proj = new_weight((n_experts, intermediate_size, hidden_size), normal, "up_proj")
+        self.down_proj = new_weight((n_experts, hidden_size, intermediate_size), normal, "down_proj")
         self.bmm_t = ops.BatchMatMul(transpose_b=True)
 
     def construct(self, x, topk_idx, topk_weight):

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from mindspore import Parameter, nn, ops
-from mindspore.common.initializer import Normal, initializer
+from mindspore import nn, ops
 
 from mindtrain.models.precision import to_compute
+from mindtrain.models.weights import Init, new_weight
 
 
 class Linear(nn.Cell):
@@ -18,8 +18,8 @@ class Linear(nn.Cell):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
-        self.weight = Parameter(initializer(Normal(init_std), (out_features, in_features)), name="weight")
-        self.bias = Parameter(initializer("zeros", (out_features,)), name="bias") if bias else None
+        self.weight = new_weight((out_features, in_features), Init("normal", init_std), "weight")
+        self.bias = new_weight((out_features,), Init("zeros"), "bias") if bias else None
         self.matmul = ops.MatMul(transpose_b=True)
 
     def construct(self, x):

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import mindspore as ms
-import numpy as np
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import nn, ops
 
 from mindtrain.models import kernels
+from mindtrain.models.weights import Init, new_weight
 
 
 def rms_norm(x, weight, eps: float):
@@ -36,7 +36,7 @@ class RMSNorm(nn.Cell):
 
     def __init__(self, hidden_size: int, eps: float = 1e-6):
         super().__init__()
-        self.weight = Parameter(Tensor(np.ones(hidden_size, np.float32)), name="weight")
+        self.weight = new_weight((hidden_size,), Init("ones"), "weight")
         self.eps = float(eps)
 
     def construct(self, x):

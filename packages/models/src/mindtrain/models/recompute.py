@@ -32,6 +32,8 @@ from mindspore.common._grad_function import _Function  # MindSpore's custom auto
 from mindspore.common.recompute import _RecomputeCell  # MindSpore's PyNative recompute cell (pinned 2.10)
 from mindspore.graph.api import _pynative_executor
 
+from mindtrain.models.weights import fill_empty
+
 _FLOATS = (ms.float16, ms.bfloat16, ms.float32, ms.float64)
 
 
@@ -148,6 +150,7 @@ def compiled_copy(cell: nn.Cell) -> nn.Cell:
             for p in c.get_parameters():
                 memo[id(p)] = p
     twin = copy.deepcopy(cell, memo)
+    fill_empty(twin)  # weights are written in before each run: a model built empty gives them storage here
     old_fns: list = []  # (copied cell, attribute, the original's function)
     for _, c in twin.cells_and_names():
         mine = c.__dict__.get("_mindtrain_jit") or {}

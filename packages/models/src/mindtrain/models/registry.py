@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from mindtrain.config import ConfigError, ModelConfig, validate_model
+from mindtrain.models.weights import materialize
 
 _MODELS: dict[tuple[str, str], type] = {}
 
@@ -30,9 +31,11 @@ def model_class(model_type: str, architecture: str) -> type:
 
 
 def build_model(model_cfg: ModelConfig, jit: Optional[bool] = None, compute_dtype: Optional[str] = None,
-                recompute: Any = None, **kwargs: Any):
-    """Validate ``model_cfg`` and build its model (float32 parameters initialised from
-    ms.set_seed's state). ``jit`` None means DEFAULT_JIT. ``compute_dtype`` ("float32",
+                recompute: Any = None, empty: bool = False, seed: Optional[int] = None, **kwargs: Any):
+    """Validate ``model_cfg`` and build its model: float32 parameters with their first values
+    from ``seed`` (default: ms.set_seed's; :mod:`mindtrain.models.weights`), or with
+    ``empty`` none at all (no memory; a layout gives each rank's pieces their values from
+    :func:`mindtrain.models.initial_values` or a checkpoint). ``jit`` None means DEFAULT_JIT. ``compute_dtype`` ("float32",
     "float16", "bfloat16") is the matmul dtype; None means ``model_cfg.compute_dtype`` after
     :func:`mindtrain.models.effective_compute_dtype` for the current device (bfloat16 on CPU
     runs as float32); an explicit dtype the device lacks raises ConfigError. ``recompute``
@@ -41,6 +44,8 @@ def build_model(model_cfg: ModelConfig, jit: Optional[bool] = None, compute_dtyp
     validate_model(model_cfg)
     cls = model_class(model_cfg.model_type, model_cfg.architectures)
     model = cls(model_cfg, jit=DEFAULT_JIT if jit is None else jit, compute_dtype=compute_dtype, **kwargs)
+    if not empty:
+        materialize(model, seed)
     if recompute is not None:
         model.set_recompute(recompute)
     return model

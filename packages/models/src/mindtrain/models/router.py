@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import mindspore as ms
 import numpy as np
-from mindspore import Parameter, Tensor, nn, ops
-from mindspore.common.initializer import Normal, initializer
+from mindspore import Tensor, nn, ops
+
+from mindtrain.models.weights import Init, new_weight
 
 
 # Up to this many candidates, top-k is computed by pairwise ranking ([T, n, n] compares):
@@ -48,10 +49,9 @@ class TopkRouter(nn.Cell):
         self.topk_group = cfg.topk_group
         self.norm_topk_prob = bool(cfg.norm_topk_prob)
         self.scaling = float(cfg.routed_scaling_factor)
-        self.weight = Parameter(initializer(Normal(cfg.initializer_range), (self.n_experts, cfg.hidden_size)),
-                                name="weight")
-        self.e_score_correction_bias = Parameter(Tensor(np.zeros(self.n_experts, np.float32)),
-                                                 name="e_score_correction_bias", requires_grad=False)
+        self.weight = new_weight((self.n_experts, cfg.hidden_size), Init("normal", cfg.initializer_range), "weight")
+        self.e_score_correction_bias = new_weight((self.n_experts,), Init("zeros"), "e_score_correction_bias",
+                                                  requires_grad=False)
         self.matmul = ops.MatMul(transpose_b=True)
         # a list while DeepseekV3ForCausalLM.record_routing(True) is on (eager only)
         self.recorded = None

@@ -42,7 +42,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindtrain.config import ConfigError
 from mindtrain.parallel import collectives as C
 from mindtrain.parallel import functional as F
-from mindtrain.parallel.layout import check_not_whole_layers, narrow_even, split_piece
+from mindtrain.parallel.layout import check_not_whole_layers, narrow_even, narrow_param, split_piece
 from mindtrain.parallel.mesh import DeviceMesh, Group
 
 _WEIGHTS = ("gate_proj", "up_proj", "down_proj")
@@ -263,12 +263,9 @@ def apply_expert_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> Exper
         for attr in _WEIGHTS:
             name = f"{path}.{attr}"
             p = params[name]
-            full = p.asnumpy()
-            local = full[ep.first_expert:ep.first_expert + ep.local_experts]
-            if ep.edp_group.size > 1:
-                n = ep.local_experts // ep.edp_group.size
-                local = local[ep.edp_group.index * n:(ep.edp_group.index + 1) * n]
-            p.set_data(Tensor(np.ascontiguousarray(local)))
+            narrow_param(p, 0, ep.ep_group.size, ep.ep_group.index)  # this rank's experts
+            if ep.edp_group.size > 1:  # their rows over edp
+                narrow_param(p, 0, ep.edp_group.size, ep.edp_group.index)
             p.requires_grad = False
             info = plan["params"][name]
             split = mesh.size("tp") > 1 and info.get("tp", "replicated") != "replicated"

@@ -47,7 +47,7 @@ from mindspore.graph.api import _pynative_executor  # its sync(): MindSpore 2.10
 
 from mindtrain.config import ZERO3, ZERO_STRATEGIES
 from mindtrain.parallel import collectives as C
-from mindtrain.parallel.layout import grad_sq_sums
+from mindtrain.parallel.layout import grad_sq_sums, is_empty
 from mindtrain.parallel.mesh import DeviceMesh, Group
 
 STRATEGIES = ZERO_STRATEGIES  # the names live once, in mindtrain.config
@@ -222,10 +222,13 @@ class FSDP:
         shape = tuple(p.shape)
         rows = shape[0] if shape else 1
         local_rows = -(-rows // group.size)
-        full = p.asnumpy().reshape((rows,) + shape[1:])
-        pad = np.zeros((local_rows * group.size,) + shape[1:], full.dtype)
-        pad[:rows] = full
-        mine = pad[group.index * local_rows:(group.index + 1) * local_rows]
+        if is_empty(p):  # a model built empty: the shard's values come with load_shards
+            mine = np.zeros((local_rows,) + shape[1:], np.float32)
+        else:
+            full = p.asnumpy().reshape((rows,) + shape[1:])
+            pad = np.zeros((local_rows * group.size,) + shape[1:], full.dtype)
+            pad[:rows] = full
+            mine = pad[group.index * local_rows:(group.index + 1) * local_rows]
         shard = Parameter(Tensor(np.ascontiguousarray(mine)), name=name, requires_grad=False)
         return _Slot(name, p, group, shape, p.dtype, rows, local_rows, shard)
 
@@ -468,7 +471,7 @@ class FSDP:
         fulls = self._all_gather(bucket.slots, [s.shard for s in bucket.slots])
         self.gather_count += 1
         for s, full in zip(bucket.slots, fulls):
-            if bucket.gathered and tuple(s.param.shape) == s.shape:
+            if bucket.gathered and tuple(s.param.shape) == s.shape and not is_empty(s.param):
                 # a resident full parameter (ZeRO-1/2): write its buffer in place, which
                 # compiled (ms.jit) layers read; set_data would swap in storage they never see
                 ops.assign(s.param, full)

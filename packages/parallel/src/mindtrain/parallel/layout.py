@@ -19,7 +19,7 @@ from typing import Any, Mapping, Optional, Protocol, Sequence, Union, runtime_ch
 import numpy as np
 
 import mindspore as ms
-from mindspore import Tensor
+from mindspore import Tensor, ops
 
 from mindtrain.config import ConfigError, StepFigures
 from mindtrain.parallel import collectives as C
@@ -180,6 +180,36 @@ def narrow_even(offset: list, shape: list, dim: int, parts: int, index: int) -> 
     shape[dim] = n
 
 
+def is_empty(t) -> bool:
+    """A tensor without storage (a model built empty: its values come with :meth:`Layout.load_params`)."""
+    return getattr(t, "device", "") == "meta"
+
+
+def narrow_param(p, dim: int, parts: int, index: int) -> np.ndarray:
+    """Keep piece ``index`` of ``parts`` of parameter ``p`` along ``dim`` (a parameter
+    without storage keeps none: only its shape narrows). Returns the piece's values (None
+    when empty)."""
+    if is_empty(p):
+        shape = list(p.shape)
+        shape[dim] //= parts
+        with ms.DeviceCtx("meta"):
+            p.set_data(ops.zeros(tuple(shape), p.dtype))
+        return None
+    piece = split_piece(p.asnumpy(), dim, parts, index)
+    p.set_data(Tensor(piece))
+    return piece
+
+
+def write_param(p, value: np.ndarray) -> None:
+    """Write ``value`` into ``p``: in place (``ops.assign``: its existing buffer, which compiled
+    layers read), or, for a parameter without storage yet, as its first storage."""
+    value = Tensor(np.ascontiguousarray(value, np.float32))
+    if is_empty(p):
+        p.set_data(value)
+    else:
+        ops.assign(p, value)
+
+
 def split_piece(full: np.ndarray, dim: int, parts: int, index: int) -> np.ndarray:
     """Piece ``index`` of ``parts`` equal pieces of ``full`` along ``dim`` (the one TP
     slicing rule: weights, their moments, expert weights' TP split)."""
@@ -256,17 +286,16 @@ def load_pieces(fsdp, named_dense: Sequence[tuple[str, Tensor]], named_experts: 
     """Write local pieces (aligned with ``named_dense + named_experts``, each of its tensor's
     shape) into the weights: FSDP's shards (then its gathered copies), the others in place
     (``ops.assign``: their existing buffers, which compiled layers read)."""
-    from mindspore import ops
-
     n_dense = len(named_dense)
     if fsdp is not None:
         fsdp.load_shards(pieces[:n_dense], [n for n, _ in named_dense])
     else:
         for (_, p), a in zip(named_dense, pieces[:n_dense]):
-            ops.assign(p, Tensor(np.ascontiguousarray(a, np.float32)))
+            write_param(p, a)
     for (_, p), a in zip(named_experts, pieces[n_dense:]):
-        ops.assign(p, Tensor(np.ascontiguousarray(a, np.float32)))
+        write_param(p, a)
 
 
-__all__ = ["Layout", "Shard", "full_arrays", "narrow_even", "shards_of", "grad_norm", "grad_sq_sums", "load_pieces", "local_arrays",
+__all__ = ["Layout", "Shard", "full_arrays", "narrow_even", "shards_of", "grad_norm", "grad_sq_sums", "is_empty", "load_pieces", "local_arrays",
+           "narrow_param", "write_param",
            "split_piece"]

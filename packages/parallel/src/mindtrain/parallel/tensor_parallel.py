@@ -31,7 +31,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindtrain.config import ConfigError
 from mindtrain.parallel import collectives as C
 from mindtrain.parallel import functional as F
-from mindtrain.parallel.layout import check_not_whole_layers, narrow_even, split_piece
+from mindtrain.parallel.layout import check_not_whole_layers, narrow_even, narrow_param, split_piece
 from mindtrain.parallel.mesh import DeviceMesh, Group
 
 SEQ_DIM = 1
@@ -58,7 +58,7 @@ def _override(cell: nn.Cell, fn) -> None:
 
 
 def _shard(p: Parameter, dim: int, tp: int, index: int) -> None:
-    p.set_data(Tensor(split_piece(p.asnumpy(), dim, tp, index)))
+    narrow_param(p, dim, tp, index)
 
 
 class _VocabParallelCE(nn.Cell):

@@ -298,6 +298,16 @@ def resolve_checkpoint(load_path: str) -> tuple[str, str]:
                           "(iter_NNNNNNN or iteration_NNNNNNNN), the save_path holding the tracker, or an HF model directory")
 
 
+def loads_sharded(load_path: str) -> bool:
+    """Whether ``checkpoint.load_path`` names a sharded checkpoint (read piece by piece once
+    laid out); a path that names nothing loadable says so later, in :meth:`Checkpointer.load_weights`."""
+    try:
+        kind, folder = resolve_checkpoint(load_path)
+    except CheckpointError:
+        return False
+    return kind == "checkpoint" and sharded.is_sharded(folder)
+
+
 def load_tensors(folder: str, name: str) -> dict[str, np.ndarray]:
     path = os.path.join(folder, name)
     if not os.path.isfile(path):
@@ -462,21 +472,41 @@ class Checkpointer:
             return None
         return Resume(folder, state, mindformers, reader)
 
-    def load_laid_out(self, layout, buffers: Sequence[tuple[str, Any]]) -> None:
-        """The weights of a sharded checkpoint (if :meth:`load_weights` found one) into the
-        laid-out model: each of ``layout``'s pieces read from the files that hold it, and the
-        untrained ``buffers`` (``(name, Parameter)``, e.g. expert biases) whole."""
-        reader, self._pending = self._pending, None
-        if reader is None:
-            return
-        from mindspore import Tensor, ops
+    def fill_buffers(self, buffers: Sequence[tuple[str, Any]], seed: int) -> None:
+        """First values of a model built empty, part 1 (before it is laid out): the untrained
+        ``buffers`` (``(name, Parameter)``, e.g. expert biases), whole on every rank, from the
+        sharded checkpoint :meth:`load_weights` found, else their initial values."""
+        from mindspore import Tensor
 
-        shards = layout.shards()
-        reader.check_shapes([(sh.name, sh.global_shape) for sh in shards]
-                            + [(n, tuple(p.shape)) for n, p in buffers])
-        layout.load_params(read_pieces(reader, shards, [t for _, t in layout.named_params]))
+        from mindtrain.models import init_of, initial_values, is_empty
+
+        reader = self._pending
+        if reader is not None:
+            reader.check_shapes((n, tuple(p.shape)) for n, p in buffers)
         for name, p in buffers:
-            ops.assign(p, Tensor(np.ascontiguousarray(reader.read_full(name), np.float32)))
+            if not is_empty(p):
+                continue
+            value = reader.read_full(name) if reader is not None else \
+                initial_values(name, init_of(p), p.shape, seed=seed)
+            p.set_data(Tensor(np.ascontiguousarray(value, np.float32)))
+
+    def fill_layout(self, layout, params: dict[str, Any], seed: int) -> None:
+        """First values of a model built empty, part 2: each of ``layout``'s pieces, read from
+        the sharded checkpoint :meth:`load_weights` found (only the parts of its files that
+        overlap the piece), else made from the model's initial values (``params``: the
+        model's Parameters by name, which know how they start). Nothing else is made."""
+        from mindtrain.models import init_of, initial_values
+
+        reader, self._pending = self._pending, None
+        shards = layout.shards()
+        tensors = [t for _, t in layout.named_params]
+        if reader is not None:
+            reader.check_shapes([(sh.name, sh.global_shape) for sh in shards])
+            pieces = read_pieces(reader, shards, tensors)
+        else:
+            pieces = [sh.place(initial_values(sh.name, init_of(params[sh.name]), sh.global_shape, sh.offset,
+                                              sh.shape, seed), tuple(t.shape)) for sh, t in zip(shards, tensors)]
+        layout.load_params(pieces)
 
     def load_state(self, resume: Resume, layout, optimizer, loader, schedule, total_steps: int) -> dict[str, int]:
         """Optimizer moments (this rank's pieces of them, laid out as ``layout``'s

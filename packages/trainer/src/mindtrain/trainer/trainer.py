@@ -101,8 +101,11 @@ class Trainer:
         if self.compute_dtype == "float16":
             self.out("mindtrain: model.compute_dtype=float16 runs without loss scaling; very small gradients "
                      "may underflow to zero (bfloat16 on Ascend or float32 avoid this)")
+        # built without memory, then each rank makes (or reads from a sharded checkpoint) only
+        # the pieces its layout keeps; an HF directory or a full-tensor checkpoint loads whole
+        self._empty = not cfg.checkpoint.load_path or ckpt.loads_sharded(cfg.checkpoint.load_path)
         self.model = build_model(cfg.model, jit=cfg.compile.enable, compute_dtype=self.compute_dtype,
-                                 recompute=cfg.recompute)
+                                 recompute=cfg.recompute, empty=self._empty, seed=t.seed)
         self._batches = None
         self._preempt: Optional[Preemption] = None  # set while train() runs
         self._stop_votes = np.zeros(len(REASONS))  # the last step's preemption votes, summed over ranks
@@ -128,9 +131,12 @@ class Trainer:
         # untrained parameters (expert biases): whole on every rank, saved once
         self._buffers = [(n, by_name[n]) for n, info in plan.params.items() if not info.trainable and n in by_name]
 
+        if self._empty:
+            self.checkpointer.fill_buffers(self._buffers, t.seed)
         mesh = DeviceMesh(self.dims, runtime.rank)
         self.layout: Layout = parallelize(self.model, plan, mesh, cfg, accumulation=self.accum, columns=self.columns)
-        self.checkpointer.load_laid_out(self.layout, self._buffers)
+        if self._empty:
+            self.checkpointer.fill_layout(self.layout, by_name, t.seed)
         self.params = self.layout.named_params
         self.schedule = LRSchedule.from_config(cfg)
         self.optimizer = AdamW.from_config(self.params, cfg.optimizer, lr=self.schedule(1))
