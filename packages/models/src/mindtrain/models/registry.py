@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from mindtrain.config import ConfigError, ModelConfig, validate_model
-from mindtrain.models.weights import materialize
+from mindtrain.models.weights import empty_weights, materialize
 
 _MODELS: dict[tuple[str, str], type] = {}
 
@@ -43,7 +43,8 @@ def build_model(model_cfg: ModelConfig, jit: Optional[bool] = None, compute_dtyp
     (``model.set_recompute``)."""
     validate_model(model_cfg)
     cls = model_class(model_cfg.model_type, model_cfg.architectures)
-    model = cls(model_cfg, jit=DEFAULT_JIT if jit is None else jit, compute_dtype=compute_dtype, **kwargs)
+    with empty_weights():
+        model = cls(model_cfg, jit=DEFAULT_JIT if jit is None else jit, compute_dtype=compute_dtype, **kwargs)
     if not empty:
         materialize(model, seed)
     if recompute is not None:

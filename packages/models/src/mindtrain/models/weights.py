@@ -13,6 +13,7 @@ default); a layout that keeps only a share asks :func:`initial_values` for its b
 
 from __future__ import annotations
 
+import contextlib
 import math
 import zlib
 from dataclasses import dataclass
@@ -41,10 +42,32 @@ class Init:
             raise ValueError(f"Init.kind must be normal, zeros or ones, got {self.kind!r}")
 
 
+_building = {"empty": False}
+
+
+@contextlib.contextmanager
+def empty_weights():
+    """Parameters made inside have no storage (:func:`materialize` or a layout gives them
+    values once their full names are known). :func:`~mindtrain.models.build_model` builds
+    every model this way."""
+    before = _building["empty"]
+    _building["empty"] = True
+    try:
+        yield
+    finally:
+        _building["empty"] = before
+
+
 def new_weight(shape: Sequence[int], init: Init, name: str, requires_grad: bool = True) -> Parameter:
-    """A float32 parameter of ``shape`` with no storage yet, starting as ``init`` says."""
-    with ms.DeviceCtx("meta"):
-        p = Parameter(initializer("zeros", tuple(int(n) for n in shape), ms.float32), name=name,
+    """A float32 parameter of ``shape`` starting as ``init`` says: without storage inside
+    :func:`empty_weights`, else with its values at once (a cell built on its own, keyed by
+    its short name)."""
+    shape = tuple(int(n) for n in shape)
+    if _building["empty"]:
+        with ms.DeviceCtx("meta"):
+            p = Parameter(initializer("zeros", shape, ms.float32), name=name, requires_grad=requires_grad)
+    else:
+        p = Parameter(Tensor(initial_values(name, init, shape, seed=default_seed())), name=name,
                       requires_grad=requires_grad)
     setattr(p, _ATTR, init)
     return p
@@ -112,9 +135,12 @@ def _normal(key: np.uint64, index: np.ndarray) -> np.ndarray:
     """Standard normal numbers, one per element index (Box-Muller on two 24-bit uniforms)."""
     with np.errstate(over="ignore"):
         bits = _mix(index * _GOLDEN + key)
-    u1 = ((bits >> np.uint64(40)).astype(np.float64) + 0.5) / float(1 << 24)
-    u2 = ((bits & np.uint64(0xFFFFFF)).astype(np.float64) + 0.5) / float(1 << 24)
-    return (np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)).astype(np.float32)
+    # 24-bit uniforms in (0, 1) are exact in float32
+    scale = np.float32(1.0 / (1 << 24))
+    u1 = ((bits >> np.uint64(40)).astype(np.float32) + np.float32(0.5)) * scale
+    u2 = ((bits & np.uint64(0xFFFFFF)).astype(np.float32) + np.float32(0.5)) * scale
+    del bits
+    return np.sqrt(np.float32(-2.0) * np.log(u1)) * np.cos(np.float32(2.0 * np.pi) * u2)
 
 
 def materialize(model, seed: Optional[int] = None) -> None:
@@ -133,4 +159,4 @@ def fill_empty(cell) -> None:
             p.set_data(Tensor(np.zeros(tuple(p.shape), np.float32)))
 
 
-__all__ = ["Init", "default_seed", "fill_empty", "init_of", "initial_values", "is_empty", "materialize", "new_weight"]
+__all__ = ["Init", "default_seed", "empty_weights", "fill_empty", "init_of", "initial_values", "is_empty", "materialize", "new_weight"]

@@ -25,7 +25,7 @@ unit's own local experts, which FSDP hands it with the weights).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import mindspore as ms
 import numpy as np
@@ -46,7 +46,8 @@ ZERO3 = "optim_grads_params"
 
 
 def parallelize(model, plan: ParallelPlan, mesh: DeviceMesh, config: MindTrainConfig, *,
-                accumulation: Optional[int] = None, columns: Optional[Sequence[str]] = None) -> Layout:
+                accumulation: Optional[int] = None, columns: Optional[Sequence[str]] = None,
+                connect: bool = True) -> Layout:
     """Lay ``model`` out over ``mesh`` as ``config.parallelism`` says; returns its :class:`Layout`.
 
     ``plan`` is the model's :class:`~mindtrain.config.plan.ParallelPlan`; ``model`` must be
@@ -55,13 +56,15 @@ def parallelize(model, plan: ParallelPlan, mesh: DeviceMesh, config: MindTrainCo
     CPU backend's receive timeout: a stage waits a whole neighbour's forward + backward).
     ``accumulation``: micro-batches per optimizer step on this rank (default: from
     ``config``); ``columns``: the batch columns in model-call order, the first being the
-    input ids (default: ``config.train_dataset.dataloader.column_names``).
+    input ids (default: ``config.train_dataset.dataloader.column_names``). ``connect=False``
+    creates no process group: a dry layout of one rank of any world size in one process (to
+    build and measure a rank's share), which must then not communicate.
     """
     dims = mesh.dims
     if accumulation is None:
         accumulation = num_accumulation_steps(config, dims)
     pipelined = dims.pp > 1 or dims.cp > 1
-    if mesh.world_size > 1:
+    if mesh.world_size > 1 and connect:
         if pipelined:
             relax_receive_timeout()  # before this process's first collective
         mesh.init_process_groups()
@@ -217,7 +220,7 @@ class ShardedLayout:
         """Where each of :attr:`named_params` sits in its full array."""
         return shards_of(self.fsdp, self.tp, self.ep, self.dense_names, self.expert_names, self._shapes)
 
-    def load_params(self, pieces: Sequence[np.ndarray]) -> None:
+    def load_params(self, pieces: Iterable[np.ndarray]) -> None:
         """Write this rank's pieces (aligned with :attr:`named_params`) into the weights."""
         n = len(self.dense_names)
         load_pieces(self.fsdp, self.named_params[:n], self.named_params[n:], pieces)

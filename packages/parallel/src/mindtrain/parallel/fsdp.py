@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -447,7 +447,7 @@ class FSDP:
         offset[0] += start
         shape[0] = min(s.local_rows, s.rows - start)
 
-    def load_shards(self, shards: Sequence[np.ndarray], names: Sequence[str]) -> None:
+    def load_shards(self, shards: Iterable[np.ndarray], names: Sequence[str]) -> None:
         """Write this rank's shard arrays (shard-shaped, padding included) of ``names`` and
         refresh the full parameters kept gathered (ZeRO-1/2: a collective)."""
         for name, a in zip(names, shards):

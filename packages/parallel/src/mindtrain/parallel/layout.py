@@ -12,9 +12,10 @@ may be ``None``).
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Protocol, Sequence, Union, runtime_checkable
+from typing import Any, Iterable, Mapping, Optional, Protocol, Sequence, Union, runtime_checkable
 
 import numpy as np
 
@@ -108,7 +109,7 @@ class Layout(Protocol):
         """Where each of :attr:`named_params` sits in its full array (no communication):
         what a sharded checkpoint writes and reads for this rank."""
 
-    def load_params(self, pieces: Sequence[np.ndarray]) -> None:
+    def load_params(self, pieces: Iterable[np.ndarray]) -> None:
         """Write this rank's pieces (laid out like :attr:`named_params`, e.g. read by
         :attr:`shards` from a checkpoint) into the weights, and refresh what the layout
         keeps gathered from them (a collective under FSDP ZeRO-1/2)."""
@@ -282,17 +283,19 @@ def local_arrays(fsdp, tp, ep, dense_names: Sequence[str], expert_names: Sequenc
 
 
 def load_pieces(fsdp, named_dense: Sequence[tuple[str, Tensor]], named_experts: Sequence[tuple[str, Tensor]],
-                pieces: Sequence[np.ndarray]) -> None:
+                pieces: Iterable[np.ndarray]) -> None:
     """Write local pieces (aligned with ``named_dense + named_experts``, each of its tensor's
-    shape) into the weights: FSDP's shards (then its gathered copies), the others in place
-    (``ops.assign``: their existing buffers, which compiled layers read)."""
-    n_dense = len(named_dense)
+    shape; an iterator is consumed one piece at a time) into the weights: FSDP's shards (then
+    its gathered copies), the others in place (``ops.assign``: their existing buffers, which
+    compiled layers read) or, without storage yet, as their first storage."""
+    pieces = iter(pieces)
+    dense = itertools.islice(pieces, len(named_dense))
     if fsdp is not None:
-        fsdp.load_shards(pieces[:n_dense], [n for n, _ in named_dense])
+        fsdp.load_shards(dense, [n for n, _ in named_dense])
     else:
-        for (_, p), a in zip(named_dense, pieces[:n_dense]):
+        for (_, p), a in zip(named_dense, dense):
             write_param(p, a)
-    for (_, p), a in zip(named_experts, pieces[n_dense:]):
+    for (_, p), a in zip(named_experts, pieces):
         write_param(p, a)
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -417,7 +417,7 @@ class PipelineSchedule:
         return shards_of(self.fsdp, self.tp if self.tp.size > 1 else None, self.ep, self.dense_names,
                          self.expert_names, shapes)
 
-    def load_params(self, pieces: Sequence[np.ndarray]) -> None:
+    def load_params(self, pieces: Iterable[np.ndarray]) -> None:
         """Write this rank's pieces (aligned with :attr:`params`) into the weights."""
         n = len(self.dense_names)
         load_pieces(self.fsdp, self.named_params[:n], self.named_params[n:], pieces)

@@ -41,7 +41,7 @@ import re
 import shutil
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 from safetensors.numpy import load_file
@@ -503,9 +503,9 @@ class Checkpointer:
         if reader is not None:
             reader.check_shapes([(sh.name, sh.global_shape) for sh in shards])
             pieces = read_pieces(reader, shards, tensors)
-        else:
-            pieces = [sh.place(initial_values(sh.name, init_of(params[sh.name]), sh.global_shape, sh.offset,
-                                              sh.shape, seed), tuple(t.shape)) for sh, t in zip(shards, tensors)]
+        else:  # made one at a time as the layout takes them
+            pieces = (sh.place(initial_values(sh.name, init_of(params[sh.name]), sh.global_shape, sh.offset,
+                                              sh.shape, seed), tuple(t.shape)) for sh, t in zip(shards, tensors))
         layout.load_params(pieces)
 
     def load_state(self, resume: Resume, layout, optimizer, loader, schedule, total_steps: int) -> dict[str, int]:
@@ -710,17 +710,15 @@ def sharded_replace(shard, name: str):
     return dataclasses.replace(shard, name=name)
 
 
-def read_pieces(reader: sharded.ShardedReader, shards: Sequence[Any], tensors: Sequence[Any]) -> list[np.ndarray]:
-    """Each shard's box read from the checkpoint, laid out as the local tensor it belongs to
-    (FSDP's padding rows zero)."""
-    out = []
+def read_pieces(reader: sharded.ShardedReader, shards: Sequence[Any], tensors: Sequence[Any]) -> Iterator[np.ndarray]:
+    """Each shard's box read from the checkpoint (one at a time, as they are taken), laid out
+    as the local tensor it belongs to (FSDP's padding rows zero)."""
     for sh, t in zip(shards, tensors):
         local_shape = tuple(t.shape)
         if sh.numel == 0:
-            out.append(np.zeros(local_shape, np.float32))
+            yield np.zeros(local_shape, np.float32)
             continue
-        out.append(sh.place(reader.read(sh.name, sh.offset, sh.shape).astype(np.float32, copy=False), local_shape))
-    return out
+        yield sh.place(reader.read(sh.name, sh.offset, sh.shape).astype(np.float32, copy=False), local_shape)
 
 
 def pieces_of(shards: Sequence[Any], tensors: Sequence[Any], kind: str = "model",

@@ -29,6 +29,7 @@ from mindtrain.trainer.metrics import MetricsWriter, new_run_dir
 from mindtrain.trainer.optimizer import AdamW
 from mindtrain.trainer.preemption import REASONS, Preemption
 from mindtrain.trainer.runtime import Runtime, apply_context
+from mindtrain.trainer.share import build_share
 from mindtrain.trainer.step_hooks import StepHooks
 
 def _max_rss_mb() -> float:
@@ -49,7 +50,6 @@ class Trainer:
 
     def __init__(self, cfg: MindTrainConfig, runtime: Runtime, out: Callable[[str], None] = print):
         from mindtrain.data import PretrainingLoader, build_dataset, check_token_ids
-        from mindtrain.models import build_model
 
         self.cfg = cfg
         self.rt = runtime
@@ -101,11 +101,6 @@ class Trainer:
         if self.compute_dtype == "float16":
             self.out("mindtrain: model.compute_dtype=float16 runs without loss scaling; very small gradients "
                      "may underflow to zero (bfloat16 on Ascend or float32 avoid this)")
-        # built without memory, then each rank makes (or reads from a sharded checkpoint) only
-        # the pieces its layout keeps; an HF directory or a full-tensor checkpoint loads whole
-        self._empty = not cfg.checkpoint.load_path or ckpt.loads_sharded(cfg.checkpoint.load_path)
-        self.model = build_model(cfg.model, jit=cfg.compile.enable, compute_dtype=self.compute_dtype,
-                                 recompute=cfg.recompute, empty=self._empty, seed=t.seed)
         self._batches = None
         self._preempt: Optional[Preemption] = None  # set while train() runs
         self._stop_votes = np.zeros(len(REASONS))  # the last step's preemption votes, summed over ranks
@@ -115,28 +110,15 @@ class Trainer:
                                               barrier=runtime.barrier, out=self.out,
                                               any_failed=lambda failed: bool(runtime.all_sum(
                                                   np.array([float(failed)], np.float32))[0] > 0))
-        # an unwritable save_path or one without room is said now, not at the first save
-        self.checkpointer.check_storage(sum(int(np.prod(p.shape)) * 4 for p in self.model.get_parameters()))
         self.checkpointer.all_gather_bytes = runtime.all_gather_bytes
-        # full-tensor checkpoints and HF directories load into the whole model before it is
-        # sharded; a sharded checkpoint's pieces once laid out; the rest of the state after
-        resume = self.checkpointer.load_weights(self.model) if cfg.checkpoint.load_path else None
-        from mindtrain.models import parallel_plan
-        from mindtrain.parallel import DeviceMesh, Layout, parallelize
-
-        # every Parameter under its HF-mappable name, taken before the layout wraps layers
-        self._model_params = list(self.model.get_parameters())
-        plan = parallel_plan(self.model)
-        by_name = {p.name: p for p in self._model_params}
-        # untrained parameters (expert biases): whole on every rank, saved once
-        self._buffers = [(n, by_name[n]) for n, info in plan.params.items() if not info.trainable and n in by_name]
-
-        if self._empty:
-            self.checkpointer.fill_buffers(self._buffers, t.seed)
-        mesh = DeviceMesh(self.dims, runtime.rank)
-        self.layout: Layout = parallelize(self.model, plan, mesh, cfg, accumulation=self.accum, columns=self.columns)
-        if self._empty:
-            self.checkpointer.fill_layout(self.layout, by_name, t.seed)
+        # this rank's share only: built without memory, laid out, then its pieces made or read
+        share = build_share(cfg, self.dims, runtime.rank, self.checkpointer, self.compute_dtype, self.accum,
+                            self.columns)
+        self.model, self.layout = share.model, share.layout
+        # every Parameter under its HF-mappable name, taken before the layout wrapped layers
+        self._model_params = list(share.params.values())
+        self._buffers = share.buffers
+        resume = share.resume
         self.params = self.layout.named_params
         self.schedule = LRSchedule.from_config(cfg)
         self.optimizer = AdamW.from_config(self.params, cfg.optimizer, lr=self.schedule(1))
