@@ -47,8 +47,8 @@ class CheckpointConfig:
     reshard_worker_num: int = 1
     """MindFormers: threads that reshard a loaded checkpoint to this layout."""
     layout: str = "mindtrain"
-    """Folder layout of saved checkpoints: 'mindtrain' (iter_NNNNNNN/, an HF model directory)
-    or 'mindformers' (iteration_NNNNNNNN/ with {prefix}-model/-opt files, common.json and
+    """Folder layout of saved checkpoints: 'mindtrain' (iter_NNNNNNN/: each rank's pieces,
+    metadata.json; mindtrain-export-hf makes an HF directory) or 'mindformers' (iteration_NNNNNNNN/ with {prefix}-model/-opt files, common.json and
     metadata.json, as MindFormers' PyNative trainer writes). Loading reads either."""
 
 
