@@ -98,3 +98,45 @@ def test_the_one_hf_reader_takes_shards_without_an_index_and_never_pickle(tmp_pa
     (tmp_path / "pytorch_model.bin").write_bytes(b"not read")
     with pytest.raises(UserError, match="no model.safetensors.*never pickle .bin files"):
         mm.from_pretrained(str(tmp_path), jit=False)
+
+
+def test_hf_boxes_read_any_piece_of_either_expert_layout(tmp_path):
+    """HFBoxes (what a rank of a layout reads from an HF directory): any box of any parameter,
+    from per-expert files (sharded, with an index) and from transformers 5's stacked
+    gate_up_proj, equals that box of the model the directory was saved from."""
+    from mindtrain.models.hf_checkpoint import HFBoxes
+
+    model = _model()
+    mm.save_pretrained(model, str(tmp_path / "many"), max_shard_bytes=20_000)
+    tensors = {}
+    for f in sorted(os.listdir(tmp_path / "many")):
+        if f.endswith(".safetensors"):
+            tensors.update(load_file(str(tmp_path / "many" / f)))
+    # transformers 5.x in memory: experts stacked, gate and up fused on dim 1
+    v5 = {k: v for k, v in tensors.items() if ".experts." not in k}
+    e = CFG["n_routed_experts"]
+    for layer in (1, 2):
+        p = f"model.layers.{layer}.mlp.experts"
+        gate = np.stack([tensors[f"{p}.{i}.gate_proj.weight"] for i in range(e)])
+        up = np.stack([tensors[f"{p}.{i}.up_proj.weight"] for i in range(e)])
+        v5[f"{p}.gate_up_proj"] = np.concatenate([gate, up], axis=1)
+        v5[f"{p}.down_proj"] = np.stack([tensors[f"{p}.{i}.down_proj.weight"] for i in range(e)])
+    (tmp_path / "v5").mkdir()
+    save_file(v5, str(tmp_path / "v5" / "model.safetensors"))
+    params = {p.name: p.asnumpy() for p in model.get_parameters()}
+    shapes = {n: a.shape for n, a in params.items()}
+    for folder in ("many", "v5"):
+        boxes = HFBoxes(str(tmp_path / folder), model.config, shapes)
+        boxes.check_files()
+        assert sorted(boxes.names()) == sorted(params)
+        for name, a in params.items():
+            np.testing.assert_array_equal(boxes.read_full(name), a, err_msg=name)
+        for name in ("model.layers.1.mlp.experts.up_proj", "model.layers.2.mlp.experts.down_proj",
+                     "model.layers.0.self_attn.q_b_proj.weight"):
+            a = params[name]
+            off = tuple(n // 4 for n in a.shape)
+            shape = tuple(n // 2 for n in a.shape)
+            box = tuple(slice(o, o + n) for o, n in zip(off, shape))
+            np.testing.assert_array_equal(boxes.read(name, off, shape), a[box], err_msg=name)
+    with pytest.raises(UserError, match="has shape"):
+        HFBoxes(str(tmp_path / "v5"), model.config, shapes).check_shapes([("model.norm.weight", (31,))])

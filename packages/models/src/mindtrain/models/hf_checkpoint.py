@@ -144,6 +144,130 @@ def read_hf_weights(directory: str) -> dict[str, np.ndarray]:
     names, else every ``*.safetensors`` file (model.safetensors, or shards without an
     index). The one HF reader (from_pretrained and a trainer's checkpoint.load_path);
     pickle ``.bin`` files are never read."""
+    out: dict[str, np.ndarray] = {}
+    for name in _hf_files(directory):
+        out.update(_read_safetensors(os.path.join(directory, name)))
+    return out
+
+
+class HFBoxes:
+    """An HF model directory read box by box under the model's own parameter names: a rank
+    reads only the parts of the files that overlap its pieces (per-expert tensors are stacked
+    on the fly, the expert range of the box only). ``names()``, ``global_shapes``, ``read``,
+    ``read_full``, ``check_shapes`` and ``check_files`` as the trainer's sharded reader has
+    them. The MTP modules' copies of the embedding and head are the main ones; MTP weights the
+    directory lacks are left to their initial values (``missing``)."""
+
+    def __init__(self, directory: str, cfg, param_shapes: dict[str, tuple[int, ...]]):
+        from safetensors import safe_open
+
+        self.folder = directory
+        files = _hf_files(directory)
+        where: dict[str, str] = {}
+        for fname in files:
+            with safe_open(os.path.join(directory, fname), framework="np") as f:
+                for key in f.keys():
+                    where[key] = fname
+        self._open: dict[str, Any] = {}
+        self._sources: dict[str, tuple] = {}  # model name -> ("plain", key) | ("experts", [keys]) | ("half", key, part)
+        self.global_shapes: dict[str, tuple[int, ...]] = {}
+        per_expert: dict[str, dict[int, str]] = {}
+        unexpected = []
+        for key in where:
+            if key.endswith("weight_scale_inv"):
+                raise UserError(f"{directory}: holds FP8 block-quantised weights ({key}); convert them to bf16/fp32 first")
+            m = _EXPERT_FILE.match(key)
+            if m:
+                per_expert.setdefault(f"{m.group(1)}.{m.group(3)}", {})[int(m.group(2))] = key
+                continue
+            m = _EXPERT_V5.match(key)
+            if m:
+                if m.group(2) == "gate_up_proj":
+                    self._sources[f"{m.group(1)}.gate_proj"] = ("half", key, 0)
+                    self._sources[f"{m.group(1)}.up_proj"] = ("half", key, 1)
+                else:
+                    self._sources[f"{m.group(1)}.down_proj"] = ("plain", key)
+                continue
+            m = _MTP_COPIES.match(key)
+            if m and int(m.group(1)) >= cfg.num_hidden_layers:
+                continue
+            if key in param_shapes:
+                self._sources[key] = ("plain", key)
+            else:
+                unexpected.append(key)
+        for name, keys in per_expert.items():
+            lacking = [e for e in range(cfg.n_routed_experts) if e not in keys]
+            if lacking:
+                raise UserError(f"{directory}: {name.rsplit('.', 1)[0]} lacks experts {lacking[:5]} of "
+                                f"{cfg.n_routed_experts}")
+            self._sources[name] = ("experts", [keys[e] for e in range(cfg.n_routed_experts)])
+        self._where = where
+        for name, src in self._sources.items():
+            shape = self._slice(src[1] if src[0] != "experts" else src[1][0]).get_shape()
+            if src[0] == "experts":
+                shape = [len(src[1])] + list(shape)
+            elif src[0] == "half":
+                shape = [shape[0], shape[1] // 2] + list(shape[2:])
+            self.global_shapes[name] = tuple(int(n) for n in shape)
+        mtp = tuple(f"model.layers.{cfg.num_hidden_layers + k}." for k in range(cfg.num_nextn_predict_layers))
+        absent = [n for n in param_shapes if n not in self._sources]
+        lacking = [n for n in absent if not (mtp and n.startswith(mtp))]
+        if lacking:
+            raise UserError(f"{directory}: missing {len(lacking)} weights, e.g. {lacking[0]}; "
+                            "does config.json match the weights?")
+        self.missing = absent
+        if absent:
+            log.warning("%s: no weights for the %d MTP parameters; they keep their fresh initialisation",
+                        directory, len(absent))
+        if unexpected:
+            log.warning("%s: ignoring %d unknown tensors, e.g. %s", directory, len(unexpected), unexpected[0])
+
+    def names(self) -> list[str]:
+        return list(self._sources)
+
+    def check_shapes(self, shapes) -> None:
+        for name, shape in shapes:
+            if name in self.global_shapes and tuple(self.global_shapes[name]) != tuple(shape):
+                raise UserError(f"{self.folder}: {name} has shape {self.global_shapes[name]}, the model expects "
+                                f"{tuple(shape)}")
+
+    def check_files(self) -> None:
+        """Every tensor the model takes is floating point."""
+        for name, src in self._sources.items():
+            key = src[1] if src[0] != "experts" else src[1][0]
+            dtype = self._slice(key).get_dtype()
+            if not dtype.startswith(("F", "BF")):
+                raise UserError(f"checkpoint.load_path: '{key}' in {self.folder} is {dtype.lower()}, but the "
+                                "model's parameters are floating point; the checkpoint is damaged or of another model")
+
+    def read(self, name: str, offset, shape) -> np.ndarray:
+        box = tuple(slice(o, o + n) for o, n in zip(offset, shape))
+        src = self._sources[name]
+        if src[0] == "plain":
+            out = self._slice(src[1])[box]
+        elif src[0] == "half":
+            half = self.global_shapes[name][1]
+            rows = slice(box[1].start + src[2] * half, box[1].stop + src[2] * half)
+            out = self._slice(src[1])[(box[0], rows) + box[2:]]
+        else:
+            out = np.stack([self._slice(src[1][e])[box[1:]] for e in range(box[0].start, box[0].stop)])
+        return np.asarray(out, np.float32).reshape(tuple(shape))
+
+    def read_full(self, name: str) -> np.ndarray:
+        shape = self.global_shapes[name]
+        return self.read(name, (0,) * len(shape), shape)
+
+    def _slice(self, key: str):
+        fname = self._where[key]
+        if fname not in self._open:
+            from safetensors import safe_open
+
+            self._open[fname] = safe_open(os.path.join(self.folder, fname), framework="np")
+        return self._open[fname].get_slice(key)
+
+
+def _hf_files(directory: str) -> list[str]:
+    """The safetensors files of an HF directory: those its index names, else every one."""
     index = os.path.join(directory, "model.safetensors.index.json")
     if os.path.exists(index):
         with open(index, encoding="utf-8") as f:
@@ -151,15 +275,12 @@ def read_hf_weights(directory: str) -> dict[str, np.ndarray]:
         for name in files:
             if not os.path.exists(os.path.join(directory, name)):
                 raise UserError(f"{index}: names {name}, which does not exist")
-    else:
-        files = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
-        if not files:
-            raise UserError(f"{directory}: no model.safetensors, model.safetensors.index.json or other .safetensors "
-                            "weights (only safetensors are read, never pickle .bin files)")
-    out: dict[str, np.ndarray] = {}
-    for name in files:
-        out.update(_read_safetensors(os.path.join(directory, name)))
-    return out
+        return files
+    files = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
+    if not files:
+        raise UserError(f"{directory}: no model.safetensors, model.safetensors.index.json or other .safetensors "
+                        "weights (only safetensors are read, never pickle .bin files)")
+    return files
 
 
 def read_hf_config(directory: str, **overrides: Any):

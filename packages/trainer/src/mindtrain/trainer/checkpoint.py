@@ -298,14 +298,15 @@ def resolve_checkpoint(load_path: str) -> tuple[str, str]:
                           "(iter_NNNNNNN or iteration_NNNNNNNN), the save_path holding the tracker, or an HF model directory")
 
 
-def loads_sharded(load_path: str) -> bool:
-    """Whether ``checkpoint.load_path`` names a sharded checkpoint (read piece by piece once
-    laid out); a path that names nothing loadable says so later, in :meth:`Checkpointer.load_weights`."""
+def loads_by_pieces(load_path: str) -> bool:
+    """Whether ``checkpoint.load_path`` names weights that each rank reads piece by piece once
+    laid out (a sharded checkpoint, an HF directory); a path that names nothing loadable
+    says so later, in :meth:`Checkpointer.load_weights`."""
     try:
         kind, folder = resolve_checkpoint(load_path)
     except CheckpointError:
         return False
-    return kind == "checkpoint" and sharded.is_sharded(folder)
+    return kind == "hf" or (kind == "checkpoint" and sharded.is_sharded(folder))
 
 
 def load_tensors(folder: str, name: str) -> dict[str, np.ndarray]:
@@ -422,18 +423,20 @@ class Checkpointer:
         """Model weights from ``checkpoint.load_path`` (a checkpoint or an HF directory) into
         the whole model; returns what :meth:`load_state` restores once the layout exists."""
         from mindtrain.models import load_hf_state_dict
-        from mindtrain.models.hf_checkpoint import read_hf_weights
 
         kind, folder = resolve_checkpoint(self.ck.load_path)
-        if kind == "hf":
+        if kind == "hf":  # read piece by piece once laid out
+            from mindtrain.models.hf_checkpoint import HFBoxes
+
             try:
-                weights = read_hf_weights(folder)
+                reader = HFBoxes(folder, self.cfg.model, {p.name: tuple(p.shape) for p in model.get_parameters()})
+                reader.check_shapes((p.name, tuple(p.shape)) for p in model.get_parameters())
+                reader.check_files()
             except UserError:
                 raise
             except Exception as err:  # a truncated or corrupted safetensors file
                 raise damaged(folder, err) from None
-            check_floating(weights, folder)
-            load_hf_state_dict(model, weights, source=folder, in_place=False)  # not run yet; laid out next
+            self._pending = reader
             self.out(f"mindtrain: started from the weights of HF model directory {folder}")
             return None
         state = load_json(folder) if os.path.isfile(os.path.join(folder, STATE_FILE)) else None
@@ -483,11 +486,11 @@ class Checkpointer:
         reader = self._pending
         if reader is not None:
             reader.check_shapes((n, tuple(p.shape)) for n, p in buffers)
+        stored = set(reader.names()) if reader is not None else set()
         for name, p in buffers:
             if not is_empty(p):
                 continue
-            value = reader.read_full(name) if reader is not None else \
-                initial_values(name, init_of(p), p.shape, seed=seed)
+            value = reader.read_full(name) if name in stored else initial_values(name, init_of(p), p.shape, seed=seed)
             p.set_data(Tensor(np.ascontiguousarray(value, np.float32)))
 
     def fill_layout(self, layout, params: dict[str, Any], seed: int) -> None:
@@ -502,11 +505,13 @@ class Checkpointer:
         tensors = [t for _, t in layout.named_params]
         if reader is not None:
             reader.check_shapes([(sh.name, sh.global_shape) for sh in shards])
-            pieces = read_pieces(reader, shards, tensors)
-        else:  # made one at a time as the layout takes them
-            pieces = (sh.place(initial_values(sh.name, init_of(params[sh.name]), sh.global_shape, sh.offset,
-                                              sh.shape, seed), tuple(t.shape)) for sh, t in zip(shards, tensors))
-        layout.load_params(pieces)
+        stored = set(reader.names()) if reader is not None else set()
+
+        def made(sh):  # a weight the checkpoint lacks (an HF directory's MTP) starts as the model does
+            return initial_values(sh.name, init_of(params[sh.name]), sh.global_shape, sh.offset, sh.shape, seed)
+
+        # one piece at a time, as the layout takes them
+        layout.load_params(read_pieces(reader if stored else None, shards, tensors, made, stored))
 
     def load_state(self, resume: Resume, layout, optimizer, loader, schedule, total_steps: int) -> dict[str, int]:
         """Optimizer moments (this rank's pieces of them, laid out as ``layout``'s
@@ -710,15 +715,22 @@ def sharded_replace(shard, name: str):
     return dataclasses.replace(shard, name=name)
 
 
-def read_pieces(reader: sharded.ShardedReader, shards: Sequence[Any], tensors: Sequence[Any]) -> Iterator[np.ndarray]:
-    """Each shard's box read from the checkpoint (one at a time, as they are taken), laid out
-    as the local tensor it belongs to (FSDP's padding rows zero)."""
+def read_pieces(reader, shards: Sequence[Any], tensors: Sequence[Any],
+                made: Optional[Callable[[Any], np.ndarray]] = None, stored: Optional[set] = None
+                ) -> Iterator[np.ndarray]:
+    """Each shard's box (one at a time, as they are taken) read from ``reader`` (a sharded
+    checkpoint or HF directory) or, for names not ``stored`` there, ``made``; laid out as the
+    local tensor it belongs to (FSDP's padding rows zero)."""
     for sh, t in zip(shards, tensors):
         local_shape = tuple(t.shape)
         if sh.numel == 0:
             yield np.zeros(local_shape, np.float32)
             continue
-        yield sh.place(reader.read(sh.name, sh.offset, sh.shape).astype(np.float32, copy=False), local_shape)
+        if reader is not None and (stored is None or sh.name in stored):
+            piece = reader.read(sh.name, sh.offset, sh.shape)
+        else:
+            piece = made(sh)
+        yield sh.place(np.asarray(piece, np.float32), local_shape)
 
 
 def pieces_of(shards: Sequence[Any], tensors: Sequence[Any], kind: str = "model",

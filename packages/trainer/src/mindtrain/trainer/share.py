@@ -4,9 +4,10 @@ The model is built on MindSpore's meta device (no storage); the layout
 (:func:`mindtrain.parallel.parallelize`) narrows each parameter to this rank's piece (its
 pipeline stage's layers, TP slice, FSDP shard, experts) while they are still empty; only then
 are the pieces given values: read from a sharded checkpoint (only the parts of its files that
-overlap them) or made from the model's initial values, which are the same numbers whichever
-piece a rank makes. Other stages' layers are never given storage. An HF directory or a
-full-tensor checkpoint is loaded whole before the layout, as it must be read whole anyway.
+overlap them), read likewise from an HF model directory, or made from the model's initial
+values, which are the same numbers whichever piece a rank makes. Other stages' layers are
+never given storage. A full-tensor checkpoint (the earlier mindtrain layout, MindFormers'
+fused tensors) is loaded whole before the layout.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def build_share(cfg: MindTrainConfig, dims: ParallelDims, rank: int, checkpointe
 
     seed = cfg.training.seed
     load_path = cfg.checkpoint.load_path
-    empty = not load_path or ckpt.loads_sharded(load_path)
+    empty = not load_path or ckpt.loads_by_pieces(load_path)
     model = build_model(cfg.model, jit=cfg.compile.enable, compute_dtype=compute_dtype, recompute=cfg.recompute,
                         empty=empty, seed=seed)
     # an unwritable save_path or one without room is said now, not at the first save
