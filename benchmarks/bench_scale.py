@@ -48,10 +48,19 @@ def _workers(root_pid: int) -> list[int]:
             cmd = open(status, "rb").read().split(b"\0")
         except OSError:
             continue
-        if any(c.endswith(b"run_mindformer.py") for c in cmd) and b"msrun" not in cmd[0]:
-            if _descends(pid, root_pid):
+        if any(c.endswith(b"run_mindformer.py") for c in cmd) and not any(c.endswith(b"msrun") for c in cmd):
+            if _descends(pid, root_pid) and _role(pid) in (None, b"MS_WORKER"):
                 out.append(pid)
     return sorted(out)
+
+
+def _role(pid: int):
+    """MS_ROLE of ``pid`` (msrun's scheduler runs the same script as MS_SCHED); None outside msrun."""
+    try:
+        env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    except OSError:
+        return b"gone"
+    return next((e[len(b"MS_ROLE="):] for e in env if e.startswith(b"MS_ROLE=")), None)
 
 
 def _descends(pid: int, root: int) -> bool:
@@ -94,7 +103,7 @@ def run(workers: int, steps: int, config: str, work: str, data: str) -> dict:
     pids: list[int] = []
     while proc.poll() is None:
         if len(pids) < workers:
-            pids = _workers(proc.pid)
+            pids = sorted(set(pids) | set(_workers(proc.pid)))
         for pid in pids:
             peak[pid] = max(peak.get(pid, 0), _hwm(pid))
         if len(at_last_step) < len(pids):
