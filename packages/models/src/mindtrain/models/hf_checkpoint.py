@@ -71,61 +71,16 @@ def load_hf_state_dict(model, tensors: dict[str, np.ndarray], source: str = "che
     MindSpore 2.10 a parameter once written by ``ops.assign`` keeps that buffer for its
     kernels, so a later ``set_data`` (a tensor-parallel or FSDP shard) is not seen by them
     (``ops.gather`` then reads the old full-size weight)."""
-    cfg = model.config
     params = {p.name: p for p in model.get_parameters()}
-    stacked: dict[str, dict[int, np.ndarray]] = {}
-    assigned: dict[str, np.ndarray] = {}
-    unexpected = []
-    for name, arr in tensors.items():
-        if name.endswith("weight_scale_inv"):
-            raise UserError(f"{source}: holds FP8 block-quantised weights ({name}); "
-                            "convert them to bf16/fp32 first")
-        m = _EXPERT_FILE.match(name)
-        if m:
-            stacked.setdefault(f"{m.group(1)}.{m.group(3)}", {})[int(m.group(2))] = arr
-            continue
-        m = _EXPERT_V5.match(name)
-        if m:
-            if m.group(2) == "gate_up_proj":
-                half = arr.shape[1] // 2
-                assigned[f"{m.group(1)}.gate_proj"] = arr[:, :half]
-                assigned[f"{m.group(1)}.up_proj"] = arr[:, half:]
-            else:
-                assigned[f"{m.group(1)}.down_proj"] = arr
-            continue
-        m = _MTP_COPIES.match(name)
-        if m and int(m.group(1)) >= cfg.num_hidden_layers:
-            continue  # shared with the main embedding / head
-        if name in params:
-            assigned[name] = arr
-        else:
-            unexpected.append(name)
-    for name, per_expert in stacked.items():
-        n = cfg.n_routed_experts
-        missing = [e for e in range(n) if e not in per_expert]
-        if missing:
-            raise UserError(f"{source}: {name.rsplit('.', 1)[0]} lacks experts {missing[:5]} of {n}")
-        assigned[name] = np.stack([per_expert[e] for e in range(n)])
-    mtp_prefixes = tuple(f"model.layers.{cfg.num_hidden_layers + k}." for k in range(cfg.num_nextn_predict_layers))
-    missing = [n for n in params if n not in assigned]
-    missing_main = [n for n in missing if not (allow_missing_mtp and mtp_prefixes and n.startswith(mtp_prefixes))]
-    if missing_main:
-        raise UserError(f"{source}: missing {len(missing_main)} weights, e.g. {missing_main[0]}; "
-                        "does config.json match the weights?")
-    if missing:
-        log.warning("%s: no weights for the %d MTP parameters; they keep their fresh initialisation",
-                    source, len(missing))
-    if unexpected:
-        log.warning("%s: ignoring %d unknown tensors, e.g. %s", source, len(unexpected), unexpected[0])
-    for name, arr in assigned.items():
-        p = params[name]
-        if tuple(arr.shape) != tuple(p.shape):
-            raise UserError(f"{source}: {name} has shape {tuple(arr.shape)}, the model expects {tuple(p.shape)}")
-        value = Tensor(np.ascontiguousarray(arr, dtype=np.float32))
+    boxes = HFBoxes(source, model.config, {n: tuple(p.shape) for n, p in params.items()}, tensors=tensors,
+                    allow_missing_mtp=allow_missing_mtp)
+    boxes.check_shapes((n, tuple(p.shape)) for n, p in params.items())
+    for name in boxes.names():
+        value = Tensor(boxes.read_full(name))
         if in_place:  # the existing buffer, which already-compiled (jit) layers read
-            ops.assign(p, value)
+            ops.assign(params[name], value)
         else:
-            p.set_data(value)
+            params[name].set_data(value)
 
 
 def _read_safetensors(path: str) -> dict[str, np.ndarray]:
@@ -158,16 +113,22 @@ class HFBoxes:
     them. The MTP modules' copies of the embedding and head are the main ones; MTP weights the
     directory lacks are left to their initial values (``missing``)."""
 
-    def __init__(self, directory: str, cfg, param_shapes: dict[str, tuple[int, ...]]):
+    def __init__(self, directory: str, cfg, param_shapes: dict[str, tuple[int, ...]],
+                 tensors: Optional[dict[str, np.ndarray]] = None, allow_missing_mtp: bool = True):
+        """``tensors``: HF-named arrays already in memory instead of the directory's files
+        (``directory`` then only names their source in messages)."""
         from safetensors import safe_open
 
         self.folder = directory
-        files = _hf_files(directory)
+        self._arrays = tensors
         where: dict[str, str] = {}
-        for fname in files:
-            with safe_open(os.path.join(directory, fname), framework="np") as f:
-                for key in f.keys():
-                    where[key] = fname
+        if tensors is None:
+            for fname in _hf_files(directory):
+                with safe_open(os.path.join(directory, fname), framework="np") as f:
+                    for key in f.keys():
+                        where[key] = fname
+        else:
+            where = {key: "" for key in tensors}
         self._open: dict[str, Any] = {}
         self._sources: dict[str, tuple] = {}  # model name -> ("plain", key) | ("experts", [keys]) | ("half", key, part)
         self.global_shapes: dict[str, tuple[int, ...]] = {}
@@ -203,7 +164,7 @@ class HFBoxes:
             self._sources[name] = ("experts", [keys[e] for e in range(cfg.n_routed_experts)])
         self._where = where
         for name, src in self._sources.items():
-            shape = self._slice(src[1] if src[0] != "experts" else src[1][0]).get_shape()
+            shape = self._shape(src[1] if src[0] != "experts" else src[1][0])
             if src[0] == "experts":
                 shape = [len(src[1])] + list(shape)
             elif src[0] == "half":
@@ -211,7 +172,7 @@ class HFBoxes:
             self.global_shapes[name] = tuple(int(n) for n in shape)
         mtp = tuple(f"model.layers.{cfg.num_hidden_layers + k}." for k in range(cfg.num_nextn_predict_layers))
         absent = [n for n in param_shapes if n not in self._sources]
-        lacking = [n for n in absent if not (mtp and n.startswith(mtp))]
+        lacking = [n for n in absent if not (allow_missing_mtp and mtp and n.startswith(mtp))]
         if lacking:
             raise UserError(f"{directory}: missing {len(lacking)} weights, e.g. {lacking[0]}; "
                             "does config.json match the weights?")
@@ -235,7 +196,8 @@ class HFBoxes:
         """Every tensor the model takes is floating point."""
         for name, src in self._sources.items():
             key = src[1] if src[0] != "experts" else src[1][0]
-            dtype = self._slice(key).get_dtype()
+            dtype = self._slice(key).get_dtype() if self._arrays is None else np.asarray(self._arrays[key]).dtype.name
+            dtype = dtype.upper()
             if not dtype.startswith(("F", "BF")):
                 raise UserError(f"checkpoint.load_path: '{key}' in {self.folder} is {dtype.lower()}, but the "
                                 "model's parameters are floating point; the checkpoint is damaged or of another model")
@@ -257,7 +219,12 @@ class HFBoxes:
         shape = self.global_shapes[name]
         return self.read(name, (0,) * len(shape), shape)
 
+    def _shape(self, key: str) -> list:
+        return list(np.shape(self._arrays[key])) if self._arrays is not None else self._slice(key).get_shape()
+
     def _slice(self, key: str):
+        if self._arrays is not None:
+            return np.asarray(self._arrays[key])
         fname = self._where[key]
         if fname not in self._open:
             from safetensors import safe_open
