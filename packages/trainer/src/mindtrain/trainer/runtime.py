@@ -300,12 +300,9 @@ def start(device_target: Optional[str]) -> tuple[Runtime, str]:
     # joins the job, picks the collective backend, and makes an uncaught exception in any
     # thread end this rank at once (so msrun stops the others)
     world, rank = init_distributed()
-    from mindtrain.parallel import collectives
-
     rt = Runtime(device=device, rank=rank, world_size=world, distributed=True)
     bound = f"; each CPU worker bound to one core ({CPU_BIND_ENV}=0 leaves them free)" if core is not None else ""
-    return rt, (f"device: {device} ({why}); msrun worker {rt.rank} of {rt.world_size}; "
-                f"collectives over {collectives.transport()}{bound}")
+    return rt, f"device: {device} ({why}); msrun worker {rt.rank} of {rt.world_size}{bound}"
 
 
 def apply_context(cfg, device: str) -> list[str]:
