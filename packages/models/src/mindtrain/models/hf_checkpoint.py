@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import re
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 from mindspore import Tensor, ops
@@ -280,29 +280,39 @@ def save_pretrained(model, directory: str, max_shard_bytes: int = 2 * 1024 ** 3)
     that transformers' DeepseekV3ForCausalLM loads."""
     from safetensors.numpy import save_file
 
+    tensors = {k: np.ascontiguousarray(v) for k, v in hf_state_dict(model).items()}
+
+    def write(path: str, names: list[str]) -> None:
+        # safetensors refuses tensors that share memory; the MTP copies alias the main weights
+        save_file({k: tensors[k].copy() for k in names}, path, metadata={"format": "pt"})
+
+    write_hf_directory(directory, config_to_hf(model.config), {k: v.nbytes for k, v in tensors.items()}, write,
+                       max_shard_bytes)
+
+
+def write_hf_directory(directory: str, hf_config: dict, sizes: dict[str, int],
+                       write: Callable[[str, list[str]], None], max_shard_bytes: int = 2 * 1024 ** 3) -> list[str]:
+    """An HF model directory: config.json, then the tensors ``sizes`` names (name -> bytes)
+    in name order, grouped into files of at most ``max_shard_bytes``, each file written by
+    ``write(path, names)``, and the index when there is more than one file. Returns the
+    safetensors files' names."""
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(config_to_hf(model.config), f, indent=2)
-    tensors = hf_state_dict(model)
-    shards: list[dict[str, np.ndarray]] = [{}]
+        json.dump(hf_config, f, indent=2)
+    groups: list[list[str]] = [[]]
     size = 0
-    for name in sorted(tensors):
-        arr = np.ascontiguousarray(tensors[name])
-        if shards[-1] and size + arr.nbytes > max_shard_bytes:
-            shards.append({})
+    for name in sorted(sizes):
+        if groups[-1] and size + sizes[name] > max_shard_bytes:
+            groups.append([])
             size = 0
-        shards[-1][name] = arr
-        size += arr.nbytes
-    # safetensors refuses tensors that share memory; the MTP copies alias the main weights
-    if len(shards) == 1:
-        save_file({k: v.copy() for k, v in shards[0].items()}, os.path.join(directory, "model.safetensors"),
-                  metadata={"format": "pt"})
-        return
-    weight_map = {}
-    for i, shard in enumerate(shards):
-        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file({k: v.copy() for k, v in shard.items()}, os.path.join(directory, fname), metadata={"format": "pt"})
-        weight_map.update({k: fname for k in shard})
-    total = sum(v.nbytes for v in tensors.values())
-    with open(os.path.join(directory, "model.safetensors.index.json"), "w", encoding="utf-8") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+        groups[-1].append(name)
+        size += sizes[name]
+    files = (["model.safetensors"] if len(groups) == 1 else
+             [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))])
+    for fname, names in zip(files, groups):
+        write(os.path.join(directory, fname), names)
+    if len(groups) > 1:
+        weight_map = {n: fname for fname, names in zip(files, groups) for n in names}
+        with open(os.path.join(directory, "model.safetensors.index.json"), "w", encoding="utf-8") as f:
+            json.dump({"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}, f, indent=2)
+    return files

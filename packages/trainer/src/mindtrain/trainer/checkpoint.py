@@ -483,9 +483,7 @@ class Checkpointer:
 
         from mindtrain.models import init_of, initial_values, is_empty
 
-        reader = self._pending
-        if reader is not None:
-            reader.check_shapes((n, tuple(p.shape)) for n, p in buffers)
+        reader = self._pending  # its shapes were checked against the whole model by load_weights
         stored = set(reader.names()) if reader is not None else set()
         for name, p in buffers:
             if not is_empty(p):
@@ -503,8 +501,6 @@ class Checkpointer:
         reader, self._pending = self._pending, None
         shards = layout.shards()
         tensors = [t for _, t in layout.named_params]
-        if reader is not None:
-            reader.check_shapes([(sh.name, sh.global_shape) for sh in shards])
         stored = set(reader.names()) if reader is not None else set()
 
         def made(sh):  # a weight the checkpoint lacks (an HF directory's MTP) starts as the model does
@@ -650,9 +646,9 @@ class Checkpointer:
         shards = layout.shards()
         tensors = [t for _, t in layout.named_params]
         pieces = pieces_of(shards, tensors)
-        full = [(n, tuple(p.shape)) for n, p in buffers]
-        pieces += [(sharded.Piece("model", n, shape, (0,) * len(shape), shape, "float32"), p.asnumpy())
-                   for (n, p), (_, shape) in zip(buffers, full)]
+        for name, p in buffers:  # whole on every rank
+            shape = tuple(p.shape)
+            pieces.append((sharded.Piece("model", name, shape, (0,) * len(shape), shape, "float32"), p.asnumpy()))
         with_state = optimizer is not None
         if with_state:
             pieces += pieces_of(shards, optimizer.exp_avg, "opt", "exp_avg.")
@@ -663,6 +659,7 @@ class Checkpointer:
         everyone = [[sharded.Piece.from_json(j) for j in json.loads(zlib.decompress(b))]
                     for b in self.all_gather_bytes(message)]
         writer = sharded.writers(everyone)
+
         def file_of(p: sharded.Piece) -> str:
             return sharded.file_name(None, p.kind, writer[p.key], self.world_size)
 

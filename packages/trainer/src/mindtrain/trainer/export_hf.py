@@ -26,7 +26,7 @@ _OPTIMIZER = ("exp_avg.", "exp_avg_sq.")
 def export_hf(folder: str, out: str, max_shard_bytes: int = MAX_SHARD_BYTES) -> list[str]:
     """Write the HF model directory ``out`` from the sharded checkpoint ``folder``; returns
     the safetensors files written."""
-    from mindtrain.models.hf_checkpoint import hf_copies, hf_tensor_names
+    from mindtrain.models.hf_checkpoint import hf_copies, hf_tensor_names, write_hf_directory
     from mindtrain.models.hf_config import config_from_hf
 
     if not sharded.is_sharded(folder):
@@ -50,27 +50,12 @@ def export_hf(folder: str, out: str, max_shard_bytes: int = MAX_SHARD_BYTES) -> 
         if src in source:
             name, e = source[src]
             entries.append(_lazy(reader, copy, name, reader.global_shapes[name], e))
-    files: list[list[sharded.Lazy]] = [[]]
-    size = 0
-    for t in sorted(entries, key=lambda t: t.name):
-        if files[-1] and size + t.nbytes > max_shard_bytes:
-            files.append([])
-            size = 0
-        files[-1].append(t)
-        size += t.nbytes
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(hf_config, f, indent=2)
-    names = (["model.safetensors"] if len(files) == 1 else
-             [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))])
-    for fname, tensors in zip(names, files):
-        sharded.write_lazy(os.path.join(out, fname), tensors, metadata={"format": "pt"})
-    if len(files) > 1:
-        index = {"metadata": {"total_size": sum(t.nbytes for t in entries)},
-                 "weight_map": {t.name: fname for fname, tensors in zip(names, files) for t in tensors}}
-        with open(os.path.join(out, "model.safetensors.index.json"), "w", encoding="utf-8") as f:
-            json.dump(index, f, indent=2)
-    return names
+    by_name = {t.name: t for t in entries}
+
+    def write(path: str, names: list[str]) -> None:
+        sharded.write_lazy(path, [by_name[n] for n in names], metadata={"format": "pt"})
+
+    return write_hf_directory(out, hf_config, {t.name: t.nbytes for t in entries}, write, max_shard_bytes)
 
 
 def _lazy(reader: sharded.ShardedReader, hf_name: str, name: str, shape: tuple, expert: Optional[int]

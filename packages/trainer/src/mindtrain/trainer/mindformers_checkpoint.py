@@ -184,7 +184,7 @@ def read_safetensors(path: str, names: Optional[list[str]] = None) -> dict[str, 
                 raise UserError(damaged_message(path, ValueError(f"'{name}' needs {end - start} bytes, "
                                                                  f"{len(raw)} are left")))
             if info["dtype"] == "BF16":
-                a = (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
+                a = sharded.bf16_to_float32(np.frombuffer(raw, np.uint16))
             elif info["dtype"] in sharded.ST_DTYPES:
                 a = np.frombuffer(raw, sharded.ST_DTYPES[info["dtype"]]).copy()
             else:

@@ -260,7 +260,7 @@ class ShardedReader:
                 continue
             src = self._tensor(c.file, self.stored_name[name], name)
             part = src[tuple(slice(a - b, h - b) for a, h, b in zip(lo, hi, c.offset))]
-            part = _to_float32(part) if src.dtype == np.uint16 and self._is_bf16(c.file, name) else part
+            part = bf16_to_float32(part) if src.dtype == np.uint16 and self._is_bf16(c.file, name) else part
             if out is None:
                 out = np.empty(shape, part.dtype if part.dtype != np.uint16 else np.float32)
             out[tuple(slice(a - o, h - o) for a, h, o in zip(lo, hi, offset))] = part
@@ -330,7 +330,8 @@ def read_header(path: str) -> tuple[dict, int]:
     return header, 8 + n
 
 
-def _to_float32(bf16: np.ndarray) -> np.ndarray:
+def bf16_to_float32(bf16: np.ndarray) -> np.ndarray:
+    """BF16 values stored as uint16 (numpy has no bfloat16), widened to float32."""
     return (np.asarray(bf16, np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 

@@ -12,6 +12,7 @@ fused tensors) is loaded whole before the layout.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -50,7 +51,7 @@ def build_share(cfg: MindTrainConfig, dims: ParallelDims, rank: int, checkpointe
     model = build_model(cfg.model, jit=cfg.compile.enable, compute_dtype=compute_dtype, recompute=cfg.recompute,
                         empty=empty, seed=seed)
     # an unwritable save_path or one without room is said now, not at the first save
-    checkpointer.check_storage(sum(int(_numel(p.shape)) * 4 for p in model.get_parameters()))
+    checkpointer.check_storage(sum(math.prod(p.shape) * 4 for p in model.get_parameters()))
     # a full-tensor checkpoint or HF directory loads into the whole model here; a sharded
     # one is checked here and read piece by piece below
     resume = checkpointer.load_weights(model) if load_path else None
@@ -65,9 +66,3 @@ def build_share(cfg: MindTrainConfig, dims: ParallelDims, rank: int, checkpointe
         checkpointer.fill_layout(layout, params, seed)
     return Share(model, plan, layout, params, buffers, resume)
 
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
