@@ -12,7 +12,7 @@ from mindspore import Tensor, nn
 import mindtrain.models as mm
 from mindtrain.config import ConfigError, ModelConfig, RecomputePlan
 from mindtrain.config.schema import RecomputeConfig
-from mindtrain.models.recompute import SharedGraphRecompute
+from mindtrain.models.recompute import Recompute
 
 CFG = dict(vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
            num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2, n_routed_experts=4,
@@ -100,14 +100,9 @@ def test_full_recompute_equal_over_steps(jit):
     on = _train(RecomputeConfig(mode="full"), jit=jit)
     wrappers = on[3].recompute_wrappers
     assert sorted(wrappers) == [f"model.layers.{i}" for i in range(4)]
-    if jit:  # compiled layers run in one compiled copy per kind: dense, MoE, MTP
-        assert all(isinstance(w, SharedGraphRecompute) for w in wrappers.values())
-        assert len({id(w.twin) for w in wrappers.values()}) == 3
-        # two steps, each a forward and a recomputation in backward
-        assert {k: w.forward_calls for k, w in wrappers.items()} == {k: 4 for k in wrappers}
-        assert wrappers["model.layers.1"].twin is wrappers["model.layers.2"].twin
-        assert not any(p in set(map(id, on[3].trainable_params()))
-                       for w in wrappers.values() for p in map(id, w.twin.get_parameters()))
+    assert all(isinstance(w, Recompute) for w in wrappers.values())
+    # two steps, each a forward and a recomputation in backward (a compiled layer's graph runs both)
+    assert {k: w.forward_calls for k, w in wrappers.items()} == {k: 4 for k in wrappers}
     _same(off, on)
     # parameter names (HF names) are untouched by the wrappers
     assert [p.name for p in on[3].trainable_params()] == [p.name for p in off[3].trainable_params()]
@@ -195,10 +190,10 @@ def test_compiled_layer_with_recomputed_core_in_blocks_compiles_around_it(monkey
     off = _baseline(True)
     on = _train(RecomputeConfig(mode="full", full_recompute_layer=[0]), jit=True, steps=1)
     layers = on[3].model.layers
-    jit0 = layers[0].self_attn.__dict__["_mindtrain_jit"]
-    assert set(jit0) == {"project", "keys_values", "output"} and "_mindtrain_jit" not in layers[0].__dict__
     assert "construct" in layers[0].self_attn.core_attention.__dict__  # eager, in blocks
-    assert all("construct" in layer.__dict__["_mindtrain_jit"] for layer in layers[1:])
+    assert not layers[0].can_run_whole()  # so layer 0 runs its compiled pieces around the core
+    assert {"project", "keys_values", "output"} <= set(layers[0].self_attn.graphs)
+    assert all(layer.can_run_whole() and "forward" in layer.graphs for layer in layers[1:])
     assert blocks[0] == 16  # 2 sequences x 2 heads x 4 blocks of 4 rows
     np.testing.assert_allclose(on[0][0], off[0][0], rtol=1e-6)
     for g, ref in zip(on[1], off[1]):
@@ -249,117 +244,3 @@ def test_plan_grammar_and_errors():
     with pytest.raises(ConfigError, match="recompute.select_module.nothing: matches no module"):
         mm.build_model(ModelConfig(**CFG), jit=False,
                        recompute=RecomputeConfig(mode="select", select_module={"nothing": True}))
-
-
-def test_compiled_copy_rebuilds_forwards_that_layouts_put_on_cells():
-    """A layout replaces forwards by closures over the cells (tensor parallelism's sequence
-    gather around a region): the compiled copy's closures call the copy's cells and its own
-    compiled graphs, which read the copy's weights, not the original's."""
-    from mindspore import ops
-
-    from mindtrain.models.recompute import compiled_copy
-
-    ms.set_seed(0)
-    model = mm.build_model(ModelConfig(**CFG), jit=False).set_jit(True, granularity="region")
-    layer = model.model.layers[0]
-    mlp, attn = layer.mlp, layer.self_attn
-    calls = []
-
-    def around_mlp(cell, inner):
-        def construct(x):
-            calls.append(cell)
-            return inner(x) * 2.0
-        return construct
-
-    def around_attention(cell, project, attend):
-        def construct(x, cos, sin, mask_add):
-            calls.append(cell)
-            return attend(*project(x, cos, sin), mask_add) * 0.5
-        return construct
-
-    # the MLP's eager forward (a bound method calling its compiled ``forward``), and the
-    # attention's compiled pieces themselves
-    object.__setattr__(mlp, "construct", around_mlp(mlp, mlp.construct))
-    object.__setattr__(attn, "construct", around_attention(attn, attn.project, attn.attend))
-    twin = compiled_copy(layer)
-    h = Tensor(np.random.RandomState(1).normal(size=(2, 16, 32)).astype(np.float32))
-    cos, sin, mask = model._rope_and_mask(2, 16, None, None)
-    want = layer(h, cos, sin, mask)[0].asnumpy()
-    assert calls == [attn, mlp]
-    calls.clear()
-    got = twin(h, cos, sin, mask)[0].asnumpy()
-    assert calls == [twin.self_attn, twin.mlp]
-    np.testing.assert_array_equal(got, want)
-    assert twin.mlp._mindtrain_jit["forward"] is not mlp._mindtrain_jit["forward"]
-    # the copy's graphs read the copy's weights: zeroing the original's changes nothing
-    for p in layer.get_parameters():
-        ops.assign(p, ops.zeros(p.shape, p.dtype))
-    np.testing.assert_array_equal(twin(h, cos, sin, mask)[0].asnumpy(), want)
-    assert not np.array_equal(layer(h, cos, sin, mask)[0].asnumpy(), want)
-
-
-def test_a_twin_runs_the_state_a_layout_bound_to_the_cell_it_runs_for():
-    """A layout's per-cell state that is not a weight (expert parallelism's local experts)
-    sits in the cell's ``_mindtrain_bound``: the twin of the cell's kind shares it instead
-    of copying it (and the cell's own parameters, which the twin never reads), and each run
-    for a cell hands the twin that cell's state."""
-    from mindspore import ops
-
-    from mindtrain.models.recompute import BOUND
-
-    ms.set_seed(0)
-    model = mm.build_model(ModelConfig(**CFG), jit=False).set_jit(True, granularity="region")
-    a, b = model.model.layers[1], model.model.layers[2]  # two MoE layers: one kind
-
-    def routed(cell):  # in place of the experts: scale the tokens by the cell's own factor
-        def construct(x, topk_idx, topk_weight):
-            counts = ops.zeros((CFG["n_routed_experts"],), ms.int32)
-            return x * cell.__dict__[BOUND]["factor"], counts
-        return construct
-
-    for layer, factor in ((a, 2.0), (b, -3.0)):
-        object.__setattr__(layer.mlp.experts, BOUND, {"factor": Tensor(np.float32(factor))})
-        object.__setattr__(layer.mlp.experts, "construct", routed(layer.mlp.experts))
-    twin = model.compiled_twin(a)
-    assert model.compiled_twin(b) is twin
-    assert twin.mlp.experts.gate_proj is a.mlp.experts.gate_proj  # shared, not copied
-    h = Tensor(np.random.RandomState(1).normal(size=(2, 16, 32)).astype(np.float32))
-    cos, sin, mask = model._rope_and_mask(2, 16, None, None)
-    runs = {layer: SharedGraphRecompute(layer, twin, 1) for layer in (a, b)}
-    assert runs[b].binding.skip == {id(p) for p in b.mlp.experts.get_parameters()}
-    for layer in (b, a, b):
-        got = runs[layer](h, cos, sin, mask)[0].asnumpy()
-        assert twin.mlp.experts.__dict__[BOUND] is layer.mlp.experts.__dict__[BOUND]
-        np.testing.assert_array_equal(got, layer(h, cos, sin, mask)[0].asnumpy())
-    assert not np.array_equal(runs[a](h, cos, sin, mask)[0].asnumpy(), runs[b](h, cos, sin, mask)[0].asnumpy())
-
-
-def test_layers_in_twins_see_weights_whose_storage_was_swapped():
-    """``set_jit(True, twins=True)`` (a pipeline stage under ZeRO-3, which gathers its
-    weights for each step by ``set_data``): every layer runs in its kind's compiled twin,
-    its weights written in before each run, so a step after every weight got new storage
-    computes what the compiled model computes with its weights updated in place: the same
-    losses, gradients and weights as the run without twins, bit for bit."""
-    want_losses, want_grads, want_weights, _ = _baseline(True)
-    ms.set_seed(0)
-    model = mm.build_model(ModelConfig(**CFG), jit=False).set_jit(True, twins=True)
-    assert model.jit_twins and model.jit_granularity == "layer"
-    ids, labels, mask = _batch()
-    params = model.trainable_params()
-    grad_fn = ms.value_and_grad(lambda: model(ids, labels=labels, loss_mask=mask)[0], None, params)
-    losses, first = [], None
-    for _ in range(2):
-        loss, grads = grad_fn()
-        losses.append(loss.asnumpy())
-        first = first if first is not None else [g.asnumpy() for g in grads]
-        for p, g in zip(params, grads):  # SGD into new storage, freed first (as ZeRO-3 regathers)
-            new = (p - 0.5 * g).asnumpy()
-            p.set_data(Tensor(np.zeros((0,), np.float32)))
-            p.set_data(Tensor(new))
-    n_layers = CFG["num_hidden_layers"] + CFG["num_nextn_predict_layers"]
-    runners = [model.twin_runners[i] for i in range(n_layers)]
-    assert [r.forward_calls for r in runners] == [4] * n_layers  # forward and replay, 2 steps
-    assert len({id(r.twin) for r in runners}) == 3  # the dense layer, the MoE layers, the MTP module
-    assert not model.recompute_wrappers  # twins are no recompute setting
-    for x, y in zip(losses + first + [p.asnumpy() for p in params], want_losses + want_grads + want_weights):
-        np.testing.assert_array_equal(x, y)

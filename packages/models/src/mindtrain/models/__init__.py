@@ -5,6 +5,7 @@ from mindtrain.models.attention import MLAttention
 from mindtrain.models.counting import count_parameters, flops_per_token
 from mindtrain.models.decoder import DecoderLayer
 from mindtrain.models.deepseek_v3 import DeepseekV3ForCausalLM, DeepseekV3Model
+from mindtrain.models.execution import apply_compile, apply_recompute, is_compiled
 from mindtrain.models.experts import RoutedExperts
 from mindtrain.models.hf_checkpoint import from_pretrained, hf_state_dict, load_hf_state_dict, save_pretrained
 from mindtrain.models.hf_config import config_from_hf, config_to_hf
@@ -27,8 +28,8 @@ __all__ = [
     "__version__",
     "DecoderLayer", "DeepseekV3ForCausalLM", "DeepseekV3Model", "FastKernelsUnavailable", "Init", "MLAttention", "MLP",
     "MoE", "MTPLayer", "RMSNorm", "RotaryEmbedding", "RoutedExperts", "TopkRouter",
-    "build_model", "config_from_hf", "config_to_hf", "count_parameters", "effective_compute_dtype",
-    "fast_kernels_enabled", "flops_per_token", "from_pretrained", "hf_state_dict", "init_of", "initial_values",
+    "apply_compile", "apply_recompute", "build_model", "config_from_hf", "config_to_hf", "count_parameters", "effective_compute_dtype",
+    "fast_kernels_enabled", "flops_per_token", "from_pretrained", "hf_state_dict", "init_of", "initial_values", "is_compiled",
     "is_empty", "load_hf_state_dict", "materialize", "model_class", "parallel_plan", "register_model",
     "save_pretrained", "synchronous_cpu_dispatch",
     "use_fast_kernels",

@@ -12,7 +12,8 @@ from mindspore.common._grad_function import _Function  # MindSpore's custom auto
 
 from mindtrain.models import kernels
 from mindtrain.models.inputs import NEG
-from mindtrain.models.linear import Linear
+from mindtrain.models.blocks import Block, overridden
+from mindtrain.models.linear import Linear, linear
 from mindtrain.models.norm import RMSNorm
 from mindtrain.models.precision import to_compute
 from mindtrain.models.recompute import grad_recording, in_first_pass
@@ -213,7 +214,7 @@ class _RowBlock(_Function):  # pylint: disable=abstract-method
 _T = (0, 1, 3, 2)
 
 
-class MLAttention(nn.Cell):
+class MLAttention(Block):
     """HF DeepseekV3Attention's math and parameter names (q_a_proj/q_a_layernorm/q_b_proj or
     q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj).
 
@@ -228,6 +229,7 @@ class MLAttention(nn.Cell):
     # latent norms and softmax stay float32. Set by the model before the first call.
     matmul_dtype = None
     fast_kernels = False
+    PIECES = ("project", "attend", "keys_values", "output")
 
     def __init__(self, cfg):
         super().__init__()
@@ -242,6 +244,7 @@ class MLAttention(nn.Cell):
         self.qk_head_dim = self.nope + self.rope
         self.rope_interleave = bool(cfg.rope_interleave)
         bias = bool(cfg.attention_bias)
+        self.attention_bias = bias
         if self.q_lora_rank is None:
             self.q_proj = Linear(h, self.num_heads * self.qk_head_dim, init_std=std)
         else:
@@ -252,6 +255,7 @@ class MLAttention(nn.Cell):
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, cfg.rms_norm_eps)
         self.kv_b_proj = Linear(self.kv_lora_rank, self.num_heads * (self.nope + self.v_dim), init_std=std)
         self.o_proj = Linear(self.num_heads * self.v_dim, h, bias=bias, init_std=std)
+        self.n_project = len(self.piece_weights("project"))
         self.scaling = softmax_scale(self.qk_head_dim, cfg.rope_scaling)
         self.core_attention = CoreAttention()
         self.kv_exchange = None
@@ -275,15 +279,44 @@ class MLAttention(nn.Cell):
         w_half = ops.gather(w, self._half_idx, 1) * self._half_sign
         return w.reshape(n * self.rope, -1), w_half.reshape(n * self.rope, -1)
 
+    def piece_weights(self, name: str) -> tuple:
+        if name == "project":
+            if self.q_lora_rank is None:
+                q = (self.q_proj.weight,)
+            else:
+                q = (self.q_a_proj.weight,) + self._bias(self.q_a_proj) + (self.q_a_layernorm.weight,
+                                                                           self.q_b_proj.weight)
+            kv = self.kv_a_proj_with_mqa
+            return q + (kv.weight,) + self._bias(kv) + (self.kv_a_layernorm.weight,)
+        if name == "keys_values":
+            return (self.kv_b_proj.weight,)
+        if name == "output":
+            return (self.o_proj.weight,) + self._bias(self.o_proj)
+        if name == "attend":
+            return self.piece_weights("keys_values") + self.piece_weights("output")
+        return self.piece_weights("project") + self.piece_weights("attend")  # "forward": the whole
+
+    @staticmethod
+    def _bias(linear_cell) -> tuple:
+        return () if linear_cell.bias is None else (linear_cell.bias,)
+
     def construct(self, x, cos, sin, mask_add):
-        q, kv_lat, k_rot = self.project(x, cos, sin)
+        q, kv_lat, k_rot = self.run("project", x, cos, sin)
         if self.kv_exchange is not None:
             kv_lat, k_rot = self.kv_exchange(kv_lat, k_rot)
-        return self.attend(q, kv_lat, k_rot, mask_add)
+        if overridden(self.core_attention):  # the core runs eager (in blocks of rows): the pieces around it
+            k, v = self.run("keys_values", q, kv_lat, k_rot)
+            return self.run("output", self.core_attention(q, k, v, mask_add))
+        return self.run("attend", q, kv_lat, k_rot, mask_add)
 
-    # ``construct`` in two pieces around the context-parallel exchange, each compiled on its
-    # own when the model is compiled by regions (``set_jit(granularity="region")``).
-    def project(self, x, cos, sin):
+    def forward(self, x, cos, sin, mask_add, *w):
+        """:meth:`construct`'s math on the weights ``w`` (``piece_weights("forward")``), as one
+        piece of a layer compiled whole (no context-parallel exchange, no eager core)."""
+        q, kv_lat, k_rot = self.project(x, cos, sin, *w[:self.n_project])
+        return self.attend(q, kv_lat, k_rot, mask_add, *w[self.n_project:])
+
+    # ``construct`` in pieces around the context-parallel exchange and an eager core.
+    def project(self, x, cos, sin, *w):
         """Queries [B,N,S,qk_head_dim] (softmax scale folded in), the normed latent
         ``kv_lat`` [B,S,kv_lora] and the roped key ``k_rot`` [B,1,S,rope] of ``x`` [B,S,H]."""
         b, s, _ = x.shape
@@ -296,9 +329,11 @@ class MLAttention(nn.Cell):
         sin = sin.reshape(b, s, 1, self.rope)
 
         if self.q_lora_rank is None:
-            q_in, wq = xc, self.q_proj.weight
+            q_in, wq, i = xc, w[0], 1
         else:
-            q_in, wq = to_compute(self.q_a_layernorm(self.q_a_proj(x2)), cd), self.q_b_proj.weight
+            j = 2 if self.attention_bias else 1
+            q_lat = linear(x2, w[0], w[1] if self.attention_bias else None, cd)
+            q_in, wq, i = to_compute(self.q_a_layernorm.apply(q_lat, w[j]), cd), w[j + 1], j + 2
         # the softmax scale is folded into the query weights (cheaper than scaling [S, S])
         wq = wq.reshape(n, self.qk_head_dim, -1) * self.scaling
         wq_nope = wq[:, :self.nope].reshape(n * self.nope, -1)
@@ -308,36 +343,35 @@ class MLAttention(nn.Cell):
                  + self.matmul_t(q_in, to_compute(wq_half, cd)).reshape(b, s, n, self.rope) * sin)
         q = ops.transpose(ops.concat((q_nope, to_compute(q_rot, cd)), -1), (0, 2, 1, 3))
 
-        wkv = self.kv_a_proj_with_mqa.weight
+        wkv = w[i]
         kv_lat = self.matmul_t(xc, to_compute(wkv[:self.kv_lora_rank], cd))
         wk_rot, wk_half = self._rope_rows(wkv[self.kv_lora_rank:].reshape(1, self.rope, -1), 1)
         k_rot = self.matmul_t(xc, to_compute(wk_rot, cd))
         k_half = self.matmul_t(xc, to_compute(wk_half, cd))
-        if self.kv_a_proj_with_mqa.bias is not None:
-            bkv = self.kv_a_proj_with_mqa.bias
+        if self.attention_bias:
+            bkv = w[i + 1]
             kv_lat = kv_lat + bkv[:self.kv_lora_rank]
             brot, bhalf = self._rope_rows(bkv[self.kv_lora_rank:].reshape(1, self.rope, 1), 1)
             k_rot = k_rot + brot.reshape(-1)
             k_half = k_half + bhalf.reshape(-1)
-        kv_lat = self.kv_a_layernorm(kv_lat).reshape(b, s, self.kv_lora_rank)
+        kv_lat = self.kv_a_layernorm.apply(kv_lat, w[-1]).reshape(b, s, self.kv_lora_rank)
         k_rot = (k_rot.reshape(b, s, self.rope) * cos.reshape(b, s, self.rope)
                  + k_half.reshape(b, s, self.rope) * sin.reshape(b, s, self.rope)).reshape(b, 1, s, self.rope)
         return q, kv_lat, k_rot
 
-    def attend(self, q, kv_lat, k_rot, mask_add):
+    def attend(self, q, kv_lat, k_rot, mask_add, *w):
         """Attention of the queries ``q`` over the keys and values made from ``kv_lat``
-        [B,Sk,kv_lora] and ``k_rot`` [B,1,Sk,rope], through ``o_proj``: [B,S,H]. Compiled
-        whole by regions, or (a layer whose core runs in blocks) as the two pieces around
-        the core, :meth:`keys_values` and :meth:`output`."""
-        k, v = self.keys_values(q, kv_lat, k_rot)
-        return self.output(self.core_attention(q, k, v, mask_add))
+        [B,Sk,kv_lora] and ``k_rot`` [B,1,Sk,rope], through ``o_proj``: [B,S,H]; ``w`` is
+        ``kv_b_proj``'s weight, then ``o_proj``'s."""
+        k, v = self.keys_values(q, kv_lat, k_rot, w[0])
+        return self.output(self.core_attention(q, k, v, mask_add), *w[1:])
 
-    def keys_values(self, q, kv_lat, k_rot):
+    def keys_values(self, q, kv_lat, k_rot, kv_b):
         """Keys [B,N,Sk,qk_head_dim] and values [B,N,Sk,dv] of the latent and roped key."""
         b, n = q.shape[0], self.num_heads
         cd = self.matmul_dtype
         sk = kv_lat.shape[1]
-        wkvb = self.kv_b_proj.weight.reshape(n, self.nope + self.v_dim, -1)
+        wkvb = kv_b.reshape(n, self.nope + self.v_dim, -1)
         lat2 = to_compute(kv_lat.reshape(b * sk, self.kv_lora_rank), cd)
         k_nope = self.matmul_t(lat2, to_compute(wkvb[:, :self.nope].reshape(n * self.nope, -1), cd))
         v = self.matmul_t(lat2, to_compute(wkvb[:, self.nope:].reshape(n * self.v_dim, -1), cd))
@@ -346,8 +380,8 @@ class MLAttention(nn.Cell):
         k = ops.concat((k_nope, ops.broadcast_to(to_compute(k_rot, cd), (b, n, sk, self.rope))), -1)
         return k, v
 
-    def output(self, out):
-        """The heads' outputs [B,N,S,dv] through ``o_proj``: [B,S,H]."""
+    def output(self, out, o_w, o_b=None):
+        """The heads' outputs [B,N,S,dv] through ``o_proj`` (weight ``o_w``, bias ``o_b``): [B,S,H]."""
         b, n, s = out.shape[0], out.shape[1], out.shape[2]
         out = ops.transpose(out, (0, 2, 1, 3)).reshape(b, s, n * self.v_dim)
-        return self.o_proj(out)
+        return linear(out, o_w, o_b, self.matmul_dtype)

@@ -3,20 +3,27 @@
 from __future__ import annotations
 
 import mindspore as ms
-from mindspore import Tensor, nn, ops
+from mindspore import ops
 
 from mindtrain.models.attention import MLAttention
+from mindtrain.models.blocks import Block, overridden
 from mindtrain.models.mlp import MLP
 from mindtrain.models.moe import MoE
 from mindtrain.models.norm import RMSNorm
 
 
-class DecoderLayer(nn.Cell):
+class DecoderLayer(Block):
     """``construct(h, cos, sin, mask_add)`` -> (h, tokens per expert [E] or [1], balance loss).
 
     Dense layers return a zero balance loss and a dummy count so all layers have one signature
     (which keeps each layer a single ms.jit graph).
+
+    Two ways to run, one math: :meth:`construct` goes through the sub-cells (each may be
+    compiled on its own, or wrapped by a layout); :meth:`forward` is the same math on the
+    weights it is given (``piece_weights("forward")``), which a compiled layer runs whole.
     """
+
+    PIECES = ("forward",)
 
     def __init__(self, cfg, layer_idx: int, moe_block: int = 32):
         super().__init__()
@@ -29,8 +36,46 @@ class DecoderLayer(nn.Cell):
             self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, init_std=cfg.initializer_range)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.n_attention = len(self.self_attn.piece_weights("forward"))
+
+    def _parts(self) -> tuple:
+        return (self.input_layernorm, self.self_attn, self.post_attention_layernorm, self.mlp)
+
+    def piece_weights(self, name: str) -> tuple:
+        return sum((cell.piece_weights("forward") for cell in self._parts()), ())
+
+    def can_run_whole(self) -> bool:
+        """True while nothing inside the layer is wrapped by a layout or runs eager by design
+        (an eager attention core, a context-parallel exchange, a sequence reduction): then
+        :meth:`forward` computes what :meth:`construct` does."""
+        attn, mlp = self.self_attn, self.mlp
+        return (attn.kv_exchange is None and getattr(mlp, "sequence_reduce", None) is None
+                and not any(overridden(c) for name, c in self.cells_and_names() if name))
 
     def construct(self, h, cos, sin, mask_add):
+        whole = self.graphs.get("forward")
+        if whole is not None and self.can_run_whole():
+            return whole(h, cos, sin, mask_add, *self.piece_weights("forward"))
+        return self.compose(h, cos, sin, mask_add)
+
+    def forward(self, h, cos, sin, mask_add, *w):
+        """The layer's math on its weights ``w``."""
+        return self.block(h, cos, sin, mask_add, *w)
+
+    def block(self, h, cos, sin, mask_add, *w):
+        """Attention and MLP/MoE with their norms and residuals, on the weights ``w``."""
+        cos, sin, mask_add = ops.stop_gradient(cos), ops.stop_gradient(sin), ops.stop_gradient(mask_add)
+        a = self.n_attention
+        h = h + self.self_attn.forward(self.input_layernorm.apply(h, w[0]), cos, sin, mask_add, *w[1:a + 1])
+        x = self.post_attention_layernorm.apply(h, w[a + 1])
+        if self.is_moe:
+            y, counts, balance = self.mlp.forward(x, *w[a + 2:])
+            return h + y, counts, balance
+        y = self.mlp.forward(x, *w[a + 2:])
+        return h + y, ops.zeros((1,), ms.int32), ops.zeros((), h.dtype)
+
+    def compose(self, h, cos, sin, mask_add):
+        """The layer through its sub-cells."""
         # no gradient flows to the rope tables or the mask; saying so keeps the compiled
         # backward from materialising their (large) zero gradients
         cos, sin, mask_add = ops.stop_gradient(cos), ops.stop_gradient(sin), ops.stop_gradient(mask_add)

@@ -9,14 +9,15 @@ code compiles once under ms.jit and an expert with no tokens needs no special ca
 from __future__ import annotations
 
 import mindspore as ms
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, ops
 
 from mindtrain.models import kernels
+from mindtrain.models.blocks import Block
 from mindtrain.models.precision import to_compute
 from mindtrain.models.weights import Init, new_weight
 
 
-class RoutedExperts(nn.Cell):
+class RoutedExperts(Block):
     """``gate_proj [E, I, H]``, ``up_proj [E, I, H]``, ``down_proj [E, H, I]`` (expert dim 0).
 
     HF checkpoints store these per expert (``experts.{e}.gate_proj.weight``); the checkpoint
@@ -39,13 +40,20 @@ class RoutedExperts(nn.Cell):
         self.down_proj = new_weight((n_experts, hidden_size, intermediate_size), normal, "down_proj")
         self.bmm_t = ops.BatchMatMul(transpose_b=True)
 
+    PIECES = ("forward",)
+
+    def piece_weights(self, name: str) -> tuple:
+        return self.gate_proj, self.up_proj, self.down_proj
+
     def construct(self, x, topk_idx, topk_weight):
-        """x [T, H], topk_idx [T, K] int32, topk_weight [T, K] -> ([T, H], tokens per expert [E]);
-        the output is in the matmul dtype."""
+        return self.run("forward", x, topk_idx, topk_weight)
+
+    def forward(self, x, topk_idx, topk_weight, gate_proj, up_proj, down_proj):
+        """x [T, H], topk_idx [T, K] int32, topk_weight [T, K] and the stacked expert weights
+        -> ([T, H], tokens per expert [E]); the output is in the matmul dtype."""
         cd = self.matmul_dtype
         if self.fast_kernels:
-            return kernels.fast_routed_experts(x, topk_idx, topk_weight, self.gate_proj, self.up_proj,
-                                               self.down_proj, cd)
+            return kernels.fast_routed_experts(x, topk_idx, topk_weight, gate_proj, up_proj, down_proj, cd)
         t, h = x.shape
         k = topk_idx.shape[1]
         e = self.n_experts
@@ -80,10 +88,10 @@ class RoutedExperts(nn.Cell):
         slot_weight = ops.zeros((n_slots,), topk_weight.dtype)
         slot_weight = ops.tensor_scatter_update(slot_weight, dest.reshape(-1, 1), topk_weight.reshape(-1))
         scale = ops.matmul(slot_weight.reshape(-1, 1), ops.ones((1, self.intermediate_size), topk_weight.dtype))
-        gate = self.bmm_t(xb, ops.gather(to_compute(self.gate_proj, cd), block_expert, 0))
-        up = self.bmm_t(xb, ops.gather(to_compute(self.up_proj, cd), block_expert, 0))
+        gate = self.bmm_t(xb, ops.gather(to_compute(gate_proj, cd), block_expert, 0))
+        up = self.bmm_t(xb, ops.gather(to_compute(up_proj, cd), block_expert, 0))
         act = (ops.silu(gate) * up) * to_compute(scale.reshape(n_blocks, b, self.intermediate_size), cd)
-        out = self.bmm_t(act, ops.gather(to_compute(self.down_proj, cd), block_expert, 0)).reshape(n_slots, h)
+        out = self.bmm_t(act, ops.gather(to_compute(down_proj, cd), block_expert, 0)).reshape(n_slots, h)
         dest_tk = ops.stop_gradient(dest).reshape(t, k)
         y = ops.gather(out, dest_tk[:, 0], 0)
         for j in range(1, k):

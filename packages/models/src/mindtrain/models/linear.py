@@ -20,12 +20,18 @@ class Linear(nn.Cell):
         self.out_features = out_features
         self.weight = new_weight((out_features, in_features), Init("normal", init_std), "weight")
         self.bias = new_weight((out_features,), Init("zeros"), "bias") if bias else None
-        self.matmul = ops.MatMul(transpose_b=True)
 
     def construct(self, x):
-        shape = x.shape
-        cd = self.matmul_dtype
-        y = self.matmul(to_compute(x.reshape(-1, shape[-1]), cd), to_compute(self.weight, cd))
-        if self.bias is not None:
-            y = y + to_compute(self.bias, cd)
-        return y.reshape(shape[:-1] + (self.out_features,))
+        return linear(x, self.weight, self.bias, self.matmul_dtype)
+
+
+_MATMUL_T = ops.MatMul(transpose_b=True)
+
+
+def linear(x, weight, bias=None, cd=None):
+    """``x @ weight.T (+ bias)`` over the last axis of ``x``, in ``cd`` (None: float32)."""
+    shape = x.shape
+    y = _MATMUL_T(to_compute(x.reshape(-1, shape[-1]), cd), to_compute(weight, cd))
+    if bias is not None:
+        y = y + to_compute(bias, cd)
+    return y.reshape(shape[:-1] + (weight.shape[0],))

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from mindspore import nn, ops
+from mindspore import ops
 
 from mindtrain.models import kernels
-from mindtrain.models.linear import Linear
+from mindtrain.models.blocks import Block
+from mindtrain.models.linear import Linear, linear
 
 
-class MLP(nn.Cell):
+class MLP(Block):
     """``down(silu(gate(x)) * up(x))`` with HF names gate_proj / up_proj / down_proj."""
 
+    PIECES = ("forward",)
     fast_kernels = False
+    matmul_dtype = None
 
     def __init__(self, hidden_size: int, intermediate_size: int, init_std: float = 0.02):
         super().__init__()
@@ -19,12 +22,16 @@ class MLP(nn.Cell):
         self.up_proj = Linear(hidden_size, intermediate_size, init_std=init_std)
         self.down_proj = Linear(intermediate_size, hidden_size, init_std=init_std)
 
-    def construct(self, x):
-        return self.forward(x)
+    def piece_weights(self, name: str) -> tuple:
+        return self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight
 
-    def forward(self, x):
-        """The block's math; compiled on its own when the model compiles regions (a layout
-        may replace ``construct`` around it, e.g. tensor parallelism's sequence gather)."""
-        if self.fast_kernels:
-            return self.down_proj(kernels.fast_swiglu(self.gate_proj(x), self.up_proj(x)))
-        return self.down_proj(ops.silu(self.gate_proj(x)) * self.up_proj(x))
+    def construct(self, x):
+        return self.run("forward", x)
+
+    def forward(self, x, gate_w, up_w, down_w):
+        """The block's math (a layout may replace ``construct`` around it, e.g. tensor
+        parallelism's sequence gather)."""
+        cd = self.matmul_dtype
+        gate, up = linear(x, gate_w, None, cd), linear(x, up_w, None, cd)
+        act = kernels.fast_swiglu(gate, up) if self.fast_kernels else ops.silu(gate) * up
+        return linear(act, down_w, None, cd)

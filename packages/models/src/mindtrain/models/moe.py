@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, ops
+
+from mindtrain.models.blocks import Block
 
 from mindtrain.models.experts import RoutedExperts
 from mindtrain.models.mlp import MLP
@@ -32,7 +34,7 @@ def sequence_balance_loss(scores, topk_idx, batch: int, n_experts: int, sequence
     return (ops.stop_gradient(f) * p).sum(-1).mean()
 
 
-class MoE(nn.Cell):
+class MoE(Block):
     """``construct(x [B,S,H])`` -> (y [B,S,H], tokens per expert [E], balance loss scalar)."""
 
     def __init__(self, cfg, block: int = 32):
@@ -54,7 +56,12 @@ class MoE(nn.Cell):
         a layout that runs the routed part itself, e.g. tensor parallelism)."""
         return self.shared_experts(x) if self.n_shared else None
 
+    def piece_weights(self, name: str) -> tuple:
+        shared = self.shared_experts.piece_weights("forward") if self.n_shared else ()
+        return self.gate.piece_weights("forward") + self.experts.piece_weights("forward") + shared
+
     def construct(self, x):
+        """Through the sub-cells (each may be compiled, or wrapped by a layout)."""
         b, s, h = x.shape
         flat = x.reshape(b * s, h)
         topk_idx, topk_weight, scores = self.gate(flat)
@@ -63,4 +70,17 @@ class MoE(nn.Cell):
         if self.n_shared:
             y = y + self.shared_experts(x)
         balance = sequence_balance_loss(scores, topk_idx, b, self.n_experts, self.sequence_reduce)
+        return y, counts, balance
+
+    def forward(self, x, *w):
+        """:meth:`construct`'s math on the weights ``w`` (:meth:`piece_weights`' order), as
+        one piece of a layer compiled whole."""
+        b, s, h = x.shape
+        flat = x.reshape(b * s, h)
+        topk_idx, topk_weight, scores = self.gate.forward(flat, w[0], w[1])
+        y, counts = self.experts.forward(flat, topk_idx, topk_weight, w[2], w[3], w[4])
+        y = y.reshape(b, s, h)
+        if self.n_shared:
+            y = y + self.shared_experts.forward(x, w[5], w[6], w[7])
+        balance = sequence_balance_loss(scores, topk_idx, b, self.n_experts, None)
         return y, counts, balance

@@ -13,7 +13,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from mindtrain.models.decoder import DecoderLayer
-from mindtrain.models.linear import Linear
+from mindtrain.models.linear import Linear, linear
 from mindtrain.models.norm import RMSNorm
 
 
@@ -38,8 +38,23 @@ class MTPLayer(DecoderLayer):
         self.eh_proj = Linear(2 * cfg.hidden_size, cfg.hidden_size, init_std=cfg.initializer_range)
         self.shared_head = SharedHead(cfg.hidden_size, cfg.rms_norm_eps)
 
+    def piece_weights(self, name: str) -> tuple:
+        # the decoder block's, then enorm, hnorm, eh_proj (shared_head.norm runs with the head)
+        return DecoderLayer.piece_weights(self, name) + (self.enorm.weight, self.hnorm.weight, self.eh_proj.weight)
+
     def construct(self, h_prev, emb_next, cos, sin, mask_add):
+        whole = self.graphs.get("forward")
+        if whole is not None and self.can_run_whole():
+            return whole(h_prev, emb_next, cos, sin, mask_add, *self.piece_weights("forward"))
         h = self.eh_proj(ops.concat((self.enorm(emb_next), self.hnorm(h_prev)), -1))
         if h.dtype != ms.float32:  # mixed precision: the residual stream stays float32
             h = ops.cast(h, ms.float32)
-        return DecoderLayer.construct(self, h, cos, sin, mask_add)
+        return self.compose(h, cos, sin, mask_add)
+
+    def forward(self, h_prev, emb_next, cos, sin, mask_add, *w):
+        """The module's math on its weights ``w`` (:meth:`piece_weights`)."""
+        x = ops.concat((self.enorm.apply(emb_next, w[-3]), self.hnorm.apply(h_prev, w[-2])), -1)
+        h = linear(x, w[-1], None, self.eh_proj.matmul_dtype)
+        if h.dtype != ms.float32:
+            h = ops.cast(h, ms.float32)
+        return self.block(h, cos, sin, mask_add, *w[:-3])

@@ -6,6 +6,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from mindtrain.models import kernels
+from mindtrain.models.blocks import Block
 from mindtrain.models.weights import Init, new_weight
 
 
@@ -29,7 +30,7 @@ def rms_norm(x, weight, eps: float):
     return (w * (x2 * inv)).reshape(shape)
 
 
-class RMSNorm(nn.Cell):
+class RMSNorm(Block):
     """HF DeepseekV3RMSNorm (float32 math), parameter ``weight``."""
 
     fast_kernels = False
@@ -39,7 +40,13 @@ class RMSNorm(nn.Cell):
         self.weight = new_weight((hidden_size,), Init("ones"), "weight")
         self.eps = float(eps)
 
+    PIECES = ("apply",)
+
     def construct(self, x):
+        return self.run("apply", x)
+
+    def apply(self, x, weight):
+        """The norm of ``x`` with ``weight``."""
         if self.fast_kernels:
-            return kernels.fast_rms_norm(x, self.weight, self.eps)
-        return rms_norm(x, self.weight, self.eps)
+            return kernels.fast_rms_norm(x, weight, self.eps)
+        return rms_norm(x, weight, self.eps)

@@ -40,13 +40,17 @@ def build_model(model_cfg: ModelConfig, jit: Optional[bool] = None, compute_dtyp
     :func:`mindtrain.models.effective_compute_dtype` for the current device (bfloat16 on CPU
     runs as float32); an explicit dtype the device lacks raises ConfigError. ``recompute``
     (the config's ``recompute`` section, or a ``RecomputePlan``) sets activation recompute
-    (``model.set_recompute``)."""
+    (:func:`mindtrain.models.execution.apply_recompute`)."""
     validate_model(model_cfg)
     cls = model_class(model_cfg.model_type, model_cfg.architectures)
+    from mindtrain.models.execution import apply_compile, apply_recompute
+
     with empty_weights():
-        model = cls(model_cfg, jit=DEFAULT_JIT if jit is None else jit, compute_dtype=compute_dtype, **kwargs)
+        model = cls(model_cfg, compute_dtype=compute_dtype, **kwargs)
     if not empty:
         materialize(model, seed)
+    if DEFAULT_JIT if jit is None else jit:
+        apply_compile(model)
     if recompute is not None:
-        model.set_recompute(recompute)
+        apply_recompute(model, recompute)
     return model

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import mindspore as ms
 import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, ops
+
+from mindtrain.models.blocks import Block
 
 from mindtrain.models.weights import Init, new_weight
 
@@ -33,13 +35,15 @@ def _topk_indices_by_rank(x, k: int):
     return ((rank == slot).astype(ms.int32) * index).sum(1)
 
 
-class TopkRouter(nn.Cell):
+class TopkRouter(Block):
     """HF DeepseekV3TopkRouter: ``weight [E, H]`` and ``e_score_correction_bias [E]`` (not trained
     by gradients; moved by the aux-loss-free update).
 
     ``construct(x [T, H])`` -> (topk_idx [T, K] int32, topk_weight [T, K], scores [T, E]).
     The bias only changes which experts are chosen; the weights come from the unbiased scores.
     """
+
+    PIECES = ("forward",)
 
     def __init__(self, cfg):
         super().__init__()
@@ -56,10 +60,20 @@ class TopkRouter(nn.Cell):
         # a list while DeepseekV3ForCausalLM.record_routing(True) is on (eager only)
         self.recorded = None
 
+    def piece_weights(self, name: str) -> tuple:
+        return self.weight, self.e_score_correction_bias
+
     def construct(self, x):
+        out = self.run("forward", x)
+        if self.recorded is not None:
+            self.recorded.append(out[0])
+        return out
+
+    def forward(self, x, weight, bias):
+        """Routing of ``x`` [T, H] with the router ``weight`` and correction ``bias``."""
         t = x.shape[0]
-        scores = ops.sigmoid(self.matmul(x, self.weight))
-        choice = ops.stop_gradient(scores) + self.e_score_correction_bias
+        scores = ops.sigmoid(self.matmul(x, weight))
+        choice = ops.stop_gradient(scores) + bias
         if self.n_group > 1:
             per_group = self.n_experts // self.n_group
             grouped = choice.reshape(t, self.n_group, per_group)
@@ -84,8 +98,6 @@ class TopkRouter(nn.Cell):
         else:
             _, topk_idx = ops.topk(choice, self.top_k)
         topk_idx = ops.stop_gradient(topk_idx)
-        if self.recorded is not None:
-            self.recorded.append(topk_idx)
         weights = ops.gather_elements(scores, 1, topk_idx)
         if self.norm_topk_prob:
             weights = weights / (weights.sum(-1, keepdims=True) + 1e-20)
