@@ -49,12 +49,12 @@ LAYOUTS = {  # name: (workers, overrides); global batch 2 everywhere
     "cp2": (2, ["parallelism.context_parallel=2", "training.local_batch_size=2"]),
     "pp2": (2, ["parallelism.pipeline_parallel=2", "training.local_batch_size=1"]),
     "dp2_tp2": (4, ["parallelism.tensor_parallel=2"]),
-    # ZeRO-3 under TP: per-layer units in compiled twins of layers compiled by regions
+    # ZeRO-3 under TP: per-layer units, compiled pieces between TP's collectives
     "dp2_tp2_zero3": (4, ["parallelism.tensor_parallel=2", ZERO + "optim_grads_params"]),
     "pp2_dp2": (4, ["parallelism.pipeline_parallel=2"]),
-    # ZeRO-3 under EP: per-layer units in compiled twins (regions), each running its own experts
+    # ZeRO-3 under EP: per-layer units, compiled pieces, each running its own experts
     "ep2_zero3": (2, ["parallelism.expert_parallel=2", ZERO + "optim_grads_params"]),
-    # ZeRO-3 in pipeline stages: every layer in its kind's compiled twin
+    # ZeRO-3 in pipeline stages: compiled layers on the stage's gathered weights
     "pp2_dp2_zero3": (4, ["parallelism.pipeline_parallel=2", ZERO + "optim_grads_params"]),
 }
 # the layouts that compile by regions or in twins, once more with eager layers (compile.enable=false)

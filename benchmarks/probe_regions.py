@@ -1,5 +1,5 @@
 """One process: the same small DeepSeek-V3 forward + backward eager, compiled by whole layers
-and compiled by regions (``set_jit(True, granularity="region")``, what TP/EP/CP run).
+and compiled by regions (``apply_compile(model, granularity="region")``, what TP/EP/CP run).
 
     hatch run python benchmarks/probe_regions.py            # runs each mode in its own process
 
@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-MODES = ("eager", "layer", "region")
+MODES = ("eager", "auto", "region")
 
 
 def one(mode: str) -> None:
@@ -39,7 +39,7 @@ def one(mode: str) -> None:
     ms.set_seed(0)
     model = mm.build_model(cfg, jit=False)
     if mode != "eager":
-        model.set_jit(True, granularity=mode)
+        mm.apply_compile(model, granularity=mode)
 
     def loss_fn(i, l):
         return model(i, labels=l)[0]

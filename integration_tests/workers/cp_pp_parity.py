@@ -50,7 +50,7 @@ ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer 
 from mindspore import Tensor, ops  # noqa: E402
 
 from mindtrain.config import load_config  # noqa: E402
-from mindtrain.models import build_model, parallel_plan  # noqa: E402
+from mindtrain.models import build_model, is_compiled, parallel_plan  # noqa: E402
 from mindtrain.trainer.optimizer import AdamW  # noqa: E402
 from shards_check import check_shards  # noqa: E402
 
@@ -239,7 +239,7 @@ def parallel(out_dir: str, ref_path: str, specs: list[str], docs: bool) -> None:
                          "worst_params": sorted(per_param.items(), key=lambda kv: -kv[1][0])[:5], "seconds": elapsed,
                          "stage_units": sched.parts[sched.stage_index],
                          "stage_bytes": int(full_bytes), "resident_bytes": int(resident),
-                         "compiled": bool(model.jit_enabled), "twins": bool(model.jit_twins)}
+                         "compiled": is_compiled(model)}
         print(f"cp_pp_parity {name}: figures {fig_err:.3e} params {param_err:.3e} ({elapsed:.1f} s)", flush=True)
         with open(os.path.join(out_dir, f"cp_pp_{rank}.json"), "w") as f:
             json.dump(results, f)

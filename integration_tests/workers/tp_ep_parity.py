@@ -34,7 +34,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mindtrain.config import ParallelDims, load_config
-from mindtrain.models import build_model, parallel_plan
+from mindtrain.models import apply_compile, build_model, is_compiled, parallel_plan
 from mindtrain.parallel import DeviceMesh, collectives as C, fully_shard, init_distributed
 from mindtrain.parallel.expert_parallel import apply_expert_parallel, global_expert_load
 from mindtrain.parallel.tensor_parallel import apply_tensor_parallel, param_bytes
@@ -49,7 +49,7 @@ CASES = {"ref": (1, 1, 1, False), "tp2": (1, 2, 1, False), "ep2": (2, 1, 2, Fals
          "tp2_ep2_fsdp2": (2, 2, 2, True)}
 # cases laid out by ShardedLayout (mindtrain.parallel's composition, as the trainer runs it)
 # from a compiled model: TP=2 x EP=2 x ZeRO-3 over dp=2 (EP over the dp ranks), per-layer
-# units in compiled twins of layers compiled by regions
+# units whose compiled pieces run between the collectives
 LAYOUT_CASES = {"tp2_ep2_zero3_compiled": (2, 2, 2)}
 
 
@@ -130,20 +130,8 @@ def run_layout(case, world, rank, out_dir):
                           f"parallelism.tensor_parallel={tp_size}", f"parallelism.expert_parallel={ep_size}"],
                          validate=False)
     model = build()
-    model.set_jit(True)
+    apply_compile(model)
     plan = parallel_plan(model)
-    # each layer's trainable bytes as TP splits them: what one twin per kind holds (the
-    # two decoder layers and the MTP module are three kinds); under EP without the routed
-    # experts, which EP holds and the twin runs from the unit
-    layer_bytes = 0
-    for name, info in plan["params"].items():
-        if ep_size > 1 and info.get("expert"):
-            continue
-        if name.startswith("model.layers.") and info.get("trainable", True):
-            shape = list(info["shape"])
-            if info["tp"] != "replicated":
-                shape[info["tp_dim"]] //= tp_size
-            layer_bytes += 4 * int(np.prod(shape))
     layout = ShardedLayout(model, plan, mesh, config, ACC, ["input_ids", "labels"])
     opt = AdamW(layout.named_params, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
     dpg = mesh.group("dp_cp")
@@ -168,12 +156,11 @@ def run_layout(case, world, rank, out_dir):
         state[bias.name] = bias.asnumpy()
     fsdp = layout.fsdp
     result = {"losses": np.array(losses), "grad_norms": np.array(norms),
-              "jit_granularity": str(model.jit_granularity), "units": len(fsdp.units),
-              "twins": len(fsdp.twins), "twin_units": sum(b.twin is not None for b in fsdp.units),
+              "compiled": is_compiled(model), "units": len(fsdp.units),
+              "whole_layers": sum(layer.can_run_whole() for layer in model.model.layers),
               "param_bytes_layout": layout.memory_bytes(),
               "shard_bytes": sum(int(p.size) * p.itemsize for p in fsdp.params),
-              "expert_bytes": layout.ep.param_bytes() if layout.ep is not None else 0,
-              "layer_bytes_local": layer_bytes}
+              "expert_bytes": layout.ep.param_bytes() if layout.ep is not None else 0}
     if rank == 0:
         np.savez(os.path.join(out_dir, f"{case}.npz"), **result, **{f"p:{n}": v for n, v in state.items()})
     C.barrier()

@@ -376,9 +376,8 @@ class CompileConfig:
     """Compile each decoder layer, MTP module and the head + loss with ms.jit (torchtitan's
     ``compile.enable``). false runs the whole model eager: no compile time at start-up (10-20 s
     per process on CPU), slower steps. Under tensor, expert or context parallelism the pieces
-    between their collectives are compiled instead of whole layers; ZeRO-3 runs each layer in
-    a compiled twin per kind of layer (one resident full copy of a dense layer, a MoE layer
-    and an MTP module per rank), or eager layers together with TP, EP, CP or PP."""
+    between their collectives are compiled instead of whole layers. The graphs take the
+    weights as inputs, so ZeRO-3 and pipeline stages run them on the weights they gather."""
 
 
 @dataclass

@@ -151,12 +151,4 @@ def materialize(model, seed: Optional[int] = None) -> None:
             p.set_data(Tensor(initial_values(p.name, init_of(p), p.shape, seed=seed)))
 
 
-def fill_empty(cell) -> None:
-    """Zeros for every parameter of ``cell`` that has no storage (a copy whose values are
-    written in before each use, e.g. a compiled twin)."""
-    for p in cell.get_parameters():
-        if is_empty(p):
-            p.set_data(Tensor(np.zeros(tuple(p.shape), np.float32)))
-
-
-__all__ = ["Init", "default_seed", "empty_weights", "fill_empty", "init_of", "initial_values", "is_empty", "materialize", "new_weight"]
+__all__ = ["Init", "default_seed", "empty_weights", "init_of", "initial_values", "is_empty", "materialize", "new_weight"]

@@ -7,20 +7,11 @@ sharding applied inside each stage); every other combination a :class:`ShardedLa
 FSDP over ``dp`` with the configured ZeRO strategy, tensor + sequence parallelism and expert
 parallelism around the whole model, one forward and backward per micro-batch.
 
-Every rank builds the whole model from the same seed (and loads weights into it) before it
-is laid out, so all layouts start from identical parameters.
-
-Compiled layers (the model's default ``ms.jit`` per decoder layer) read a parameter's
-storage bound at compile time, so they see in-place writes (``ops.assign``, the AdamW
-kernel) but never a parameter swapped by ``set_data``. A single process and FSDP ZeRO-1/2
-keep whole compiled layers. TP, EP and CP put collectives inside a layer, so a compiled
-model is compiled by regions there (:func:`compiled_regions`): the pieces between the
-collectives are graphs. ZeRO-3 frees and re-gathers parameters by swapping storage, which
-no graph sees (``benchmarks/probe_storage_resize.py``: freeing storage in place frees no
-memory on CPU): its units (decoder layers, MTP modules) run in a compiled twin per kind of
-unit whose buffers FSDP writes in place, compiled whole alone and by regions under TP and
-EP (a twin of a TP-wrapped layer runs its own copies of TP's forwards; under EP it runs the
-unit's own local experts, which FSDP hands it with the weights).
+Compiled layers need nothing from a layout: the model's compiled pieces take their weights
+as graph inputs (mindtrain-models' ``Block``), so whatever a layout does to a weight's
+storage (a TP slice, a ZeRO-3 unit's gathered weight swapped in by ``set_data``) is what
+they compute with, and a layer that a layout wraps inside (TP, EP, CP) runs its compiled
+pieces between the layout's collectives.
 """
 
 from __future__ import annotations
@@ -36,7 +27,7 @@ from mindtrain.config.fsdp_policy import reshard_after_forward
 from mindtrain.config.plan import ParallelPlan
 from mindtrain.parallel.expert_parallel import apply_expert_parallel, global_expert_load
 from mindtrain.parallel.fsdp import fully_shard
-from mindtrain.parallel.layout import (Layout, Shard, compiled_regions, full_arrays, grad_norm, load_pieces, local_arrays,
+from mindtrain.parallel.layout import (Layout, Shard, full_arrays, grad_norm, load_pieces, local_arrays,
                                       shards_of)
 from mindtrain.parallel.mesh import DeviceMesh
 from mindtrain.parallel.pipeline_parallel import PipelineSchedule, relax_receive_timeout
@@ -116,8 +107,7 @@ class ShardedLayout:
         self.tp = None
         self.ep = None
         zero3 = dims.dp > 1 and self.strategy == ZERO3
-        # ZeRO-3 gathers per decoder layer / MTP module (units; compiled ones run in twins)
-        compiled_regions(model, zero3, dims.tp > 1 or dims.ep > 1, zero3_units=zero3)
+        # ZeRO-3 gathers per decoder layer / MTP module (units)
         if dims.tp > 1:
             self.tp = apply_tensor_parallel(model, plan, mesh)
         if dims.ep > 1:

@@ -24,7 +24,6 @@ from mindspore import Tensor, ops
 
 from mindtrain.config import ConfigError
 from mindtrain.parallel import functional as F
-from mindtrain.parallel.layout import compiled_regions
 from mindtrain.parallel.mesh import Group
 
 def chunk_indices(seq_length: int, cp: int, rank: int) -> np.ndarray:
@@ -126,12 +125,9 @@ class _SequenceReduce:
 def apply_context_parallel(model, group: Group, seq_length: int) -> int:
     """Install the CP hooks on every attention and MoE Cell of ``model``; returns how many.
 
-    A layer compiled whole cannot call the exchange, so such a model is compiled by regions
-    instead (the attention's projections and attention are graphs, the exchange runs between
-    them). ``group`` is the mesh's ``cp`` group; a group of size 1 removes the hooks.
+    ``group`` is the mesh's ``cp`` group; a group of size 1 removes the hooks.
     """
     check_seq_length(seq_length, group.size)
-    compiled_regions(model, zero3=False, wrapped=group.size > 1)
     exchange = _KVExchange(group, seq_length) if group.size > 1 else None
     reduce = _SequenceReduce(group) if group.size > 1 else None
     n = 0

@@ -42,13 +42,10 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindtrain.config import ConfigError
 from mindtrain.parallel import collectives as C
 from mindtrain.parallel import functional as F
-from mindtrain.parallel.layout import check_not_whole_layers, narrow_even, narrow_param, split_piece
+from mindtrain.parallel.layout import narrow_even, narrow_param, split_piece
 from mindtrain.parallel.mesh import DeviceMesh, Group
 
 _WEIGHTS = ("gate_proj", "up_proj", "down_proj")
-BOUND = "_mindtrain_bound"
-"""Where a cell keeps state of its own that a compiled copy of its kind must take from it
-(mindtrain-models' ``recompute.TwinBinding``): here the experts cell's local experts."""
 
 
 class _ExpertSlot:
@@ -240,7 +237,6 @@ def apply_expert_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> Exper
     ep = ExpertParallel(mesh, max(n_experts, 1))
     if mesh.size("ep") == 1 or not n_experts:
         return ep
-    check_not_whole_layers(model, "expert parallelism")
     n_ep = mesh.size("ep")
     if n_experts % n_ep:
         raise ConfigError("model.n_routed_experts", f"{n_experts} is not divisible by "
@@ -272,19 +268,15 @@ def apply_expert_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> Exper
             slot = _ExpertSlot(name, p, ep.local_experts, info["tp_dim"] if split else None)
             ep.slots[name] = slot
             slots.append(slot)
-        # the cell's own state, not its kind's: a compiled twin that runs this layer for
-        # ZeRO-3 takes it from the layer (the models package's TwinBinding convention)
-        object.__setattr__(cell, BOUND, {"local_experts": _LocalExperts(ep, slots)})
-        object.__setattr__(cell, "construct", _dispatch_forward(ep, cell))
+        object.__setattr__(cell, "construct", _dispatch_forward(ep, _LocalExperts(ep, slots)))
     return ep
 
 
-def _dispatch_forward(ep: ExpertParallel, cell: nn.Cell):
+def _dispatch_forward(ep: ExpertParallel, local: "_LocalExperts"):
     group = ep.ep_group
     n_experts, per_rank = ep.n_experts, ep.local_experts
 
     def construct(x, topk_idx, topk_weight):
-        local = cell.__dict__[BOUND]["local_experts"]
         t, h = x.shape
         k = topk_idx.shape[1]
         flat_e = topk_idx.reshape(-1).asnumpy().astype(np.int64)

@@ -17,16 +17,8 @@ Strategies (``parallelism.data_parallel_shard_strategy``):
   the weight gradients into the shard accumulators and frees. Parameters outside every
   unit (the "root": embeddings, final norm, head) are gathered for the whole micro-batch.
 
-  Compiled (``ms.jit``) units: a graph reads the parameter storage it was compiled with, so a
-  weight swapped in by ``set_data`` never reaches it. Every kind of compiled unit (same
-  class, parameter names and shapes, e.g. "a MoE decoder layer") therefore gets one compiled
-  *twin*, a copy with its own resident full-size weights that the model supplies
-  (``model.compiled_twin(cell)``, one per kind; mindtrain-models' DeepSeek-V3 has it): a unit's forward all-gathers its
-  weights and writes them into its twin's buffers in place (which graphs read: straight
-  from the gathered table into the buffers' storage on the host transport, ``ops.assign``
-  otherwise), then runs the twin. The rank holds one unit's full weights per kind beside its
-  shards (3 of 62 units for DeepSeek-V3: dense layer, MoE layer, MTP module) and compiles
-  once per kind instead of once per layer.
+  Compiled units need nothing special: mindtrain-models' compiled pieces take their weights
+  as graph inputs, so the gathered weight swapped in by ``set_data`` is what they compute with.
 
 Gradients are averaged over the group (``reduce_op="avg"``) and summed over
 micro-batches, so a loss scaled by ``1 / accumulation_steps`` gives the mean over the
@@ -85,30 +77,6 @@ class _Bucket:
     slots: list[_Slot]
     shared: list[_Slot] = field(default_factory=list)  # root parameters this unit also uses
     gathered: bool = False
-    twin: Optional["_Twin"] = None  # compiled units: the compiled copy the unit runs in
-    twin_params: list = field(default_factory=list)  # the twin's Parameters aligned with slots
-    twin_shared: list = field(default_factory=list)  # the twin's copies of the shared root ones
-    fulls: Optional[list] = None  # twin units kept gathered from forward to backward
-    twin_binding: Any = None  # what its twin takes besides weights (model.twin_binding: untrained, bound)
-
-
-@dataclass
-class _Twin:
-    """One compiled copy of a unit's module, shared by every unit of its kind."""
-
-    module: nn.Cell
-    params: dict  # parameter name relative to the module -> the twin's Parameter
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of its trained weights (the slots count no untrained parameter either)."""
-        return sum(_nbytes(p) for p in self.params.values() if p.requires_grad)
-
-
-def _compiled(cell: nn.Cell) -> bool:
-    """True if ``cell`` or a cell inside it has methods compiled by the models package's
-    convention (the compiled method names listed in the cell's ``_mindtrain_jit``)."""
-    return any(c.__dict__.get("_mindtrain_jit") for _, c in cell.cells_and_names())
 
 
 class _Unit(nn.Cell):
@@ -130,9 +98,6 @@ class _Unit(nn.Cell):
 
     def construct(self, *args):
         fsdp, bucket, module = self._ctx
-        if bucket.twin is not None:
-            fsdp._load_twin(bucket)
-            return bucket.twin.module(*args)
         fsdp._materialize(bucket)
         out = module(*args)
         if fsdp.reshard_after_forward:
@@ -202,14 +167,12 @@ class FSDP:
                     raise ValueError(f"fully_shard: shared parameter {pname} names unknown unit {u!r}")
                 bucket.shared.append(self.slots[pname])
         self._buckets = [self.root] + self.units
-        self.twins: list[_Twin] = []
-        """ZeRO-3: the compiled twins, one per kind of compiled unit (see the module doc)."""
         if strategy == ZERO3:
-            self._make_twins(cells)
             for bucket in self.units:
                 self._wrap(cells, bucket)
-            for bucket in self._buckets:
-                self._release(bucket)
+            for s in self.slots.values():  # only the shards stay: the full weights are gathered when used
+                s.param.set_data(ops.zeros((0,), s.dtype))
+            self.root.gathered = False
         else:
             for bucket in self._buckets:
                 bucket.gathered = True
@@ -231,46 +194,6 @@ class FSDP:
             mine = pad[group.index * local_rows:(group.index + 1) * local_rows]
         shard = Parameter(Tensor(np.ascontiguousarray(mine)), name=name, requires_grad=False)
         return _Slot(name, p, group, shape, p.dtype, rows, local_rows, shard)
-
-    def _make_twins(self, cells: dict) -> None:
-        unit_paths = [b.name for b in self.units]
-        for path, cell in cells.items():
-            if (cell.__dict__.get("_mindtrain_jit") and list(cell.get_parameters())
-                    and not any(path == u or path.startswith(u + ".") for u in unit_paths)):
-                raise ValueError(f"fully_shard: ZeRO-3 swaps the storage of parameters outside the units, "
-                                 f"which the compiled cell {path or '<model>'} never sees; make it part of "
-                                 f"a unit or compile it with its weights as inputs (or call set_jit(False))")
-        kinds: dict[int, _Twin] = {}
-        for bucket in self.units:
-            module = cells[bucket.name]
-            if not _compiled(module):
-                continue
-            twin_of = getattr(self.model, "compiled_twin", None)
-            binding = getattr(self.model, "twin_binding", None)
-            if twin_of is None or binding is None:
-                raise ValueError(f"fully_shard: ZeRO-3 runs the compiled unit {bucket.name} in a compiled copy "
-                                 f"that the model supplies (model.compiled_twin(cell) and "
-                                 f"model.twin_binding(twin, cell)), and this model has none; run it eager "
-                                 f"(set_jit(False))")
-            copy_ = twin_of(module)
-            twin = kinds.get(id(copy_))
-            if twin is None:
-                twin = kinds[id(copy_)] = _Twin(copy_, dict(copy_.parameters_and_names()))
-                self.twins.append(twin)
-            bucket.twin = twin
-            rel = {id(p): n for n, p in module.parameters_and_names()}
-            bucket.twin_params = [twin.params[rel[id(s.param)]] for s in bucket.slots]
-            missing = [s.name for s in bucket.shared if id(s.param) not in rel]
-            if missing:
-                raise ValueError(f"fully_shard: compiled unit {bucket.name} uses {missing[0]}, a parameter "
-                                 f"outside it; run it eager (set_jit(False))")
-            bucket.twin_shared = [twin.params[rel[id(s.param)]] for s in bucket.shared]
-            for s in bucket.slots:  # the twin holds the full weights from now on
-                s.param.set_data(ops.zeros((0,), s.dtype))
-            bucket.twin_binding = binding(copy_, module)
-        twin_bytes = sum(t.nbytes for t in self.twins)
-        self._gathered_bytes += twin_bytes
-        self.peak_gathered_bytes = max(self.peak_gathered_bytes, self._gathered_bytes)
 
     def _wrap(self, cells: dict, bucket: _Bucket) -> None:
         path = bucket.name
@@ -323,7 +246,6 @@ class FSDP:
                 self._release(self.root)
                 for bucket in self.units:  # without reshard: a unit whose backward did not run
                     self._release(bucket)
-                    bucket.fulls = None
             self._accumulate(self.root.slots if zero3 else list(self.slots.values()), list(grads))
             return value
 
@@ -457,10 +379,8 @@ class FSDP:
                 self._materialize(bucket, force=True)
 
     def memory_bytes(self) -> dict[str, int]:
-        """Bytes this rank holds now: shards + materialized full parameters (ZeRO-3's compiled
-        twins included), and gradients."""
+        """Bytes this rank holds now: shards + materialized full parameters, and gradients."""
         params = sum(_nbytes(s.shard) + _nbytes(s.param) for s in self.slots.values())
-        params += sum(t.nbytes for t in self.twins)
         grads = sum(_nbytes(s.grad) for s in self.slots.values() if s.grad is not None)
         return {"params": params, "grads": grads}
 
@@ -544,35 +464,10 @@ class FSDP:
         for s, g in zip(slots, self._reduce_scatter(slots, grads)):
             s.grad = g if s.grad is None else s.grad + g
 
-    def _load_twin(self, bucket: _Bucket) -> None:
-        """Write the unit's full weights (gathered now, or kept from its forward), the root
-        weights it shares (gathered for the micro-batch) and its own untrained parameters
-        (e.g. a router's bias) into its twin's buffers, and hand the twin the unit's own
-        state (expert parallelism's local experts: ``model.twin_binding``)."""
-        fulls = bucket.fulls
-        if fulls is None:
-            # gathered straight into the twin unless the weights are kept for the backward
-            into = bucket.twin_params if self.reshard_after_forward else None
-            fulls = self._all_gather(bucket.slots, [s.shard for s in bucket.slots], into=into)
-            self.gather_count += 1
-        for target, full in zip(bucket.twin_params, fulls):
-            if full is not None:
-                ops.assign(target, full)
-        for target, s in zip(bucket.twin_shared, bucket.shared):  # gathered with the root
-            ops.assign(target, s.param)
-        bucket.twin_binding.load()  # its untrained parameters, its own state
-        bucket.fulls = None if self.reshard_after_forward else fulls
-
     def _unit_backward(self, bucket: _Bucket, module: nn.Cell, args: tuple, dout) -> tuple:
         douts = dout if isinstance(dout, tuple) else (dout,)
-        if bucket.twin is not None:
-            self._load_twin(bucket)
-            bucket.fulls = None
-            module = bucket.twin.module
-            weights = bucket.twin_params + bucket.twin_shared
-        else:
-            self._materialize(bucket)
-            weights = [s.param for s in bucket.slots] + [s.param for s in bucket.shared]
+        self._materialize(bucket)
+        weights = [s.param for s in bucket.slots] + [s.param for s in bucket.shared]
 
         def replay(*xs):
             outs = module(*xs)
@@ -666,10 +561,6 @@ def fully_shard(model: nn.Cell, mesh_or_group, units: Sequence[str] = (),
     forward uses it; such a parameter stays in the root (gathered for the whole
     micro-batch) even if it lives inside a unit, for weights used both inside and outside
     a unit (a tied embedding used by an MTP unit, an MTP norm applied by the shared head).
-    Compiled units run under ZeRO-3 in a compiled twin per kind of unit (see the module
-    doc); a compiled cell with its own weights outside every unit is refused (its weights'
-    storage is swapped each micro-batch, which a graph never sees). ZeRO-1/2 keep full
-    parameters resident and refresh them in place, so compiled layers work there.
     ``param_groups``: parameter name -> Group (or mesh dimension name) to shard that
     parameter over instead, e.g. routed experts over ``"edp"`` when EP splits them.
     ``reshard_after_forward`` (ZeRO-3): ``True`` frees each unit's weights after its forward

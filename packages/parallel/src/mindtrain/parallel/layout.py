@@ -22,40 +22,9 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, ops
 
-from mindtrain.config import ConfigError, StepFigures
+from mindtrain.config import StepFigures
 from mindtrain.parallel import collectives as C
 from mindtrain.parallel.group import Group
-
-
-def compiled_regions(model, zero3: bool, wrapped: bool, zero3_units: bool = False) -> None:
-    """How a compiled model runs in a layout: compiled by regions when a layout wraps cells
-    inside the layers (``wrapped``: TP, EP, CP), whole compiled layers otherwise. ZeRO-3
-    swaps weights' storage (``set_data``), which a graph never sees, so under ZeRO-3 only
-    its units run compiled (``zero3_units``: FSDP runs each compiled unit in a compiled twin
-    whose buffers it writes in place): whole layers when nothing is wrapped, by regions
-    when a layout wraps cells inside them (ShardedLayout: TP, EP). ZeRO-3 without units (a
-    pipeline stage's weights, gathered by ``set_data`` for the whole step) runs every layer
-    in its kind's compiled twin with its weights written in before each run
-    (``set_jit(..., twins=True)``; a model without twins runs eager). Call before the
-    layouts wrap anything."""
-    if not getattr(model, "jit_enabled", False):
-        return
-    granularity = "region" if wrapped else getattr(model, "jit_granularity", "layer")
-    if zero3 and not zero3_units:
-        if getattr(model, "compiled_twin", None) is None:
-            model.set_jit(False)
-        elif not getattr(model, "jit_twins", False) or granularity != model.jit_granularity:
-            model.set_jit(True, granularity=granularity, twins=True)
-    elif granularity != getattr(model, "jit_granularity", "layer"):
-        twins = {"twins": True} if getattr(model, "jit_twins", False) else {}  # kept (CP after PP x ZeRO-3)
-        model.set_jit(True, granularity=granularity, **twins)
-
-
-def check_not_whole_layers(model, what: str) -> None:
-    """A layout that wraps cells inside a layer cannot run in a layer compiled whole."""
-    if getattr(model, "jit_enabled", False) and getattr(model, "jit_granularity", "layer") == "layer":
-        raise ConfigError("model", f"{what} needs eager layers or layers compiled by regions; call "
-                                   f"model.set_jit(False) or model.set_jit(True, granularity='region') first")
 
 
 @runtime_checkable

@@ -45,7 +45,7 @@ from mindtrain.parallel import collectives as C
 from mindtrain.parallel.context_parallel import apply_context_parallel, split_batch
 from mindtrain.parallel.expert_parallel import apply_expert_parallel
 from mindtrain.parallel.fsdp import FSDP
-from mindtrain.parallel.layout import (Shard, compiled_regions, full_arrays, grad_norm, load_pieces, local_arrays,
+from mindtrain.parallel.layout import (Shard, full_arrays, grad_norm, load_pieces, local_arrays,
                                       shards_of)
 from mindtrain.parallel.mesh import DeviceMesh, Group
 from mindtrain.parallel.tensor_parallel import apply_tensor_parallel
@@ -163,12 +163,6 @@ class PipelineSchedule:
         self.parts = [[u for c in range(chunks) for u in self.virtual_parts[c * self.num_stages + r]]
                       for r in range(self.num_stages)]
         """Unit names per rank of the ``pp`` group (its chunks in order)."""
-        # Compiled (ms.jit) layers stay whole when nothing wraps cells inside them; CP, TP and
-        # EP do (compiled by regions then). ZeRO-3 swaps the weights' storage (set_data),
-        # which a layer's own graph never sees: each layer then runs in its kind's compiled
-        # twin, its gathered weights written in before each run.
-        compiled_regions(model, dp_sharding == "optim_grads_params" and self.dp.size > 1,
-                         self.cp.size > 1 or mesh.size("tp") > 1 or mesh.size("ep") > 1)
         self.tp = apply_tensor_parallel(model, plan, mesh)
         self.ep = apply_expert_parallel(model, plan, mesh)
         apply_context_parallel(model, self.cp, seq_length)
@@ -424,12 +418,10 @@ class PipelineSchedule:
 
     def memory_bytes(self) -> int:
         """Bytes of parameters resident on this rank between steps: the stage's full weights
-        (kept resident; freed under ZeRO-3), its FSDP shards, its expert pieces and, when its
-        layers run in compiled twins (ZeRO-3), the twins' weights."""
+        (kept resident; freed under ZeRO-3), its FSDP shards and its expert pieces."""
         resident = sum(q.size * q.itemsize for q in self.stage_params)
         shards = sum(q.size * q.itemsize for q in self.fsdp.params) if self.fsdp is not None else 0
-        twins = self.model.twin_bytes() if getattr(self.model, "jit_twins", False) else 0
-        return int(resident + shards + twins + self.ep.param_bytes(self.expert_names))
+        return int(resident + shards + self.ep.param_bytes(self.expert_names))
 
     def finish_step(self) -> None:
         """After the optimizer updated :attr:`params`: with ZeRO-1/2 all-gather the updated

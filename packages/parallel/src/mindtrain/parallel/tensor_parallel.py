@@ -31,7 +31,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindtrain.config import ConfigError
 from mindtrain.parallel import collectives as C
 from mindtrain.parallel import functional as F
-from mindtrain.parallel.layout import check_not_whole_layers, narrow_even, narrow_param, split_piece
+from mindtrain.parallel.layout import narrow_even, narrow_param, split_piece
 from mindtrain.parallel.mesh import DeviceMesh, Group
 
 SEQ_DIM = 1
@@ -158,15 +158,13 @@ def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> Tenso
     cell with a ``sequence_gather`` hook and a loss cell with a ``token_loss`` component (the
     vocabulary-parallel loss is a component swap, see :func:`_vocab_parallel_loss`). Raises
     ConfigError when heads, intermediate sizes or the vocabulary do not divide by TP, or
-    (at the first forward) the sequence length. Needs eager layers or a model compiled by
-    regions (``set_jit(True, granularity="region")``, called before this): a wrapped cell's
-    forward (possibly a compiled region) runs between the collectives.
+    (at the first forward) the sequence length. A wrapped cell's forward (possibly compiled
+    pieces) runs between the collectives.
     Returns a :class:`TensorParallel`; a TP degree of 1 changes nothing.
     """
     tp = TensorParallel(model, plan, mesh)
     if tp.size == 1:
         return tp
-    check_not_whole_layers(model, "tensor parallelism")
     size, index, group = tp.size, tp.index, tp.group
     cells = _cells(model)
     params = {p.name: p for p in model.get_parameters()}

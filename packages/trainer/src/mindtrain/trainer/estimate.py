@@ -285,19 +285,6 @@ def stage_bytes(cfg: MindTrainConfig, dims: ParallelDims, stage: int, units: lis
             out.gathered = F32 * (root + unit_max)
         else:
             out.gathered = F32 * full  # the stage's weights, for the whole step
-        if cfg.compile.enable:
-            # compiled layers run in one resident compiled twin per kind (the dense layer, the
-            # MoE layer, the MTP module): ZeRO-3's units (mindtrain.parallel.fsdp), and every
-            # layer of a ZeRO-3 pipeline stage (set_jit twins); under TP twins of the TP
-            # pieces, under EP without the experts, which the twin runs from the layer
-            twins: dict[str, int] = {}
-            for u, v in units_numel.items():
-                if u in ("embedding", "head"):
-                    continue
-                i = _layer_index(m, u)
-                kind = "mtp" if i >= m.num_hidden_layers else ("dense" if i < m.first_k_dense_replace else "moe")
-                twins[kind] = max(twins.get(kind, 0), v)
-            out.params += F32 * sum(twins.values())
     if expert_sharded:
         out.gathered += F32 * expert_live
     # gradients: one micro-batch's full gradients of what value_and_grad differentiates at
@@ -472,14 +459,6 @@ def _layer_kept(mod: Module, m: ModelConfig, i: int, z: _Shapes, plan_full: set,
 ROW_BLOCK_ELEMENTS = 1 << 22
 
 
-def runs_in_twins(compile_enabled: bool, strategy: str, dims: ParallelDims) -> bool:
-    """Every layer runs in its kind's compiled twin, which keeps none of its activations and
-    runs its forward again in backward (like full recompute): ZeRO-3 in a pipeline stage
-    (CP or PP), whose weights are gathered for the step by ``set_data``."""
-    zero3 = dims.dp_shard > 1 and strategy == ZERO3
-    return compile_enabled and zero3 and (dims.cp > 1 or dims.pp > 1)
-
-
 def _core_recomputed(i: int, full: set, select: dict) -> bool:
     """Layer ``i``'s attention core is recomputed: the whole layer, or a selected module
     that is the core or holds it."""
@@ -505,8 +484,6 @@ def activation_bytes(cfg: MindTrainConfig, dims: ParallelDims, units: list[str],
     plan = recompute_plan(recompute if recompute is not None else cfg.recompute, n_layers)
     full, select = set(plan.full), plan.select
     cores = (full, select)  # what decides whether a layer's core runs in blocks
-    if runs_in_twins(bool(cfg.compile.enable), cfg.parallelism.data_parallel_shard_strategy, dims):
-        full, select = set(range(n_layers)), {}  # every layer kept like a fully recomputed one
     layer_ids = [_layer_index(m, u) for u in units if u.startswith("layers.")]
     layer_ids += [_layer_index(m, u) for u in units if u.startswith("mtp.")]
     kept = rebuilt = 0
@@ -575,8 +552,8 @@ class Estimate:
 
     @property
     def compiled(self) -> bool:
-        """The layout runs compiled graphs (whole layers, regions under TP/EP/CP, twins under
-        ZeRO-3): every layout does with ``compile.enable``."""
+        """The layout runs compiled graphs (whole layers, or the pieces between TP/EP/CP's
+        collectives): every layout does with ``compile.enable``."""
         return self.compile_enabled
 
     @property
