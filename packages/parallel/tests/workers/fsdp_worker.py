@@ -146,6 +146,10 @@ def train(strategy, param_groups=None, reshard_after_forward=True):
         "clipped": int(ref_norms[0] > MAX_NORM),
         "bytes": held, "bytes_ratio": held / ref_bytes,
         "peak_gathered_bytes": fsdp.peak_gathered_bytes, "gathers": fsdp.gather_count,
+        # what ZeRO-3 holds gathered at its peak: the root (for the micro-batch) and one unit
+        "root_plus_unit_bytes": 4 * (sum(int(np.prod(s.shape)) for s in fsdp.root.slots)
+                                     + max((sum(int(np.prod(s.shape)) for s in b.slots) for b in fsdp.units),
+                                           default=0)),
         "full_param_bytes": full_param_bytes,
         "losses": losses,
     }, state
