@@ -136,16 +136,21 @@ def test_missing_shard_of_a_sharded_mindformers_checkpoint(tmp_path):
     files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
     meta = {"state_dict_metadata": {}, "storage_data": {}}
     # metadata.json names a rank-1 file that is not there
-    from mindtrain.trainer import mindformers_checkpoint as mf
+    from safetensors.numpy import load_file
 
-    arrays = mf.read_safetensors(os.path.join(folder, files[0]))
+    from mindtrain.trainer import mindformers_checkpoint as mf
+    from mindtrain.trainer import sharded
+
+    arrays = load_file(os.path.join(folder, files[0]))
     name = sorted(arrays)[0]
-    meta["state_dict_metadata"][name] = {"global_shape": list(arrays[name].shape)}
-    offset = (0,) * arrays[name].ndim
-    meta["storage_data"][mf._shard_id(name, offset)] = [{"file_name": files[0].replace("0000000-", "0000001-")}]
+    shape = list(arrays[name].shape)
+    meta["state_dict_metadata"][name] = {"global_shape": shape, "chunk": [{"global_offset": [0] * len(shape),
+                                                                             "local_shape": shape}]}
+    missing = files[0].replace("0000000-", "0000001-")
+    meta["storage_data"][sharded.shard_id(name, (0,) * len(shape))] = [{"file_name": missing}]
     with open(os.path.join(folder, "metadata.json"), "w") as f:
         json.dump(meta, f)
-    with pytest.raises(UserError, match="is named in metadata.json but missing"):
+    with pytest.raises(UserError, match=f"'{name}' is stored in '.*{missing}', which is missing"):
         mf.read_checkpoint(folder)
 
 

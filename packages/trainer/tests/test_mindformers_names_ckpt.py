@@ -99,10 +99,21 @@ def test_round_trip_through_files_is_bit_identical(tiny, tmp_path):
     assert set(back) == set(weights)
     for k, a in weights.items():
         assert back[k].dtype == a.dtype and np.array_equal(back[k], a), k
-    saved, st = mf.to_mindtrain_state(back_opt, common, list(weights), 4, folder)
-    assert set(saved) == set(state) and int(saved["step"]) == 3 and st["step"] == 3
+    assert int(back_opt["global_step"][0]) == 3 and common["global_step"] == 3
     for k, a in state.items():
-        assert np.array_equal(saved[k], a), k
+        if k != "step":
+            theirs = {"exp_avg": "adam_m", "exp_avg_sq": "adam_v"}[k.split(".", 1)[0]] + "." + k.split(".", 1)[1]
+            assert np.array_equal(back_opt[theirs], a), k
+    # box by box, as each rank reads its pieces: every other row of linear_fc1, halves of
+    # weight1 transposed, rows of linear_qkv
+    boxes = mf.MindFormersBoxes(folder, cfg, {k: a.shape for k, a in weights.items()})
+    boxes.check_moments(list(weights))
+    assert int(boxes.read_full("step")) == 3
+    for k, a in weights.items():
+        box = tuple(slice(n // 3, n - n // 4) for n in a.shape)
+        offset, shape = [b.start for b in box], [b.stop - b.start for b in box]
+        assert np.array_equal(boxes.read(k, offset, shape), a[box]), k
+        assert np.array_equal(boxes.read(f"exp_avg.{k}", offset, shape), state[f"exp_avg.{k}"][box]), k
 
 
 def test_layouts_compute_what_mindformers_modules_compute(tiny):
@@ -161,11 +172,10 @@ def test_unknown_names_are_one_line_errors(tiny):
 def test_checkpoint_saved_by_mindformers_own_deepseek_v3_loads(tiny):
     """fixtures/mindformers_ds3_ckpt: MindFormers 2.1.0's save_checkpoint of its own
     PyNativeDeepseekV3ForCausalLM (tiny config), after its load_checkpoint had filled that model
-    from a checkpoint mindtrain wrote (tools/make_mindformers_checkpoint.py network). It loads
-    into a mindtrain model whole, and maps back to exactly the tensors MindFormers saved."""
-    from mindtrain.models import build_model, load_hf_state_dict
+    from a checkpoint mindtrain wrote (tools/make_mindformers_checkpoint.py network). Read box by
+    box under mindtrain's names, as the trainer reads it, it maps back to exactly the tensors
+    MindFormers saved."""
     from mindtrain.trainer import checkpoint as ck
-    from mindtrain.trainer.checkpoint import hf_names
 
     cfg, weights, _ = tiny
     kind, folder = ck.resolve_checkpoint(os.path.join(FIXTURES, "mindformers_ds3_ckpt"))
@@ -174,9 +184,18 @@ def test_checkpoint_saved_by_mindformers_own_deepseek_v3_loads(tiny):
     assert {k: tuple(v.shape) for k, v in theirs.items()} == EXPECTED
     ours, _ = mf.network_tensors(theirs, opt, cfg)
     assert set(ours) == set(weights)
-    model = build_model(cfg, jit=False)
-    load_hf_state_dict(model, hf_names(model, ours), source=folder, allow_missing_mtp=False)
-    loaded = {p.name: p.asnumpy() for p in model.get_parameters()}
+    shapes = {k: a.shape for k, a in weights.items()}
+    boxes = mf.MindFormersBoxes(folder, cfg, shapes)  # as the trainer reads it (no metadata.json: whole files)
+    boxes.check_shapes(shapes.items())
+    boxes.check_files()
+    assert not boxes.has_optimizer()
+    loaded = {k: boxes.read_full(k) for k in shapes}
     again = names.to_mindformers(loaded, cfg, buffers=True)
     for k, a in theirs.items():
         assert np.array_equal(again[k], a if not k.endswith("tokens_per_expert") else np.zeros_like(a)), k
+    # a checkpoint of another model: the first tensor whose shape differs, by both names
+    other = dict(shapes, **{"model.layers.0.mlp.gate_proj.weight": (31, 16)})
+    with pytest.raises(UserError, match=r"^checkpoint.load_path: 'decoder.layers.0.mlp.linear_fc1.weight' \(the "
+                                        r"model's 'model.layers.0.mlp.gate_proj.weight'\) has shape \[64, 16\] in .*, "
+                                        r"the model's is \[62, 16\]; the checkpoint was written for another model$"):
+        mf.MindFormersBoxes(folder, cfg, other).check_shapes(other.items())

@@ -1,23 +1,24 @@
 """Checkpoint folders: safetensors + JSON, one folder per step, atomic, newest K kept.
 
-Two layouts under ``save_path`` (``checkpoint.layout``)::
+Two layouts under ``save_path`` (``checkpoint.layout``), both sharded::
 
-    mindtrain (default): sharded          mindformers
+    mindtrain (default)                   mindformers
     iter_0000005/                         iteration_00000005/
-      model-{rank:07d}-{world:07d}          {prefix}-model-0000000-{world:07d}.safetensors,
+      model-{rank:07d}-{world:07d}          {prefix}-model-{rank:07d}-{world:07d}.safetensors,
         .safetensors (each rank's pieces),  {prefix}-opt-..., common.json, metadata.json
-      opt-...safetensors (AdamW moments),   (mindformers_checkpoint.py; MindFormers' names)
-      metadata.json (MindFormers' format),  + config.json, trainer_state.json, rank_*.json
-      config.json, trainer_state.json,
+      opt-...safetensors (AdamW moments),   (mindformers_checkpoint.py; MindFormers' names
+      metadata.json (MindFormers' format),  and fused tensors) + config.json,
+      config.json, trainer_state.json,      trainer_state.json, rank_*.json
       rank_*.json
     latest_checkpointed_iteration.txt     the step of the newest complete folder
 
-In the mindtrain layout every rank writes the pieces of the weights and moments it holds
-(:mod:`mindtrain.trainer.sharded`): nothing is gathered, and a rank that loads reads only
-the parts of the files that overlap its own pieces, in any layout and world size.
-``mindtrain-export-hf`` turns such a folder into an HF model directory. Folders of the
-earlier full-tensor form (``model.safetensors`` in HF names, ``optimizer.safetensors``) are
-still read.
+In both, every rank writes the pieces of the weights and moments it holds
+(:mod:`mindtrain.trainer.sharded`; in the mindformers layout as boxes of MindFormers' fused
+tensors): nothing is gathered, and a rank that loads reads only the parts of the files that
+overlap its own pieces, in any layout and world size; MindFormers' own checkpoints load the
+same way. ``mindtrain-export-hf`` turns a mindtrain folder into an HF model directory.
+Folders of the earlier full-tensor form (``model.safetensors`` in HF names,
+``optimizer.safetensors``) are still read.
 
 :class:`Checkpointer` is the trainer's one door to checkpoints: it loads the weights (from a
 checkpoint of either layout or an HF model directory, through mindtrain.models' one HF
@@ -93,8 +94,8 @@ def _write_bytes_durably(path: str, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def save_tensors(path: str, tensors: dict[str, np.ndarray]) -> None:
-    """safetensors file of the arrays, written one by one and fsynced."""
+def save_tensors(path: str, tensors: dict[str, Any]) -> None:
+    """safetensors file of the arrays (or :class:`sharded.Lazy`), written one by one and fsynced."""
     sharded.write_safetensors(path, tensors.items())
 
 
@@ -130,7 +131,8 @@ class CheckpointWriter:
              json_files: Optional[dict[str, Any]] = None) -> str:
         """Write this rank's files for ``step``; call on every rank. Returns the folder.
 
-        ``tensors`` maps file name -> {tensor name: array}; ``json_files`` maps file name ->
+        ``tensors`` maps file name -> {tensor name: array, or a :class:`sharded.Lazy` made
+        when its turn to be written comes}; ``json_files`` maps file name ->
         JSON-serialisable object. Ranks must use distinct file names.
         """
         self.wait()
@@ -154,8 +156,9 @@ class CheckpointWriter:
             self._check(step, error)
             self._publish(step)
             return final
-        # host copies first: training may overwrite the arrays it handed over
-        tensors = {f: {k: np.array(v, copy=True) for k, v in arrays.items()} for f, arrays in tensors.items()}
+        # host copies first (this rank's pieces only): training may overwrite the arrays it handed over
+        tensors = {f: {k: np.array(v.get() if isinstance(v, sharded.Lazy) else v, copy=True)
+                       for k, v in arrays.items()} for f, arrays in tensors.items()}
         json_files = json.loads(json.dumps(json_files or {}))
         errors: list = []
 
@@ -237,8 +240,7 @@ def save_notes(ck) -> list[str]:
     notes = []
     if ck.enable_save and ck.layout == "mindtrain" and ck.prefix != "checkpoint":
         notes.append(f"checkpoint.prefix {ck.prefix!r} names files in checkpoint.layout: mindformers only; "
-                     "the mindtrain layout names them model.safetensors / optimizer.safetensors "
-                     "(an HF model directory)")
+                     "the mindtrain layout names them model-/opt-{rank}-{world}.safetensors")
     return notes
 
 
@@ -306,7 +308,7 @@ def loads_by_pieces(load_path: str) -> bool:
         kind, folder = resolve_checkpoint(load_path)
     except CheckpointError:
         return False
-    return kind == "hf" or (kind == "checkpoint" and sharded.is_sharded(folder))
+    return kind in ("hf", "mindformers") or (kind == "checkpoint" and sharded.is_sharded(folder))
 
 
 def load_tensors(folder: str, name: str) -> dict[str, np.ndarray]:
@@ -353,14 +355,14 @@ def schedule_state(schedule) -> dict[str, Any]:
 @dataclass
 class Resume:
     """A checkpoint whose training state (optimizer, data position, RNG, counters) is to be
-    restored after its weights were loaded: its folder, its trainer_state.json (None for a
-    checkpoint MindFormers wrote) and, for the MindFormers layout, its optimizer tensors and
-    common.json."""
+    restored after its weights were loaded: its folder, its trainer_state.json (for a
+    checkpoint MindFormers wrote: the counters of its common.json) and the reader of its
+    moments (a sharded checkpoint's: :class:`sharded.ShardedReader` or
+    :class:`mf.MindFormersBoxes`; None for the earlier full-tensor folders)."""
 
     folder: str
     state: Optional[dict]
-    mindformers: Optional[tuple] = None
-    reader: Optional[sharded.ShardedReader] = None  # a sharded checkpoint's
+    reader: Any = None
 
 
 class Checkpointer:
@@ -440,21 +442,26 @@ class Checkpointer:
             self.out(f"mindtrain: started from the weights of HF model directory {folder}")
             return None
         state = load_json(folder) if os.path.isfile(os.path.join(folder, STATE_FILE)) else None
-        mindformers = None
         reader = None
-        if kind == "mindformers":
-            weights, opt, common = mf.read_checkpoint(folder, self.ck.load_worker_number)
-            weights, opt = mf.network_tensors(weights, opt, self.cfg.model)  # from MindFormers' names
-            names = {p.name for p in model.get_parameters()}
-            if names <= set(weights):  # the network's own names (as mindtrain writes them): to HF names
-                weights = hf_names(model, weights)
-            mindformers = (opt, common)
-            has_optimizer = bool(opt)
+        if kind == "mindformers":  # read piece by piece once the layout exists
+            reader = mf.MindFormersBoxes(folder, self.cfg.model, {p.name: tuple(p.shape) for p in model.get_parameters()})
+            reader.check_shapes((p.name, tuple(p.shape)) for p in model.get_parameters())
+            reader.check_files()
+            if reader.missing:
+                self.out(f"mindtrain: {folder} holds no weights for the {len(reader.missing)} MTP parameters; "
+                         "they start from their initial values")
+            if state is None:  # written by MindFormers: its counters are in common.json
+                state = mf.state_from_common(mf.read_json(os.path.join(folder, mf.COMMON_FILE)),
+                                             self.cfg.training.global_batch_size)
+                has_optimizer = reader.has_optimizer()
+            else:
+                has_optimizer = not state.get("weights_only", False)
+            if has_optimizer and not self.ck.no_load_optim:
+                reader.check_moments([p.name for p in model.trainable_params()])
         elif sharded.is_sharded(folder):  # read piece by piece once the layout exists
             reader = sharded.ShardedReader(folder)
             reader.check_shapes((p.name, tuple(p.shape)) for p in model.get_parameters())
             reader.check_files()  # damaged files are one line now, before the layout is built
-            self._pending = reader
             has_optimizer = not (state or {}).get("weights_only", False)
         else:
             weights = load_tensors(folder, MODEL_FILE)
@@ -466,6 +473,8 @@ class Checkpointer:
         if reader is None:
             check_floating(weights, folder)
             load_hf_state_dict(model, weights, source=folder, in_place=False)  # not run yet; laid out next
+        else:
+            self._pending = reader
         if self.ck.no_load_optim:
             self.out(f"mindtrain: loaded model weights from {folder} (checkpoint.no_load_optim is true)")
             return None
@@ -473,7 +482,7 @@ class Checkpointer:
             self.out(f"mindtrain: {folder} holds model weights only (saved with checkpoint.no_save_optim); "
                      "training starts from them at step 0 with fresh optimizer state")
             return None
-        return Resume(folder, state, mindformers, reader)
+        return Resume(folder, state, reader)
 
     def fill_buffers(self, buffers: Sequence[tuple[str, Any]], seed: int) -> None:
         """First values of a model built empty, part 1 (before it is laid out): the untrained
@@ -539,21 +548,15 @@ class Checkpointer:
             shards = layout.shards()
             state = resume.state if resume.state is not None else load_json(folder)
             self.check_resume(state, schedule, folder)
-            local = {"step": resume.reader.read_full("step")}
+            local = {"step": resume.reader.read_full("step")} if "step" in resume.reader.names() else {}
             for kind in ("exp_avg", "exp_avg_sq"):
                 moment = [sharded_replace(sh, f"{kind}.{sh.name}") for sh in shards]
                 for sh, a in zip(shards, read_pieces(resume.reader, moment, [t for _, t in named_params])):
                     local[f"{kind}.{sh.name}"] = a
             optimizer.load_state_dict(local)
             return self._restore_position(state, folder, loader, total_steps)
-        if resume.mindformers is not None:
-            saved, state = mf.to_mindtrain_state(*resume.mindformers, names,
-                                                 self.cfg.training.global_batch_size, folder)
-            if resume.state is not None:  # written by mindtrain: exact resume
-                state = resume.state
-        else:
-            state = resume.state if resume.state is not None else load_json(folder)
-            saved = load_tensors(folder, OPTIMIZER_FILE)
+        state = resume.state if resume.state is not None else load_json(folder)
+        saved = load_tensors(folder, OPTIMIZER_FILE)
         self.check_resume(state, schedule, folder)
         local = {"step": saved["step"]} if "step" in saved else {}
         for kind in ("exp_avg", "exp_avg_sq"):
@@ -635,69 +638,54 @@ class Checkpointer:
         return files
 
     def save_sharded(self, step: int, counters: dict[str, int], schedule, layout, buffers: Sequence[tuple[str, Any]],
-                     optimizer, loader_state: dict) -> str:
-        """Write ``step``'s folder in the sharded layout (call on every rank): each rank the
+                     optimizer, loader_state: dict, total_steps: int) -> str:
+        """Write ``step``'s folder in ``checkpoint.layout`` (call on every rank): each rank the
         pieces of ``layout``'s parameters (and, unless ``checkpoint.no_save_optim``, of
         ``optimizer``'s moments) it is the first holder of, plus the untrained ``buffers``
-        once; rank 0 also metadata.json. Nothing is gathered: the ranks exchange only the
-        list of their pieces."""
+        once; rank 0 also metadata.json (and MindFormers' common.json). Nothing is gathered:
+        the ranks exchange only the list of their pieces, and each piece is made from the
+        rank's own tensors when its turn to be written comes."""
         import zlib
 
+        pieces = self.local_pieces(layout, buffers, optimizer)
+        message = zlib.compress(json.dumps([p.to_json() for p, _ in pieces]).encode())
+        everyone = [[sharded.Piece.from_json(j) for j in json.loads(zlib.decompress(b))]
+                    for b in self.all_gather_bytes(message)]
+        mindformers = self.ck.layout == "mindformers"
+        plan = sharded.plan_files(everyone, self.ck.prefix if mindformers else None)
+        tensors_by_file: dict[str, dict[str, sharded.Lazy]] = {}
+        for p, lazy in pieces:
+            if plan.writer[p.key] == self.rank:
+                tensors_by_file.setdefault(plan.file[p.key], {})[p.name] = lazy
+        files = self._common_files(step, counters, schedule, optimizer is not None, loader_state)
+        if self.rank == 0:
+            files[sharded.METADATA_FILE] = plan.metadata(everyone)
+            if mindformers:
+                files[mf.COMMON_FILE] = mf.common_info(step, total_steps, self.cfg.training.global_batch_size,
+                                                       counters["consumed_samples"])
+        return self.writer.save(step, tensors_by_file, files)
+
+    def local_pieces(self, layout, buffers: Sequence[tuple[str, Any]], optimizer
+                     ) -> list[tuple[sharded.Piece, sharded.Lazy]]:
+        """This rank's pieces of a save, each made when written: its boxes of ``layout``'s
+        parameters, the ``buffers`` whole, and (``optimizer`` not None) the boxes of AdamW's
+        moments and its step; in the mindformers layout as boxes of MindFormers' tensors."""
         shards = layout.shards()
         tensors = [t for _, t in layout.named_params]
         pieces = pieces_of(shards, tensors)
         for name, p in buffers:  # whole on every rank
             shape = tuple(p.shape)
-            pieces.append((sharded.Piece("model", name, shape, (0,) * len(shape), shape, "float32"), p.asnumpy()))
-        with_state = optimizer is not None
-        if with_state:
+            pieces.append((sharded.Piece("model", name, shape, (0,) * len(shape), shape, "float32"),
+                           sharded.Lazy(name, shape, np.dtype(np.float32), p.asnumpy)))
+        if optimizer is not None:
             pieces += pieces_of(shards, optimizer.exp_avg, "opt", "exp_avg.")
             pieces += pieces_of(shards, optimizer.exp_avg_sq, "opt", "exp_avg_sq.")
             step_count = np.array(optimizer.step_count, np.int64)
-            pieces.append((sharded.Piece("opt", "step", (), (), (), "int64"), step_count))
-        message = zlib.compress(json.dumps([p.to_json() for p, _ in pieces]).encode())
-        everyone = [[sharded.Piece.from_json(j) for j in json.loads(zlib.decompress(b))]
-                    for b in self.all_gather_bytes(message)]
-        writer = sharded.writers(everyone)
-
-        def file_of(p: sharded.Piece) -> str:
-            return sharded.file_name(None, p.kind, writer[p.key], self.world_size)
-
-        tensors_by_file: dict[str, dict[str, np.ndarray]] = {}
-        for p, a in pieces:
-            if writer[p.key] == self.rank:
-                tensors_by_file.setdefault(file_of(p), {})[p.name] = a
-        files = self._common_files(step, counters, schedule, with_state, loader_state)
-        if self.rank == 0:
-            written = [p for r, ps in enumerate(everyone) for p in ps if writer[p.key] == r]
-            files[sharded.METADATA_FILE] = sharded.metadata(written, file_of, self.world_size)
-        return self.writer.save(step, tensors_by_file, files)
-
-    def save(self, step: int, counters: dict[str, int], schedule, model, model_params, full: dict[str, np.ndarray],
-             optimizer_state: Optional[dict[str, np.ndarray]], loader_state: dict, total_steps: int) -> str:
-        """Write ``step``'s folder of full-shape tensors (call on every rank; the
-        mindformers layout). ``full``: trainable parameters at full shape;
-        ``optimizer_state``: AdamW's at full shape, None with ``checkpoint.no_save_optim``
-        (then no optimizer, data or RNG state is written)."""
-        ck = self.ck
-        tensors: dict[str, dict[str, np.ndarray]] = {}
-        files = self._common_files(step, counters, schedule, optimizer_state is not None, loader_state)
-        if self.rank == 0:
-            from mindtrain.models import hf_state_dict
-
-            if ck.layout == "mindformers":
-                weights = {p.name: full[p.name] if p.name in full else p.asnumpy() for p in model_params}
-                mf_tensors, mf_json = mf.checkpoint_files(
-                    weights, optimizer_state, ck.prefix, self.world_size,
-                    mf.common_info(step, total_steps, self.cfg.training.global_batch_size,
-                                   counters["consumed_samples"]), model_config=self.cfg.model)
-                tensors.update(mf_tensors)
-                files.update(mf_json)
-            else:
-                tensors[MODEL_FILE] = hf_state_dict(_FullView(model, model_params, full))
-                if optimizer_state is not None:
-                    tensors[OPTIMIZER_FILE] = optimizer_state
-        return self.writer.save(step, tensors, files)
+            pieces.append((sharded.Piece("opt", "step", (), (), (), "int64"),
+                           sharded.Lazy("step", (), step_count.dtype, lambda: step_count)))
+        if self.ck.layout == "mindformers":
+            pieces = mf.to_pieces(pieces, self.cfg.model)
+        return pieces
 
     def wait(self) -> None:
         """An asynchronous save finishes (call before training returns)."""
@@ -731,46 +719,19 @@ def read_pieces(reader, shards: Sequence[Any], tensors: Sequence[Any],
 
 
 def pieces_of(shards: Sequence[Any], tensors: Sequence[Any], kind: str = "model",
-              prefix: str = "") -> list[tuple[sharded.Piece, np.ndarray]]:
-    """``(Piece, array)`` of each non-empty shard: the box's values taken from its tensor."""
+              prefix: str = "") -> list[tuple[sharded.Piece, sharded.Lazy]]:
+    """``(Piece, Lazy)`` of each non-empty shard: the box's values, taken from its tensor when
+    the lazy is made."""
+    from mindspore import dtype_to_nptype
+
     out = []
     for sh, t in zip(shards, tensors):
         if sh.numel == 0 and sh.shape:
             continue
-        a = sh.take(t.asnumpy())
-        out.append((sharded.Piece(kind, prefix + sh.name, sh.global_shape, sh.offset, sh.shape, a.dtype.name), a))
+        dtype = np.dtype(dtype_to_nptype(t.dtype))
+        out.append((sharded.Piece(kind, prefix + sh.name, sh.global_shape, sh.offset, sh.shape, dtype.name),
+                    sharded.Lazy(prefix + sh.name, sh.shape, dtype, lambda sh=sh, t=t: sh.take(t.asnumpy()))))
     return out
-
-
-def hf_names(model, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Arrays under the model's own parameter names, renamed as hf_state_dict names them."""
-    from mindtrain.models import hf_state_dict
-
-    params = list(model.get_parameters())
-    return hf_state_dict(_FullView(model, params, {p.name: weights[p.name] for p in params}))
-
-
-class _Array:
-    """A named array with the two Parameter attributes hf_state_dict reads."""
-
-    def __init__(self, name: str, array: np.ndarray):
-        self.name = name
-        self._array = array
-
-    def asnumpy(self) -> np.ndarray:
-        return self._array
-
-
-class _FullView:
-    """The model as hf_state_dict sees it, with trainable parameters replaced by the given
-    full arrays (copies taken once, so nothing aliases memory the next step overwrites)."""
-
-    def __init__(self, model, params, full: dict[str, np.ndarray]):
-        self.config = model.config
-        self._params = [_Array(p.name, full[p.name]) if p.name in full else p for p in params]
-
-    def get_parameters(self):
-        return iter(self._params)
 
 
 def _numpy_rng_state() -> dict:

@@ -1,10 +1,12 @@
-"""MindFormers' PyNative checkpoint layout (``mindformers/checkpoint/``), read and written.
+"""MindFormers' PyNative checkpoint layout (``mindformers/checkpoint/``), written and read
+piece by piece.
 
 Layout under ``save_path``::
 
     latest_checkpointed_iteration.txt          the newest complete iteration, e.g. ``5``
     iteration_00000005/
-        {prefix}-model-{rank:07d}-{world:07d}.safetensors   parameters, MindFormers' PyNative names
+        {prefix}-model-{rank:07d}-{world:07d}.safetensors   this rank's boxes of the parameters,
+                                                            MindFormers' PyNative names
         {prefix}-opt-{rank:07d}-{world:07d}.safetensors     adam_m.<name>, adam_v.<name>, global_step
         common.json        CommonInfo: epoch_num, step_num, global_step, loss_scale,
                            global_batch_size, consumed_samples, ckpt_status
@@ -12,8 +14,14 @@ Layout under ``save_path``::
                            local_shape) each file holds ("state_dict_metadata"), and which
                            file stores each chunk ("storage_data")
 
-A checkpoint without ``metadata.json`` holds full tensors (MindFormers writes none for one
-card). This module uses numpy, safetensors and json only.
+Every rank writes the boxes of MindFormers' tensors that its pieces of mindtrain's tensors
+make (:func:`to_pieces`, through :mod:`mindtrain.trainer.mindformers_names`): a renamed
+tensor's piece is a box as it is, the gate and up pieces of the same rows one box of
+``linear_fc1`` together, a piece of ``q_a_proj`` a box of ``linear_qkv`` of its own. Nothing is
+gathered. :class:`MindFormersBoxes` reads it back, and what MindFormers wrote, box by box
+under mindtrain's names (:class:`mindtrain.trainer.sharded.ShardedReader` reads the files). A
+checkpoint without ``metadata.json`` holds whole tensors (MindFormers writes none for one
+card). numpy, safetensors and json only.
 """
 
 from __future__ import annotations
@@ -22,30 +30,30 @@ import json
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
-from mindtrain.config import UserError
 
+from mindtrain.config import UserError
 from mindtrain.trainer import mindformers_names as names
 from mindtrain.trainer import sharded
+from mindtrain.trainer.mindformers_names import Placement
+from mindtrain.trainer.sharded import Lazy, Piece
 
 TRACKER = "latest_checkpointed_iteration.txt"
 COMMON_FILE = "common.json"
-METADATA_FILE = "metadata.json"
+METADATA_FILE = sharded.METADATA_FILE
 FOLDER = re.compile(r"^iteration_(\d{8,})$")
 _FILE = re.compile(r"^(?:(?P<prefix>.+)-)?(?P<kind>model|opt)-(?P<rank>\d{7})-(?P<world>\d{7})\.safetensors$")
 # MindFormers' AdamW names its moments after the model parameter: adam_m.<name>, adam_v.<name>
 MOMENTS = {"adam_m": "exp_avg", "adam_v": "exp_avg_sq"}
+STEP = "global_step"  # MindFormers' optimizer step, shape [1]
+file_name = sharded.file_name
+damaged_message = sharded.damaged_message
+
 
 def folder_name(step: int) -> str:
     return f"iteration_{step:08d}"
-
-
-def file_name(prefix: Optional[str], kind: str, rank: int, world: int) -> str:
-    """``{prefix}-{model|opt}-{rank:07d}-{world:07d}.safetensors`` (no prefix part when None)."""
-    body = f"{kind}-{rank:07d}-{world:07d}.safetensors"
-    return f"{prefix}-{body}" if prefix else body
 
 
 def is_checkpoint_folder(folder: str) -> bool:
@@ -61,100 +69,15 @@ def common_info(step: int, total_steps: int, global_batch_size: int, consumed_sa
             "global_batch_size": global_batch_size, "consumed_samples": consumed_samples, "ckpt_status": None}
 
 
-def metadata(files: dict[str, dict[str, np.ndarray]], world: int) -> dict[str, Any]:
-    """metadata.json for files of full (unsharded) tensors: one chunk per tensor at offset 0,
-    stored once, in the file that holds it, for every rank of the job."""
-    pieces, file_of = [], {}
-    for fname, tensors in files.items():
-        for name, a in tensors.items():
-            shape = tuple(np.shape(a))
-            piece = sharded.Piece("model", name, shape, (0,) * len(shape), shape, np.asarray(a).dtype.name)
-            pieces.append(piece)
-            file_of[piece.key] = fname
-    return sharded.metadata(pieces, lambda p: file_of[p.key], world)
-
-
-_shard_id = sharded.shard_id
-_parse_shard_id = sharded.parse_shard_id
-damaged_message = sharded.damaged_message
-
-
-def read_tracker(save_path: str) -> Optional[int]:
-    path = os.path.join(save_path, TRACKER)
-    if not os.path.isfile(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        text = f.read().strip()
-    if not text.isdigit():
-        raise UserError(f"checkpoint.load_path: tracker file '{path}' does not hold an iteration number")
-    return int(text)
-
-
-def read_checkpoint(folder: str, workers: int = 1) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict]:
-    """(model tensors, optimizer tensors, common.json) of a MindFormers iteration folder, every
-    tensor at full shape. Sharded checkpoints are assembled from metadata.json's chunks;
-    ``workers`` threads read the files."""
-    common = read_json(os.path.join(folder, COMMON_FILE))
-    kinds = {f: m.group("kind") for f in sorted(os.listdir(folder)) if (m := _FILE.match(f))}
-    meta_path = os.path.join(folder, METADATA_FILE)
-    if os.path.isfile(meta_path):
-        meta = read_json(meta_path)
-        tensors = _assemble(folder, meta, workers)
-        out = {"model": {}, "opt": {}}
-        file_of = {}
-        for key, stores in meta["storage_data"].items():
-            file_of.setdefault(_parse_shard_id(key)[0], stores[0]["file_name"])
-        for name, a in tensors.items():
-            kind = kinds.get(file_of.get(name, ""), "model")
-            out[kind][name] = a
-        return out["model"], out["opt"], common
-    out = {"model": {}, "opt": {}}
-    with ThreadPoolExecutor(max(1, workers)) as pool:
-        for fname, arrays in zip(kinds, pool.map(lambda f: _read_all(os.path.join(folder, f)), kinds)):
-            out[kinds[fname]].update(arrays)
-    return out["model"], out["opt"], common
-
-
-def _read_all(path: str) -> dict[str, np.ndarray]:
-    return read_safetensors(path)
-
-
-def _assemble(folder: str, meta: dict, workers: int) -> dict[str, np.ndarray]:
-    """Full tensors from metadata.json: each chunk read from the first file that stores it."""
-    wanted: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
-    for key, stores in meta["storage_data"].items():
-        name, offset = _parse_shard_id(key)
-        wanted.setdefault(stores[0]["file_name"], []).append((name, offset))
-    missing = [f for f in wanted if not os.path.isfile(os.path.join(folder, f))]
-    if missing:
-        raise UserError(f"checkpoint.load_path: '{os.path.join(folder, missing[0])}' is named in metadata.json "
-                        "but missing; the checkpoint is incomplete")
-
-    def read(fname: str) -> list[tuple[str, tuple[int, ...], np.ndarray]]:
-        arrays = read_safetensors(os.path.join(folder, fname), sorted({name for name, _ in wanted[fname]}))
-        return [(name, offset, arrays[name]) for name, offset in wanted[fname]]
-
-    full: dict[str, np.ndarray] = {}
-    covered: dict[str, int] = {}
-    states = meta["state_dict_metadata"]
-    with ThreadPoolExecutor(max(1, workers)) as pool:
-        for pieces in pool.map(read, list(wanted)):
-            for name, offset, piece in pieces:
-                shape = tuple(states[name]["global_shape"]) if name in states else piece.shape
-                covered[name] = covered.get(name, 0) + piece.size
-                if piece.shape == tuple(shape):
-                    full[name] = piece
-                    continue
-                if name not in full:
-                    full[name] = np.zeros(shape, piece.dtype)
-                index = tuple(slice(o, o + n) for o, n in zip(offset, piece.shape))
-                full[name][index] = piece
-    for name, a in full.items():
-        if covered[name] != a.size:
-            raise UserError(f"checkpoint.load_path: the chunks of '{name}' in {folder}/metadata.json cover "
-                            f"{covered[name]} of its {a.size} elements; the checkpoint is incomplete")
-    return full
-
+def state_from_common(common: dict[str, Any], global_batch_size: int) -> dict[str, int]:
+    """The trainer's counters from common.json (a checkpoint MindFormers wrote has no
+    trainer_state.json). The data position is consumed_samples, or global_step x
+    global_batch_size when the checkpoint predates that field (as MindFormers)."""
+    step = int(common["global_step"])
+    consumed = common.get("consumed_samples")
+    if consumed is None:
+        consumed = step * int(common.get("global_batch_size") or global_batch_size)
+    return {"step": step, "consumed_samples": int(consumed), "skipped_total": 0, "skipped_in_row": 0}
 
 
 def read_json(path: str) -> Any:
@@ -166,53 +89,139 @@ def read_json(path: str) -> Any:
         raise UserError(damaged_message(path, err)) from None
 
 
-def read_safetensors(path: str, names: Optional[list[str]] = None) -> dict[str, np.ndarray]:
-    """Tensors of a safetensors file (all, or ``names``), BF16 read as float32. Parsed from
-    the header directly: numpy has no bfloat16, so safetensors' numpy reader refuses BF16."""
-    header, base = sharded.read_header(path)
-    with open(path, "rb") as f:
-        out = {}
-        for name in (names if names is not None else list(header)):
-            if name not in header:
-                raise UserError(f"checkpoint.load_path: '{path}' holds no tensor '{name}' although metadata.json "
-                                "says it does; the checkpoint is damaged")
-            info = header[name]
-            start, end = info["data_offsets"]
-            f.seek(base + start)
-            raw = f.read(end - start)
-            if len(raw) != end - start:
-                raise UserError(damaged_message(path, ValueError(f"'{name}' needs {end - start} bytes, "
-                                                                 f"{len(raw)} are left")))
-            if info["dtype"] == "BF16":
-                a = sharded.bf16_to_float32(np.frombuffer(raw, np.uint16))
-            elif info["dtype"] in sharded.ST_DTYPES:
-                a = np.frombuffer(raw, sharded.ST_DTYPES[info["dtype"]]).copy()
-            else:
-                raise UserError(f"checkpoint.load_path: '{path}' stores '{name}' as {info['dtype']}, "
-                                "which mindtrain does not read (float/int types and BF16 are read)")
-            out[name] = a.reshape(info["shape"])
+# ---------------------------------------------------------------------------- writing
+
+def _moment(name: str) -> tuple[str, str]:
+    """(MindFormers' prefix, parameter name) of an optimizer tensor name (``exp_avg.<n>``)."""
+    for theirs, ours in MOMENTS.items():
+        if name.startswith(ours + "."):
+            return theirs + ".", name[len(ours) + 1:]
+    raise ValueError(f"{name}: not an AdamW moment")
+
+
+def to_pieces(pieces: Sequence[tuple[Piece, Lazy]], cfg: Any = None) -> list[tuple[Piece, Lazy]]:
+    """This rank's pieces of mindtrain's tensors (weights and buffers of kind "model"; the
+    moments ``exp_avg.<n>`` / ``exp_avg_sq.<n>`` and ``step`` of kind "opt") as pieces of
+    MindFormers' tensors, each made when it is written. With the model config ``cfg`` they take
+    MindFormers' PyNative names and layouts (and each router's ``tokens_per_expert`` buffer,
+    zeros); without, the network's own names. Parts of one MindFormers tensor that together
+    make one box (the gate and up pieces of the same rows, adjacent halves) become one piece;
+    the others stay several boxes of it."""
+    regions: dict[tuple[str, str], list[tuple[Placement, Piece, Lazy]]] = {}
+    out: list[tuple[Piece, Lazy]] = []
+    for p, lazy in pieces:
+        if p.kind == "opt" and p.name == "step":
+            out.append((Piece("opt", STEP, (1,), (0,), (1,), "int64"),
+                        Lazy(STEP, (1,), np.dtype(np.int64), lambda g=lazy.get: np.asarray(g(), np.int64).reshape(1))))
+            continue
+        prefix, name = _moment(p.name) if p.kind == "opt" else ("", p.name)
+        pl = (names.placement(name, p.global_shape, cfg) if cfg is not None
+              else Placement(name, p.global_shape, tuple(range(len(p.global_shape)))))
+        pl = pl.renamed(prefix + pl.theirs)
+        regions.setdefault((p.kind, pl.theirs), []).append((pl, p, lazy))
+        if cfg is not None and p.kind == "model" and pl.theirs.endswith("mlp.expert_bias"):
+            theirs = pl.theirs[:-len("expert_bias")] + names.TOKENS_PER_EXPERT
+            out.append((Piece("model", theirs, p.global_shape, p.offset, p.shape, "float32"),
+                        Lazy(theirs, p.shape, np.dtype(np.float32), lambda s=p.shape: np.zeros(s, np.float32))))
+    for (kind, theirs), parts in regions.items():
+        for offset, shape, get in _boxes(parts):
+            pl, p, lazy = parts[0]
+            out.append((Piece(kind, theirs, pl.shape, offset, shape, p.dtype), Lazy(theirs, shape, lazy.dtype, get)))
     return out
+
+
+def _boxes(parts: list[tuple[Placement, Piece, Lazy]]) -> list[tuple[tuple, tuple, Callable[[], np.ndarray]]]:
+    """(offset, shape, make) of the boxes of one MindFormers tensor that a rank's pieces of its
+    parts make: every-other-row parts paired with their partner, then blocks adjacent along
+    the parts' axis joined."""
+    dim = parts[0][0].dim
+    boxes: list[tuple[tuple, tuple, Callable[[], np.ndarray]]] = []
+    interleaved: dict[tuple, dict[int, tuple]] = {}
+    for pl, p, lazy in parts:
+        offset, extent = pl.box(p.offset, p.shape)
+        make = (lambda pl=pl, g=lazy.get: pl.to_theirs(np.asarray(g())))
+        if pl.stride == 1:
+            boxes.append((offset, extent, make))
+            continue
+        base = offset[:dim] + (offset[dim] - pl.start,) + offset[dim + 1:]
+        interleaved.setdefault((base, extent), {})[pl.start] = make
+    for (base, extent), makers in interleaved.items():
+        assert sorted(makers) == [0, 1], f"{parts[0][0].theirs}: a rank holds a gate piece without its up piece"
+        n = (extent[dim] + 1) // 2 * 2
+        shape = extent[:dim] + (n,) + extent[dim + 1:]
+
+        def make(makers=makers, shape=shape):
+            a, b = makers[0](), makers[1]()
+            out = np.empty(shape, a.dtype)
+            out[(slice(None),) * dim + (slice(0, None, 2),)] = a
+            out[(slice(None),) * dim + (slice(1, None, 2),)] = b
+            return out
+
+        boxes.append((base, shape, make))
+    boxes.sort(key=lambda b: (b[0][:dim] + b[0][dim + 1:], b[0][dim]))
+    joined: list[tuple[tuple, tuple, Callable[[], np.ndarray]]] = []
+    for offset, shape, make in boxes:
+        if joined:
+            o, s, m = joined[-1]
+            same = o[:dim] + o[dim + 1:] == offset[:dim] + offset[dim + 1:] and s[:dim] + s[dim + 1:] == \
+                shape[:dim] + shape[dim + 1:]
+            if same and o[dim] + s[dim] == offset[dim]:
+                joined[-1] = (o, s[:dim] + (s[dim] + shape[dim],) + s[dim + 1:],
+                              lambda m=m, make=make: np.concatenate([m(), make()], axis=dim))
+                continue
+        joined.append((offset, shape, make))
+    return joined
 
 
 def checkpoint_files(weights: dict[str, np.ndarray], optimizer_state: Optional[dict[str, np.ndarray]],
                      prefix: Optional[str], world: int, common: dict[str, Any], model_config: Any = None
                      ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
-    """Rank 0's files of a checkpoint of full-shape tensors: the model file, the optimizer
-    file (mindtrain's ``exp_avg.<n>`` / ``exp_avg_sq.<n>`` / ``step`` renamed as MindFormers'
-    AdamW names them), common.json and metadata.json. Every tensor is stored once. With
-    ``model_config``, parameters and moments take MindFormers' PyNative DeepSeek-V3 names and
-    layouts (mindformers_names.py); without, the network's own names."""
-    def rename(t: dict[str, np.ndarray], buffers: bool = False) -> dict[str, np.ndarray]:
-        return t if model_config is None else names.to_mindformers(t, model_config, buffers)
+    """The files of a checkpoint whose one writing rank holds every tensor whole (full-shape
+    ``weights`` and AdamW's ``optimizer_state`` as ``AdamW.state_dict`` keys it): the model
+    and optimizer files of rank 0 of ``world``, common.json and metadata.json; as
+    :func:`to_pieces` names them. For tools and tests; the trainer writes each rank's pieces."""
+    def whole(kind: str, name: str, a: np.ndarray) -> tuple[Piece, Lazy]:
+        a = np.asarray(a)
+        return (Piece(kind, name, a.shape, (0,) * a.ndim, a.shape, a.dtype.name),
+                Lazy(name, a.shape, a.dtype, lambda a=a: a))
 
-    tensors = {file_name(prefix, "model", 0, world): rename(dict(weights), True)}
-    if optimizer_state is not None:
-        opt = {"global_step": np.asarray(optimizer_state["step"], np.int64).reshape(1)}
-        for theirs, ours in MOMENTS.items():
-            moments = {key[len(ours) + 1:]: a for key, a in optimizer_state.items() if key.startswith(ours + ".")}
-            opt.update({f"{theirs}.{n}": a for n, a in rename(moments).items()})
-        tensors[file_name(prefix, "opt", 0, world)] = opt
-    return tensors, {COMMON_FILE: common, METADATA_FILE: metadata(tensors, world)}
+    pieces = [whole("model", n, a) for n, a in weights.items()]
+    pieces += [whole("opt", n, a) for n, a in (optimizer_state or {}).items()]
+    mine = to_pieces(pieces, model_config)
+    everyone = [[p for p, _ in mine]] + [[] for _ in range(world - 1)]
+    plan = sharded.plan_files(everyone, prefix)
+    tensors: dict[str, dict[str, np.ndarray]] = {}
+    for p, lazy in mine:
+        tensors.setdefault(plan.file[p.key], {})[p.name] = lazy.get()
+    return tensors, {COMMON_FILE: common, METADATA_FILE: plan.metadata(everyone)}
+
+
+# ---------------------------------------------------------------------------- reading
+
+def model_files(folder: str) -> list[str]:
+    """The folder's checkpoint files (model and optimizer), as MindFormers names them."""
+    return sorted(f for f in os.listdir(folder) if _FILE.match(f))
+
+
+def reader(folder: str) -> sharded.ShardedReader:
+    """The folder's tensors under the names its files use, whole or from metadata.json's chunks."""
+    return sharded.ShardedReader(folder, whole_files=model_files(folder))
+
+
+def read_checkpoint(folder: str, workers: int = 1) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict]:
+    """(model tensors, optimizer tensors, common.json) of a MindFormers iteration folder, every
+    tensor whole under the names its files use (``workers`` threads read them): for tools and
+    tests, not for training, which reads its boxes only (:class:`MindFormersBoxes`)."""
+    common = read_json(os.path.join(folder, COMMON_FILE))
+    r = reader(folder)
+    r.check_files(integers=(STEP,))
+    kind = {f: _FILE.match(f).group("kind") for f in model_files(folder)}
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        arrays = dict(zip(r.names(), pool.map(r.read_full, r.names())))
+    out: dict[str, dict[str, np.ndarray]] = {"model": {}, "opt": {}}
+    for name, a in arrays.items():
+        out[kind.get(r.chunks[name][0].file, "model")][name] = a
+    return out["model"], out["opt"], common
 
 
 def network_tensors(model: dict[str, np.ndarray], opt: dict[str, np.ndarray], model_config: Any
@@ -229,24 +238,92 @@ def network_tensors(model: dict[str, np.ndarray], opt: dict[str, np.ndarray], mo
     return names.from_mindformers(model, model_config), out
 
 
-def to_mindtrain_state(opt: dict[str, np.ndarray], common: dict[str, Any], param_names: list[str],
-                       global_batch_size: int, folder: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """(optimizer state as AdamW.state_dict keys it, trainer state) from a MindFormers
-    optimizer file and common.json. The data position comes from consumed_samples, or
-    global_step x global_batch_size when the checkpoint predates that field (as MindFormers)."""
-    saved: dict[str, np.ndarray] = {}
-    if "global_step" in opt:
-        saved["step"] = np.asarray(opt["global_step"]).reshape(()).astype(np.int64)
-    for theirs, ours in MOMENTS.items():
-        for n in param_names:
-            if f"{theirs}.{n}" not in opt:
-                raise UserError(f"checkpoint.load_path: the optimizer files of {folder} hold no '{theirs}.{n}'; "
-                                "they do not match this model (set checkpoint.no_load_optim: true to load the "
-                                "weights only)")
-            saved[f"{ours}.{n}"] = opt[f"{theirs}.{n}"]
-    step = int(common["global_step"])
-    consumed = common.get("consumed_samples")
-    if consumed is None:
-        consumed = step * int(common.get("global_batch_size") or global_batch_size)
-    state = {"step": step, "consumed_samples": int(consumed), "skipped_total": 0, "skipped_in_row": 0}
-    return saved, state
+class MindFormersBoxes:
+    """A MindFormers-layout folder (MindFormers' or mindtrain's) read box by box under
+    mindtrain's names: each parameter ``n`` as the model holds it, its moments
+    ``exp_avg.<n>`` / ``exp_avg_sq.<n>`` and ``step``. A box of a parameter is read from the
+    parts of the files that hold its box of MindFormers' tensor (every other row of
+    ``linear_fc1``'s box, a half of ``weight1``'s, transposed). ``names()``,
+    ``global_shapes``, ``read``, ``read_full``, ``check_shapes`` and ``check_files`` as the
+    sharded reader has them. MTP weights the folder lacks are left to their initial values."""
+
+    def __init__(self, folder: str, cfg: Any, param_shapes: dict[str, Sequence[int]]):
+        self.folder = folder
+        self.cfg = cfg
+        self.reader = reader(folder)
+        stored = self.reader.global_shapes
+        self.mindformers_names = names.uses_mindformers_names(stored)
+        self.expected = {n: self._place(n, s) for n, s in param_shapes.items()}
+        self.global_shapes: dict[str, tuple[int, ...]] = {}
+        self._where: dict[str, Placement] = {}
+        for name, pl in self.expected.items():
+            for theirs, ours in (("", ""), *((f"{t}.", f"{o}.") for t, o in MOMENTS.items())):
+                if theirs + pl.theirs in stored:
+                    self._where[ours + name] = pl.renamed(theirs + pl.theirs)
+                    self.global_shapes[ours + name] = tuple(int(x) for x in param_shapes[name])
+        if STEP in stored:
+            self.global_shapes["step"] = ()
+        mtp = tuple(f"model.layers.{cfg.num_hidden_layers + k}." for k in range(cfg.num_nextn_predict_layers))
+        self.missing = [n for n in param_shapes if n not in self._where]
+        if self.missing and not all(mtp and n.startswith(mtp) for n in self.missing):
+            first = next(n for n in self.missing if not (mtp and n.startswith(mtp)))
+            raise UserError(f"checkpoint.load_path: {folder} holds no '{self.expected[first].theirs}' (the model's "
+                            f"'{first}'); the checkpoint is of another model")
+
+    def _place(self, name: str, shape: Sequence[int]) -> Placement:
+        if self.mindformers_names:
+            return names.placement(name, shape, self.cfg)
+        return Placement(name, tuple(int(x) for x in shape), tuple(range(len(shape))))
+
+    def names(self) -> list[str]:
+        return list(self.global_shapes)
+
+    def has_optimizer(self) -> bool:
+        return any(n == "step" or n.startswith(tuple(f"{o}." for o in MOMENTS.values())) for n in self.global_shapes)
+
+    def check_moments(self, params: Sequence[str]) -> None:
+        """Both AdamW moments of every parameter are in the files; else one line naming the first lacking."""
+        for ours in MOMENTS.values():
+            for n in params:
+                if f"{ours}.{n}" not in self._where:
+                    theirs = next(t for t, o in MOMENTS.items() if o == ours)
+                    raise UserError(f"checkpoint.load_path: the optimizer files of {self.folder} hold no "
+                                    f"'{theirs}.{self.expected[n].theirs}'; they do not match this model (set "
+                                    "checkpoint.no_load_optim: true to load the weights only)")
+
+    def check_shapes(self, shapes) -> None:
+        """Every stored part of the model's parameters has the shape the model gives it, and the
+        folder holds no weight the model lacks; else one line naming the first that differs."""
+        stored = self.reader.global_shapes
+        for name, shape in shapes:
+            pl = self._place(name, shape)
+            if pl.theirs in stored and tuple(stored[pl.theirs]) != pl.shape:
+                mine = "" if pl.theirs == name else f" (the model's '{name}')"
+                raise UserError(f"checkpoint.load_path: '{pl.theirs}'{mine} has shape {list(stored[pl.theirs])} in "
+                                f"{self.folder}, the model's is {list(pl.shape)}; the checkpoint was written for "
+                                "another model")
+        known = {pl.theirs for pl in self.expected.values()}
+        for theirs, shape in stored.items():
+            if theirs == STEP or theirs.startswith(tuple(f"{t}." for t in MOMENTS)) or theirs in known:
+                continue
+            if self.mindformers_names:
+                names.parts(theirs, shape, self.cfg)  # a name the map does not know: its own line
+                if theirs.endswith(names.TOKENS_PER_EXPERT):
+                    continue
+            raise UserError(f"checkpoint.load_path: {self.folder} holds '{theirs}', which this model has no "
+                            "parameter for; the checkpoint is of another model")
+
+    def check_files(self) -> None:
+        """Every chunk is whole in the file metadata.json names, floating point (the step an integer)."""
+        self.reader.check_files(integers=(STEP,))
+
+    def read(self, name: str, offset: Sequence[int], shape: Sequence[int]) -> np.ndarray:
+        if name == "step":
+            return np.asarray(self.reader.read_full(STEP), np.int64).reshape(())
+        pl = self._where[name]
+        box_offset, box_shape = pl.box(offset, shape)
+        return pl.from_theirs(self.reader.read(pl.theirs, box_offset, box_shape))
+
+    def read_full(self, name: str) -> np.ndarray:
+        shape = self.global_shapes[name]
+        return self.read(name, (0,) * len(shape), shape)

@@ -28,14 +28,21 @@ Megatron style, with fused tensors::
     model.layers.{L+k}.shared_head.norm                 mtp.layers.k.final_layernorm
     model.layers.{L+k}.<layer part>                     mtp.layers.k.transformer_layer.<layer part>
 
-Every transform only moves values, so the AdamW moments of a parameter map exactly as the
-parameter does. Sizes come from the model config (``mindtrain.config.ModelConfig``).
+Each of mindtrain's tensors has one :class:`Placement` in a MindFormers tensor: its axes
+(transposed for the expert weights), then along one axis a block (the rows of ``linear_qkv``,
+a half of ``weight1``) or every other row (``linear_fc1``). A box of mindtrain's tensor (a
+rank's piece) is thus a box of MindFormers' tensor (every other row of one for
+``linear_fc1``, where the gate and up pieces of the same rows make one box together), so a
+rank writes and reads MindFormers' tensors piece by piece. Every transform only moves
+values, so the AdamW moments of a parameter map exactly as the parameter does. Sizes come
+from the model config (``mindtrain.config.ModelConfig``).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -44,22 +51,34 @@ from mindtrain.config import UserError
 # MindFormers' MoE layer keeps a per-expert token count as a parameter (no gradient); mindtrain
 # has none. It is written as zeros (MindFormers zeroes it after each step) and dropped on read.
 TOKENS_PER_EXPERT = "tokens_per_expert"
+ROUTER = "mlp.router.weight"
 
-_RENAMES = [  # (mindtrain suffix inside a layer, MindFormers suffix), one to one
-    ("input_layernorm.weight", "input_layernorm.weight"),
-    ("post_attention_layernorm.weight", "pre_mlp_layernorm.weight"),
-    ("self_attn.q_a_layernorm.weight", "self_attention.q_layernorm.weight"),
-    ("self_attn.q_b_proj.weight", "self_attention.linear_qb.weight"),
-    ("self_attn.kv_a_layernorm.weight", "self_attention.k_layernorm.weight"),
-    ("self_attn.kv_b_proj.weight", "self_attention.linear_kvb.weight"),
-    ("self_attn.o_proj.weight", "self_attention.linear_proj.weight"),
-    ("mlp.down_proj.weight", "mlp.linear_fc2.weight"),
-    ("mlp.shared_experts.down_proj.weight", "mlp.shared_experts.linear_fc2.weight"),
-    ("mlp.gate.weight", "mlp.router.weight"),
-    ("mlp.gate.e_score_correction_bias", "mlp.expert_bias"),
+# (mindtrain suffix inside a layer, MindFormers suffix, how mindtrain's tensor sits in MindFormers')
+_LAYER = [
+    ("input_layernorm.weight", "input_layernorm.weight", "same"),
+    ("post_attention_layernorm.weight", "pre_mlp_layernorm.weight", "same"),
+    ("self_attn.q_a_proj.weight", "self_attention.linear_qkv.weight", "q"),  # with q_lora_rank
+    ("self_attn.q_proj.weight", "self_attention.linear_qkv.weight", "q"),  # without
+    ("self_attn.kv_a_proj_with_mqa.weight", "self_attention.linear_qkv.weight", "kv"),
+    ("self_attn.q_a_layernorm.weight", "self_attention.q_layernorm.weight", "same"),
+    ("self_attn.q_b_proj.weight", "self_attention.linear_qb.weight", "same"),
+    ("self_attn.kv_a_layernorm.weight", "self_attention.k_layernorm.weight", "same"),
+    ("self_attn.kv_b_proj.weight", "self_attention.linear_kvb.weight", "same"),
+    ("self_attn.o_proj.weight", "self_attention.linear_proj.weight", "same"),
+    ("mlp.gate_proj.weight", "mlp.linear_fc1.weight", "gate"),
+    ("mlp.up_proj.weight", "mlp.linear_fc1.weight", "up"),
+    ("mlp.down_proj.weight", "mlp.linear_fc2.weight", "same"),
+    ("mlp.shared_experts.gate_proj.weight", "mlp.shared_experts.linear_fc1.weight", "gate"),
+    ("mlp.shared_experts.up_proj.weight", "mlp.shared_experts.linear_fc1.weight", "up"),
+    ("mlp.shared_experts.down_proj.weight", "mlp.shared_experts.linear_fc2.weight", "same"),
+    ("mlp.gate.weight", ROUTER, "same"),
+    ("mlp.gate.e_score_correction_bias", "mlp.expert_bias", "same"),
+    ("mlp.experts.gate_proj", "mlp.experts.weight1", "gate_t"),
+    ("mlp.experts.up_proj", "mlp.experts.weight1", "up_t"),
+    ("mlp.experts.down_proj", "mlp.experts.weight2", "t"),
 ]
-_MTP_RENAMES = [("enorm.weight", "enorm.weight"), ("hnorm.weight", "hnorm.weight"),
-                ("eh_proj.weight", "eh_proj.weight"), ("shared_head.norm.weight", "final_layernorm.weight")]
+_MTP = [("enorm.weight", "enorm.weight"), ("hnorm.weight", "hnorm.weight"),
+        ("eh_proj.weight", "eh_proj.weight"), ("shared_head.norm.weight", "final_layernorm.weight")]
 _TOP = [("model.embed_tokens.weight", "embedding.word_embeddings.weight"),
         ("model.norm.weight", "decoder.final_layernorm.weight"), ("lm_head.weight", "output_layer.weight")]
 _OURS_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -79,137 +98,186 @@ def _q_rows(cfg) -> int:
     return cfg.num_attention_heads * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim)
 
 
-def _interleave(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    return np.stack([gate, up], axis=1).reshape(2 * gate.shape[0], *gate.shape[1:])
+def _kv_rows(cfg) -> int:
+    return cfg.kv_lora_rank + cfg.qk_rope_head_dim
 
 
-def _top_and_layers(tensors: dict[str, np.ndarray], top: dict[str, str], layer: Any, unknown: Any
-                    ) -> tuple[dict[str, np.ndarray], list]:
-    """Both directions' first pass: the top-level tensors renamed by ``top``, and
-    ``(name, match, array)`` for every other name, which must match the ``layer`` regex (else
-    ``unknown(name)`` is the UserError's text)."""
-    out: dict[str, np.ndarray] = {}
-    layers = []
-    for name, a in tensors.items():
-        if name in top:
-            out[top[name]] = a
+@dataclass(frozen=True)
+class Placement:
+    """Where one of mindtrain's tensors sits in MindFormers' tensor ``theirs`` (of full shape
+    ``shape``): axis k of ``theirs`` is axis ``perm[k]`` of mindtrain's, and along axis
+    ``dim`` mindtrain's index i is index ``start + stride * i`` of ``theirs``."""
+
+    theirs: str
+    shape: tuple[int, ...]
+    perm: tuple[int, ...]
+    dim: int = 0
+    start: int = 0
+    stride: int = 1
+
+    def renamed(self, theirs: str) -> "Placement":
+        """The same placement in another tensor (a moment of the parameter)."""
+        return Placement(theirs, self.shape, self.perm, self.dim, self.start, self.stride)
+
+    def box(self, offset: Sequence[int], shape: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The box of ``theirs`` that spans mindtrain's box (along ``dim`` with stride 2 it also
+        spans the other part's rows in between)."""
+        off = [int(offset[a]) for a in self.perm]
+        ext = [int(shape[a]) for a in self.perm]
+        off[self.dim] = self.start + self.stride * off[self.dim]
+        ext[self.dim] = self.stride * (ext[self.dim] - 1) + 1 if ext[self.dim] else 0
+        return tuple(off), tuple(ext)
+
+    def to_theirs(self, a: np.ndarray) -> np.ndarray:
+        """mindtrain's values in ``theirs``' axis order (stride aside)."""
+        return np.transpose(a, self.perm) if self.perm != tuple(range(len(self.perm))) else a
+
+    def from_theirs(self, a: np.ndarray) -> np.ndarray:
+        """mindtrain's values from the box :meth:`box` read of ``theirs``."""
+        if self.stride != 1:
+            a = a[(slice(None),) * self.dim + (slice(None, None, self.stride),)]
+        if self.perm != tuple(range(len(self.perm))):
+            a = np.transpose(a, np.argsort(self.perm))
+        return np.ascontiguousarray(a)
+
+
+def _prefix(index: int, cfg) -> tuple[str, bool]:
+    """MindFormers' prefix of mindtrain's layer ``index``, and whether it is an MTP module."""
+    if index >= cfg.num_hidden_layers:
+        return f"mtp.layers.{index - cfg.num_hidden_layers}.", True
+    return f"decoder.layers.{index}.", False
+
+
+def placement(name: str, shape: Sequence[int], cfg: Any) -> Placement:
+    """Where mindtrain's parameter ``name`` (full shape ``shape``) sits in MindFormers'
+    checkpoint; a name this map does not know is a UserError."""
+    shape = tuple(int(n) for n in shape)
+    ident = tuple(range(len(shape)))
+    top = dict(_TOP)
+    if name in top:
+        return Placement(top[name], shape, ident)
+    m = _OURS_LAYER.match(name)
+    if m:
+        prefix, mtp = _prefix(int(m.group(1)), cfg)
+        part = m.group(2)
+        if mtp:
+            for ours, theirs in _MTP:
+                if part == ours:
+                    return Placement(prefix + theirs, shape, ident)
+            prefix += "transformer_layer."
+        for ours, theirs, how in _LAYER:
+            if part == ours:
+                return _placed(prefix + theirs, how, shape, cfg)
+    raise UserError(f"checkpoint.layout: mindformers: no MindFormers name for parameter '{name}'")
+
+
+def _placed(theirs: str, how: str, shape: tuple[int, ...], cfg: Any) -> Placement:
+    ident = tuple(range(len(shape)))
+    if how == "q":
+        return Placement(theirs, (shape[0] + _kv_rows(cfg),) + shape[1:], ident)
+    if how == "kv":
+        return Placement(theirs, (_q_rows(cfg) + shape[0],) + shape[1:], ident, start=_q_rows(cfg))
+    if how in ("gate", "up"):
+        return Placement(theirs, (2 * shape[0],) + shape[1:], ident, start=int(how == "up"), stride=2)
+    if how in ("gate_t", "up_t"):  # [E, I, H] -> [E, H, 2I]
+        e, i, h = shape
+        return Placement(theirs, (e, h, 2 * i), (0, 2, 1), dim=2, start=i * int(how == "up_t"))
+    if how == "t":  # [E, H, I] -> [E, I, H]
+        return Placement(theirs, (shape[0], shape[2], shape[1]), (0, 2, 1))
+    return Placement(theirs, shape, ident)
+
+
+def parts(theirs: str, shape: Sequence[int], cfg: Any) -> list[tuple[str, tuple[int, ...], Placement]]:
+    """mindtrain's tensors that make up MindFormers' tensor ``theirs`` (full shape ``shape``):
+    their names, full shapes and placements (none for ``tokens_per_expert``); an unknown name
+    is a UserError."""
+    shape = tuple(int(n) for n in shape)
+    ident = tuple(range(len(shape)))
+    top = {t: o for o, t in _TOP}
+    if theirs in top:
+        return [(top[theirs], shape, Placement(theirs, shape, ident))]
+    m = _THEIRS_LAYER.match(theirs)
+    if not m:
+        raise UserError(f"checkpoint.load_path: '{theirs}' is no parameter of MindFormers' DeepSeek-V3 that "
+                        "mindtrain knows; the checkpoint is of another model")
+    rest = m.group(4)
+    if m.group(2) is not None:
+        ours = f"model.layers.{int(m.group(2))}."
+    else:
+        k = int(m.group(3))
+        if k >= cfg.num_nextn_predict_layers:
+            raise UserError(f"checkpoint.load_path: holds '{theirs}' but model.num_nextn_predict_layers is "
+                            f"{cfg.num_nextn_predict_layers}; set it to the checkpoint's MTP depth")
+        ours = f"model.layers.{cfg.num_hidden_layers + k}."
+        for o, t in _MTP:
+            if rest == t:
+                return [(ours + o, shape, Placement(theirs, shape, ident))]
+        if not rest.startswith("transformer_layer."):
+            raise UserError(f"checkpoint.load_path: '{theirs}' is no part of a MindFormers MTP layer mindtrain knows")
+        rest = rest[len("transformer_layer."):]
+    if rest == "mlp." + TOKENS_PER_EXPERT:
+        return []
+    out = []
+    for o, t, how in _LAYER:
+        if t != rest or (how == "q" and o.endswith("q_a_proj.weight") != bool(cfg.q_lora_rank)):
             continue
-        m = layer.match(name)
-        if not m:
-            raise UserError(unknown(name))
-        layers.append((name, m, a))
-    return out, layers
+        mine = _our_shape(how, shape, cfg)
+        out.append((ours + o, mine, _placed(theirs, how, mine, cfg)))
+    if not out:
+        raise UserError(f"checkpoint.load_path: '{theirs}' has no mindtrain counterpart; the checkpoint is of "
+                        "another model")
+    return out
+
+
+def _our_shape(how: str, shape: tuple[int, ...], cfg: Any) -> tuple[int, ...]:
+    """mindtrain's shape of the part ``how`` of a MindFormers tensor of shape ``shape``."""
+    if how == "q":
+        return (_q_rows(cfg),) + shape[1:]
+    if how == "kv":
+        return (shape[0] - _q_rows(cfg),) + shape[1:]
+    if how in ("gate", "up"):
+        return (shape[0] // 2,) + shape[1:]
+    if how in ("gate_t", "up_t"):
+        return (shape[0], shape[2] // 2, shape[1])
+    if how == "t":
+        return (shape[0], shape[2], shape[1])
+    return shape
 
 
 def to_mindformers(tensors: dict[str, np.ndarray], cfg: Any, buffers: bool = False) -> dict[str, np.ndarray]:
     """mindtrain-named arrays (network names, stacked experts) under MindFormers' PyNative
     names and layouts. ``buffers`` adds MindFormers' ``tokens_per_expert`` (model files only,
     not moments). A name this map does not know is a UserError."""
-    layer_parts: dict[str, dict[str, np.ndarray]] = {}
-    out, layers = _top_and_layers(tensors, dict(_TOP), _OURS_LAYER,
-                                  lambda name: f"checkpoint.layout: mindformers: no MindFormers name for parameter '{name}'")
-    for name, m, a in layers:
-        layer_parts.setdefault(m.group(1), {})[m.group(2)] = a
-    for index, parts in layer_parts.items():
-        i = int(index)
-        if i >= cfg.num_hidden_layers:
-            prefix = f"mtp.layers.{i - cfg.num_hidden_layers}."
-            for ours, theirs in _MTP_RENAMES:
-                if ours in parts:
-                    out[prefix + theirs] = parts.pop(ours)
-            prefix += "transformer_layer."
-        else:
-            prefix = f"decoder.layers.{i}."
-        out.update(_layer_to_mindformers(parts, prefix, f"model.layers.{i}.", cfg, buffers))
-    return out
-
-
-def _layer_to_mindformers(parts: dict[str, np.ndarray], prefix: str, ours: str, cfg: Any,
-                          buffers: bool) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
-    pairs = [("self_attn.q_a_proj.weight" if cfg.q_lora_rank else "self_attn.q_proj.weight",
-              "self_attn.kv_a_proj_with_mqa.weight", "self_attention.linear_qkv.weight",
-              lambda q, kv: np.concatenate([q, kv], axis=0)),
-             ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.linear_fc1.weight", _interleave),
-             ("mlp.shared_experts.gate_proj.weight", "mlp.shared_experts.up_proj.weight",
-              "mlp.shared_experts.linear_fc1.weight", _interleave),
-             ("mlp.experts.gate_proj", "mlp.experts.up_proj", "mlp.experts.weight1",
-              lambda g, u: np.concatenate([g.transpose(0, 2, 1), u.transpose(0, 2, 1)], axis=2))]
-    for a, b, theirs, join in pairs:
-        if a in parts or b in parts:
-            if a not in parts or b not in parts:
-                raise UserError(f"checkpoint.layout: mindformers: '{ours}{a if a not in parts else b}' is missing; "
-                                f"MindFormers' {theirs} needs both of its parts")
-            out[prefix + theirs] = np.ascontiguousarray(join(parts.pop(a), parts.pop(b)))
-    if "mlp.experts.down_proj" in parts:
-        out[prefix + "mlp.experts.weight2"] = np.ascontiguousarray(parts.pop("mlp.experts.down_proj").transpose(0, 2, 1))
-    for o, t in _RENAMES:
-        if o in parts:
-            out[prefix + t] = parts.pop(o)
-    if parts:
-        raise UserError(f"checkpoint.layout: mindformers: no MindFormers name for parameter '{ours}{next(iter(parts))}'")
-    if buffers and prefix + "mlp.router.weight" in out:
-        out[prefix + "mlp." + TOKENS_PER_EXPERT] = np.zeros(cfg.n_routed_experts, np.float32)
+    filled: dict[str, list[str]] = {}
+    for name, a in tensors.items():
+        a = np.asarray(a)
+        pl = placement(name, a.shape, cfg)
+        if pl.theirs not in out:
+            out[pl.theirs] = np.zeros(pl.shape, a.dtype)
+        offset, extent = pl.box((0,) * a.ndim, a.shape)
+        index = tuple(slice(o, o + n, pl.stride if d == pl.dim else 1)
+                      for d, (o, n) in enumerate(zip(offset, extent)))
+        out[pl.theirs][index] = pl.to_theirs(a)
+        filled.setdefault(pl.theirs, []).append(name)
+    for theirs, names in filled.items():
+        need = [o for o, _, _ in parts(theirs, out[theirs].shape, cfg)]
+        lacking = [n for n in need if n not in names]
+        if lacking:
+            raise UserError(f"checkpoint.layout: mindformers: '{lacking[0]}' is missing; MindFormers' "
+                            f"{theirs.rsplit('.', 2)[-2]} needs all of {len(need)} parts")
+        if buffers and theirs.endswith(ROUTER):
+            out[theirs[:-len("router.weight")] + TOKENS_PER_EXPERT] = np.zeros(out[theirs].shape[0], np.float32)
     return out
 
 
 def from_mindformers(tensors: dict[str, np.ndarray], cfg: Any) -> dict[str, np.ndarray]:
     """MindFormers-named arrays back under mindtrain's network names (the inverse of
     :func:`to_mindformers`; ``tokens_per_expert`` buffers are dropped)."""
-    layer_parts: dict[str, dict[str, np.ndarray]] = {}
-    out, layers = _top_and_layers(tensors, {t: o for o, t in _TOP}, _THEIRS_LAYER,
-                                  lambda name: f"checkpoint.load_path: '{name}' is no parameter of MindFormers' "
-                                               "DeepSeek-V3 that mindtrain knows; the checkpoint is of another model")
-    for name, m, a in layers:
-        if m.group(2) is not None:
-            key = f"model.layers.{int(m.group(2))}."
-        else:
-            k = int(m.group(3))
-            if k >= cfg.num_nextn_predict_layers:
-                raise UserError(f"checkpoint.load_path: holds '{name}' but model.num_nextn_predict_layers is "
-                                f"{cfg.num_nextn_predict_layers}; set it to the checkpoint's MTP depth")
-            key = f"model.layers.{cfg.num_hidden_layers + k}."
-            rest = m.group(4)
-            mtp = {t: o for o, t in _MTP_RENAMES}
-            if rest in mtp:
-                out[key + mtp[rest]] = a
-                continue
-            if not rest.startswith("transformer_layer."):
-                raise UserError(f"checkpoint.load_path: '{name}' is no part of a MindFormers MTP layer mindtrain knows")
-            layer_parts.setdefault((key, m.group(1) + ".transformer_layer."), {})[rest[len("transformer_layer."):]] = a
-            continue
-        layer_parts.setdefault((key, m.group(1) + "."), {})[m.group(4)] = a
-    for (key, theirs), parts in layer_parts.items():
-        out.update(_layer_from_mindformers(parts, key, theirs, cfg))
-    return out
-
-
-def _layer_from_mindformers(parts: dict[str, np.ndarray], key: str, theirs_prefix: str, cfg: Any
-                            ) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
-    parts.pop("mlp." + TOKENS_PER_EXPERT, None)
-    if "self_attention.linear_qkv.weight" in parts:
-        qkv = parts.pop("self_attention.linear_qkv.weight")
-        q = _q_rows(cfg)
-        out[key + ("self_attn.q_a_proj.weight" if cfg.q_lora_rank else "self_attn.q_proj.weight")] = qkv[:q]
-        out[key + "self_attn.kv_a_proj_with_mqa.weight"] = qkv[q:]
-    for theirs, mine in (("mlp.linear_fc1.weight", "mlp."), ("mlp.shared_experts.linear_fc1.weight",
-                                                               "mlp.shared_experts.")):
-        if theirs in parts:
-            fc1 = parts.pop(theirs)
-            out[key + mine + "gate_proj.weight"] = np.ascontiguousarray(fc1[0::2])
-            out[key + mine + "up_proj.weight"] = np.ascontiguousarray(fc1[1::2])
-    if "mlp.experts.weight1" in parts:
-        w1 = parts.pop("mlp.experts.weight1")
-        half = w1.shape[2] // 2
-        out[key + "mlp.experts.gate_proj"] = np.ascontiguousarray(w1[:, :, :half].transpose(0, 2, 1))
-        out[key + "mlp.experts.up_proj"] = np.ascontiguousarray(w1[:, :, half:].transpose(0, 2, 1))
-    if "mlp.experts.weight2" in parts:
-        out[key + "mlp.experts.down_proj"] = np.ascontiguousarray(parts.pop("mlp.experts.weight2").transpose(0, 2, 1))
-    for o, t in _RENAMES:
-        if t in parts:
-            out[key + o] = parts.pop(t)
-    if parts:
-        raise UserError(f"checkpoint.load_path: '{theirs_prefix}{next(iter(parts))}' has no mindtrain "
-                        "counterpart; the checkpoint is of another model")
+    for theirs, a in tensors.items():
+        a = np.asarray(a)
+        for ours, shape, pl in parts(theirs, a.shape, cfg):
+            offset, extent = pl.box((0,) * len(shape), shape)
+            out[ours] = pl.from_theirs(a[tuple(slice(o, o + n) for o, n in zip(offset, extent))])
     return out

@@ -236,14 +236,14 @@ class Runtime:
         if self.distributed:
             self.all_sum(np.ones(1, np.float32))
 
-    def all_sum(self, values: np.ndarray) -> np.ndarray:
-        """Element-wise sum of a float32 vector over all ranks (one collective)."""
+    def all_sum(self, values: np.ndarray, dtype=np.float32) -> np.ndarray:
+        """Element-wise sum of a vector over all ranks, in ``dtype`` (one collective)."""
         if not self.distributed:
             return values
         import mindspore as ms
         from mindtrain.parallel import all_reduce
 
-        return all_reduce(ms.Tensor(np.ascontiguousarray(values, np.float32))).asnumpy()
+        return all_reduce(ms.Tensor(np.ascontiguousarray(values, dtype))).asnumpy()
 
     def all_gather_bytes(self, data: bytes) -> list[bytes]:
         """Every rank's ``data``, in rank order (one small collective pair)."""

@@ -19,7 +19,7 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Optional, Sequence
+from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
@@ -75,6 +75,52 @@ def writers(everyone: Sequence[Sequence[Piece]]) -> dict[tuple, int]:
     return out
 
 
+@dataclass
+class FilePlan:
+    """Who writes each distinct piece (by :attr:`Piece.key`), into which file, and which ranks
+    hold it (its ``rank_group`` in metadata.json)."""
+
+    writer: dict[tuple, int]
+    file: dict[tuple, str]
+    holders: dict[tuple, list[int]]
+
+    def written(self, everyone: Sequence[Sequence[Piece]]) -> list[Piece]:
+        """Every distinct piece once, as its writer listed it."""
+        return [p for r, ps in enumerate(everyone) for p in ps if self.writer[p.key] == r]
+
+    def metadata(self, everyone: Sequence[Sequence[Piece]]) -> dict:
+        return metadata(self.written(everyone), lambda p: self.file[p.key], len(everyone),
+                        storage_rank=lambda p: self.writer[p.key], rank_group=lambda p: self.holders[p.key])
+
+
+def plan_files(everyone: Sequence[Sequence[Piece]], prefix: Optional[str] = None) -> FilePlan:
+    """The files of a save, from every rank's pieces (the same list on every rank). A piece is
+    written once, by the lowest rank that holds it; a rank's pieces go to
+    ``{prefix}-{kind}-{r:07d}-{world:07d}.safetensors``. A file holds one box per tensor, so a
+    rank that writes ``n`` boxes of one tensor (the parts of a fused MindFormers tensor that are
+    not one box) puts box ``j`` into file ``j * world + r`` of ``n * world`` (MindFormers names
+    files by index and count as its balanced save does)."""
+    world = len(everyone)
+    writer = writers(everyone)
+    holders: dict[tuple, list[int]] = {}
+    for rank, pieces in enumerate(everyone):
+        for p in pieces:
+            holders.setdefault(p.key, []).append(rank)
+    slot: dict[tuple, int] = {}
+    count: dict[tuple, int] = {}
+    for rank, pieces in enumerate(everyone):
+        for p in sorted(pieces, key=lambda p: p.offset):
+            if writer[p.key] == rank and p.key not in slot:
+                k = (p.kind, rank, p.name)
+                slot[p.key] = count.get(k, 0)
+                count[k] = slot[p.key] + 1
+    slots: dict[str, int] = {}
+    for (kind, _, _), n in count.items():
+        slots[kind] = max(slots.get(kind, 1), n)
+    files = {key: file_name(prefix, key[0], slot[key] * world + writer[key], slots[key[0]] * world) for key in slot}
+    return FilePlan(writer, files, holders)
+
+
 @dataclass(frozen=True)
 class Lazy:
     """A tensor to write whose values are made only when its turn comes (``get()``)."""
@@ -89,10 +135,12 @@ class Lazy:
         return int(math.prod(self.shape)) * np.dtype(self.dtype).itemsize
 
 
-def write_safetensors(path: str, tensors: Iterable[tuple[str, np.ndarray]],
+def write_safetensors(path: str, tensors: Iterable[tuple[str, Union[np.ndarray, "Lazy"]]],
                       metadata: Optional[dict[str, str]] = None) -> None:
-    """A safetensors file of the arrays, written tensor by tensor (no whole-file buffer), fsynced."""
-    write_lazy(path, [Lazy(n, tuple(a.shape), a.dtype, (lambda a=a: a)) for n, a in tensors], metadata)
+    """A safetensors file of the arrays (or :class:`Lazy` ones, made in turn), written tensor
+    by tensor (no whole-file buffer), fsynced."""
+    write_lazy(path, [Lazy(n, tuple(a.shape), np.dtype(a.dtype), a.get if isinstance(a, Lazy) else (lambda a=a: a))
+                      for n, a in tensors], metadata)
 
 
 def write_lazy(path: str, tensors: Sequence[Lazy], metadata: Optional[dict[str, str]] = None) -> None:
@@ -120,8 +168,11 @@ def write_lazy(path: str, tensors: Sequence[Lazy], metadata: Optional[dict[str, 
         os.fsync(f.fileno())
 
 
-def metadata(pieces: Iterable[Piece], file_of: Callable[[Piece], str], world: int) -> dict:
-    """metadata.json (MindFormers' layout) for the written ``pieces``."""
+def metadata(pieces: Iterable[Piece], file_of: Callable[[Piece], str], world: int,
+             storage_rank: Optional[Callable[[Piece], int]] = None,
+             rank_group: Optional[Callable[[Piece], list[int]]] = None) -> dict:
+    """metadata.json (MindFormers' layout) for the written ``pieces``: the rank that stored
+    each (default: the one its file is named after) and the ranks that hold it (default: all)."""
     state: dict = {}
     storage: dict = {}
     for p in pieces:
@@ -132,8 +183,9 @@ def metadata(pieces: Iterable[Piece], file_of: Callable[[Piece], str], world: in
             "axis_fragmentations": [1] * len(p.global_shape), "layout": None, "chunk": []})
         entry["chunk"].append({"global_offset": list(p.offset) or [0], "local_shape": list(p.shape)})
         fname = file_of(p)
-        storage[shard_id(p.name, p.offset)] = [{"file_name": fname, "storage_rank": rank_of_file(fname),
-                                                "rank_group": list(range(world))}]
+        storage[shard_id(p.name, p.offset)] = [{
+            "file_name": fname, "storage_rank": storage_rank(p) if storage_rank else rank_of_file(fname),
+            "rank_group": rank_group(p) if rank_group else list(range(world))}]
     for name, entry in state.items():  # how many pieces each dimension is cut into
         g = entry["global_shape"]
         for d in range(len(g)):
@@ -178,41 +230,46 @@ class _Chunk:
 class ShardedReader:
     """Boxes of the tensors of a sharded checkpoint folder, read from the files that hold them.
 
-    ``rename`` maps a stored tensor name to the name callers ask for (MindFormers' names to
-    the network's, say); ``None`` keeps them."""
+    The chunks are those metadata.json lists; a folder without one (MindFormers writes none
+    for one card) gives ``whole_files``, each holding whole tensors."""
 
-    def __init__(self, folder: str, rename: Optional[Callable[[str], str]] = None):
+    def __init__(self, folder: str, whole_files: Optional[Sequence[str]] = None):
         self.folder = folder
+        self.global_shapes: dict[str, tuple[int, ...]] = {}
+        self.chunks: dict[str, list[_Chunk]] = {}
+        self._headers: dict[str, tuple[dict, int]] = {}
         path = os.path.join(folder, METADATA_FILE)
+        if whole_files is not None and not os.path.isfile(path):
+            for fname in whole_files:
+                header, _ = self._header(fname, fname)
+                for name, info in header.items():
+                    if name in self.chunks:
+                        raise UserError(f"checkpoint.load_path: '{name}' is in both {self.chunks[name][0].file} "
+                                        f"and {fname} of {folder}, which has no {METADATA_FILE} to say which "
+                                        "part each holds; the folder mixes two checkpoints")
+                    shape = tuple(int(x) for x in info["shape"])
+                    self.global_shapes[name] = shape
+                    self.chunks[name] = [_Chunk((0,) * len(shape), shape, fname)]
+            return
         try:
             with open(path, encoding="utf-8") as f:
                 meta = json.load(f)
-            states = meta["state_dict_metadata"]
-            storage = meta["storage_data"]
-        except (OSError, ValueError, KeyError, TypeError) as err:
+            file_of = {parse_shard_id(key): stores[0]["file_name"] for key, stores in meta["storage_data"].items()}
+            chunks = {name: (tuple(int(x) for x in entry["global_shape"]),
+                             [(tuple(int(x) for x in c["global_offset"]), tuple(int(x) for x in c["local_shape"]))
+                              for c in entry["chunk"]])
+                      for name, entry in meta["state_dict_metadata"].items()}
+        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
             raise UserError(f"checkpoint.load_path: '{path}' is damaged or not a sharded checkpoint's "
                             f"metadata ({type(err).__name__}: {str(err)[:120]}); restore it") from None
-        rename = rename or (lambda n: n)
-        file_of = {}
-        for key, stores in storage.items():
-            file_of[parse_shard_id(key)] = stores[0]["file_name"]
-        self.global_shapes: dict[str, tuple[int, ...]] = {}
-        self.chunks: dict[str, list[_Chunk]] = {}
-        self.stored_name: dict[str, str] = {}
-        for stored, entry in states.items():
-            name = rename(stored)
-            g = tuple(int(x) for x in entry["global_shape"])
+        for name, (g, boxes) in chunks.items():
             self.global_shapes[name] = g
-            self.stored_name[name] = stored
-            for c in entry["chunk"]:
-                off = tuple(int(x) for x in c["global_offset"])
-                shape = tuple(int(x) for x in c["local_shape"])
-                fname = file_of.get((stored, off))
+            for off, shape in boxes:
+                fname = file_of.get((name, off))
                 if fname is None:
-                    raise UserError(f"checkpoint.load_path: {path} lists a chunk of '{stored}' at offset "
+                    raise UserError(f"checkpoint.load_path: {path} lists a chunk of '{name}' at offset "
                                     f"{list(off)} that no file stores; the checkpoint is incomplete")
                 self.chunks.setdefault(name, []).append(_Chunk(off[:len(g)], shape, fname))
-        self._headers: dict[str, tuple[dict, int]] = {}
 
     def names(self) -> list[str]:
         return list(self.global_shapes)
@@ -229,18 +286,18 @@ class ShardedReader:
                                 f"{self.folder}, the model's is {list(shape)}; the checkpoint was written for "
                                 "another model")
 
-    def check_files(self, names: Optional[Iterable[str]] = None) -> None:
+    def check_files(self, names: Optional[Iterable[str]] = None, integers: Sequence[str] = ("step",)) -> None:
         """Every chunk of the tensors ``names`` (default: all) is in the file metadata.json
-        names, whole, with its shape and a floating-point dtype (the step counter an integer):
-        a damaged or mismatched checkpoint is one line before any tensor is read."""
+        names, whole, with its shape and a floating-point dtype (the counters ``integers`` an
+        integer): a damaged or mismatched checkpoint is one line before any tensor is read."""
         for name in (self.names() if names is None else names):
             for c in self.chunks.get(name, ()):
-                src = self._tensor(c.file, self.stored_name[name], name)
+                src = self._tensor(c.file, name)
                 path = os.path.join(self.folder, c.file)
                 if tuple(src.shape) != tuple(c.shape):
                     raise UserError(f"checkpoint.load_path: '{name}' in '{path}' has shape {list(src.shape)}, "
                                     f"metadata.json says {list(c.shape)}; the checkpoint is damaged")
-                if name != "step" and src.dtype.kind != "f" and not self._is_bf16(c.file, name):
+                if name not in integers and src.dtype.kind != "f" and not self._is_bf16(c.file, name):
                     raise UserError(f"checkpoint.load_path: '{name}' in '{path}' is {src.dtype}, but the model's "
                                     "parameters are floating point; the checkpoint is damaged or of another model")
 
@@ -258,7 +315,7 @@ class ShardedReader:
             hi = [min(a + n, b + m) for a, n, b, m in zip(offset, shape, c.offset, c.shape)]
             if any(h <= low for low, h in zip(lo, hi)) and shape:
                 continue
-            src = self._tensor(c.file, self.stored_name[name], name)
+            src = self._tensor(c.file, name)
             part = src[tuple(slice(a - b, h - b) for a, h, b in zip(lo, hi, c.offset))]
             part = bf16_to_float32(part) if src.dtype == np.uint16 and self._is_bf16(c.file, name) else part
             if out is None:
@@ -283,7 +340,7 @@ class ShardedReader:
 
     def _is_bf16(self, fname: str, name: str) -> bool:
         header, _ = self._header(fname, name)
-        return header[self.stored_name[name]]["dtype"] == "BF16"
+        return header[name]["dtype"] == "BF16"
 
     def _header(self, fname: str, name: str) -> tuple[dict, int]:
         if fname not in self._headers:
@@ -294,21 +351,21 @@ class ShardedReader:
             self._headers[fname] = read_header(path)
         return self._headers[fname]
 
-    def _tensor(self, fname: str, stored: str, name: str) -> np.ndarray:
+    def _tensor(self, fname: str, name: str) -> np.ndarray:
         header, base = self._header(fname, name)
         path = os.path.join(self.folder, fname)
-        if stored not in header:
-            raise UserError(f"checkpoint.load_path: '{path}' holds no tensor '{stored}' although metadata.json "
+        if name not in header:
+            raise UserError(f"checkpoint.load_path: '{path}' holds no tensor '{name}' although metadata.json "
                             "says it does; the checkpoint is damaged")
-        info = header[stored]
+        info = header[name]
         start, end = info["data_offsets"]
         dtype = np.uint16 if info["dtype"] == "BF16" else ST_DTYPES.get(info["dtype"])
         if dtype is None:
-            raise UserError(f"checkpoint.load_path: '{path}' stores '{stored}' as {info['dtype']}, which "
+            raise UserError(f"checkpoint.load_path: '{path}' stores '{name}' as {info['dtype']}, which "
                             "mindtrain does not read (float/int types and BF16 are read)")
         shape = tuple(info["shape"])
         if base + end > os.path.getsize(path) or end - start != int(math.prod(shape)) * np.dtype(dtype).itemsize:
-            raise UserError(damaged_message(path, ValueError(f"'{stored}' runs past the end of the file")))
+            raise UserError(damaged_message(path, ValueError(f"'{name}' runs past the end of the file")))
         if end == start:
             return np.zeros(shape, dtype)
         return np.memmap(path, dtype=dtype, mode="r", offset=base + start, shape=shape)

@@ -3,11 +3,11 @@
 The model is built on MindSpore's meta device (no storage); the layout
 (:func:`mindtrain.parallel.parallelize`) narrows each parameter to this rank's piece (its
 pipeline stage's layers, TP slice, FSDP shard, experts) while they are still empty; only then
-are the pieces given values: read from a sharded checkpoint (only the parts of its files that
-overlap them), read likewise from an HF model directory, or made from the model's initial
-values, which are the same numbers whichever piece a rank makes. Other stages' layers are
-never given storage. A full-tensor checkpoint (the earlier mindtrain layout, MindFormers'
-fused tensors) is loaded whole before the layout.
+are the pieces given values: read from a sharded checkpoint of either layout (only the parts
+of its files that overlap them; MindFormers' fused tensors included), read likewise from an HF
+model directory, or made from the model's initial values, which are the same numbers whichever
+piece a rank makes. Other stages' layers are never given storage. A folder of the earlier
+full-tensor mindtrain form is loaded whole before the layout.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def build_share(cfg: MindTrainConfig, dims: ParallelDims, rank: int, checkpointe
                         empty=empty, seed=seed)
     # an unwritable save_path or one without room is said now, not at the first save
     checkpointer.check_storage(sum(math.prod(p.shape) * 4 for p in model.get_parameters()))
-    # a full-tensor checkpoint or HF directory loads into the whole model here; a sharded
-    # one is checked here and read piece by piece below
+    # a full-tensor checkpoint loads into the whole model here; a sharded one or an HF
+    # directory is checked here and read piece by piece below
     resume = checkpointer.load_weights(model) if load_path else None
     params = {p.name: p for p in model.get_parameters()}
     plan = parallel_plan(model)

@@ -68,21 +68,22 @@ class StepHooks:
     def step_begin(self) -> None:
         self.callbacks.call("on_step_begin", self.cfg, self.state)
 
-    def after_gradients(self, step: int, named_grads: Sequence, to_full,
+    def after_gradients(self, step: int, named_grads: Sequence, device_norms,
                         micro_losses: Sequence[float], device_losses: Sequence[float], expert_load=None) -> None:
         """Called with the step's gradients before clipping and the update (whether it is
         skipped is :class:`~mindtrain.trainer.health.SkipDecision`'s call, after this).
+        ``device_norms``: a :class:`~mindtrain.trainer.monitor.DeviceNorms` of the layout;
         ``expert_load``: the step's tokens per expert [MoE layers, experts], all ranks."""
         self._record = None
         if expert_load is not None:
             for line in self.moe_monitor.lines(step, expert_load):
                 self.out(line)
-        # the same decision on every rank (device_norm gathers over all of them), though only
+        # the same decision on every rank (device_norm sums over all of them), though only
         # rank 0 writes TensorBoard
         tb = self.cfg.monitor.tensorboard
         due = self._logged(step) or bool(tb.output_dir and step % tb.log_interval == 0)
         if self.train_state.active and due:
-            self._record = self.train_state.observe(step, named_grads, to_full, micro_losses, device_losses)
+            self._record = self.train_state.observe(step, named_grads, device_norms, micro_losses, device_losses)
         self.health.check_embedding(step, named_grads)
 
     def step_end(self, rec: dict) -> None:

@@ -26,6 +26,7 @@ from mindtrain.trainer.health import NonFiniteError, SkipDecision  # noqa: F401 
 from mindtrain.trainer.log_line import format_step_line, mtp_fields
 from mindtrain.trainer.lr_schedule import LRSchedule
 from mindtrain.trainer.metrics import MetricsWriter, new_run_dir
+from mindtrain.trainer.monitor import DeviceNorms
 from mindtrain.trainer.optimizer import AdamW
 from mindtrain.trainer.preemption import REASONS, Preemption
 from mindtrain.trainer.runtime import Runtime, apply_context
@@ -115,8 +116,6 @@ class Trainer:
         share = build_share(cfg, self.dims, runtime.rank, self.checkpointer, self.compute_dtype, self.accum,
                             self.columns)
         self.model, self.layout = share.model, share.layout
-        # every Parameter under its HF-mappable name, taken before the layout wrapped layers
-        self._model_params = list(share.params.values())
         self._buffers = share.buffers
         resume = share.resume
         self.params = self.layout.named_params
@@ -126,6 +125,8 @@ class Trainer:
         if resume is not None:
             self._load_state(resume)
         self.hooks.bind(self.model, self.optimizer, self.step)
+        self._device_norms = DeviceNorms(self.layout.shards(), runtime.all_gather_bytes,
+                                         lambda v: runtime.all_sum(v, np.float64))
         self.metrics: Optional[MetricsWriter] = None
         if self.rt.rank == 0:
             run_dir = new_run_dir(cfg.monitor.metrics_dir)
@@ -184,7 +185,7 @@ class Trainer:
         finite = math.isfinite(grad_norm) and bool(np.all(np.isfinite(step_figures)))
         max_norm = self.cfg.training.max_norm
         self.hooks.after_gradients(self.step + 1, [(n, g) for (n, _), g in zip(self.params, grads)],
-                                   self.layout.to_full, micro_losses, device_losses, total_load)
+                                   self._device_norms, micro_losses, device_losses, total_load)
         skipped = self.skips.decide(self.step + 1, grad_norm, finite)
         if not skipped:
             coef = max_norm / (grad_norm + 1e-6)
@@ -274,18 +275,6 @@ class Trainer:
         self.out(f"mindtrain: {what}: stopped after step {self.step} of {self.total_steps}; {where}")
 
     # ------------------------------------------------------------------ checkpoints
-    def _full_params(self) -> dict[str, np.ndarray]:
-        """Trainable parameters at full shape (copies; a collective on every rank)."""
-        return self.layout.to_full([p for _, p in self.params])
-
-    def _full_optimizer_state(self) -> dict[str, np.ndarray]:
-        """AdamW moments at full parameter shape (collective), keyed as AdamW.state_dict."""
-        out: dict[str, np.ndarray] = {"step": np.array(self.optimizer.step_count, np.int64)}
-        for kind, moments in (("exp_avg", self.optimizer.exp_avg), ("exp_avg_sq", self.optimizer.exp_avg_sq)):
-            for name, a in self.layout.to_full(moments).items():
-                out[f"{kind}.{name}"] = a
-        return out
-
     def save(self) -> Optional[str]:
         """Save this step (every rank). A save that fails (disk full, say) on any rank is one
         line, and training goes on to the next interval; returns the folder, or None then."""
@@ -308,19 +297,13 @@ class Trainer:
             return False
 
     def _save(self) -> str:
-        if self.cfg.checkpoint.layout != "mindformers":  # sharded: each rank writes its pieces
-            counters = {"step": self.step, "consumed_samples": self.consumed_samples, **self.skips.state_dict()}
-            with_state = not self.cfg.checkpoint.no_save_optim
-            return self.checkpointer.save_sharded(self.step, counters, self.schedule, self.layout, self._buffers,
-                                                  self.optimizer if with_state else None,
-                                                  self.loader.state_dict() if with_state else {})
-        full = self._full_params()
-        # checkpoint.no_save_optim: weights only (no optimizer, data or RNG state)
-        optimizer_state = None if self.cfg.checkpoint.no_save_optim else self._full_optimizer_state()
+        """Each rank writes its own pieces (checkpoint.layout: mindtrain or mindformers);
+        ``checkpoint.no_save_optim``: weights only (no optimizer, data or RNG state)."""
         counters = {"step": self.step, "consumed_samples": self.consumed_samples, **self.skips.state_dict()}
-        return self.checkpointer.save(self.step, counters, self.schedule, self.model, self._model_params, full,
-                                      optimizer_state, self.loader.state_dict() if optimizer_state is not None else {},
-                                      self.total_steps)
+        with_state = not self.cfg.checkpoint.no_save_optim
+        return self.checkpointer.save_sharded(self.step, counters, self.schedule, self.layout, self._buffers,
+                                              self.optimizer if with_state else None,
+                                              self.loader.state_dict() if with_state else {}, self.total_steps)
 
     def _load_state(self, resume: ckpt.Resume) -> None:
         counters = self.checkpointer.load_state(resume, self.layout, self.optimizer, self.loader,
