@@ -3,8 +3,11 @@ monitor.moe_monitor (tokens per expert) in the log."""
 
 import json
 import math
+import os
 import re
+import threading
 
+import numpy as np
 import pytest
 
 from mindtrain.config import ConfigError
@@ -12,6 +15,8 @@ from mindtrain.trainer.monitor import TrainStateMonitor
 from mindtrain.trainer.runtime import Runtime
 from mindtrain.trainer.trainer import Trainer
 
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+TINY = os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml")
 NORM = re.compile(r'^\{ "(local_norm|device_norm)": (\S+):\s+(\S+) \}$')
 
 
@@ -62,3 +67,63 @@ def test_norm_settings():
     assert not TrainStateMonitor().active
     with pytest.raises(ConfigError, match="monitor.train_state.local_norm"):
         TrainStateMonitor(local_norm=[1])
+
+
+class _Collectives:
+    """Ranks played by threads in this process: each call is every rank's all-gather."""
+
+    def __init__(self, world: int):
+        self.barrier = threading.Barrier(world)
+        self.slots = [None] * world
+
+    def gather(self, rank: int, value):
+        self.slots[rank] = value
+        self.barrier.wait()
+        out = list(self.slots)
+        self.barrier.wait()
+        return out
+
+
+def test_device_norms_sum_each_rank_s_pieces_once(tiny_data):
+    """The 4 ranks of FSDP ZeRO-3 (2) x TP (2), laid out here without collectives, take their
+    weight pieces as gradients: every rank's DeviceNorms (its exchange and its one all-reduce
+    played by threads) gives each parameter's norm of the whole array, the pieces TP
+    replicates counted once."""
+    import mindspore as ms
+
+    from mindtrain.config import load_config
+    from mindtrain.config.derived import num_accumulation_steps, resolve_parallelism
+    from mindtrain.trainer.checkpoint import Checkpointer
+    from mindtrain.trainer.monitor import DeviceNorms
+    from mindtrain.trainer.share import build_share
+
+    ms.set_device("CPU")
+    ms.runtime.launch_blocking()
+    base = ["model.seq_length=32", "train_dataset.dataloader.config.seq_length=32", "model.num_hidden_layers=2",
+            "compile.enable=false", f"train_dataset.dataloader.config.data_path=['1', '{tiny_data}']"]
+    layout = ["parallelism.data_parallel_shard=2", "parallelism.tensor_parallel=2",
+              "parallelism.data_parallel_shard_strategy=optim_grads_params"]
+    ranks = []
+    for world, rank, extra in [(1, 0, [])] + [(4, r, layout) for r in range(4)]:
+        cfg = load_config(TINY, base + extra, world_size=world)
+        dims = resolve_parallelism(cfg.parallelism, world)
+        share = build_share(cfg, dims, rank, Checkpointer(cfg, rank, world, dims.dp), "float32",
+                            num_accumulation_steps(cfg, dims), cfg.train_dataset.dataloader.column_names, connect=False)
+        ranks.append(share.layout)
+    whole = {n: float(np.linalg.norm(t.asnumpy().astype(np.float64))) for n, t in ranks[0].named_params}
+    wire = _Collectives(4)
+    norms = [None] * 4
+
+    def run(rank: int) -> None:
+        layout = ranks[1 + rank]
+        dn = DeviceNorms(layout.shards(), lambda b: wire.gather(rank, b), lambda v: sum(wire.gather(rank, v)))
+        norms[rank] = dn([t for _, t in layout.named_params], lambda n: True)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert norms[0] == norms[3] and sorted(norms[0]) == sorted(whole)
+    for name, v in whole.items():
+        assert math.isclose(norms[0][name], v, rel_tol=1e-12), (name, norms[0][name], v)

@@ -722,13 +722,11 @@ def pieces_of(shards: Sequence[Any], tensors: Sequence[Any], kind: str = "model"
               prefix: str = "") -> list[tuple[sharded.Piece, sharded.Lazy]]:
     """``(Piece, Lazy)`` of each non-empty shard: the box's values, taken from its tensor when
     the lazy is made."""
-    from mindspore import dtype_to_nptype
-
     out = []
     for sh, t in zip(shards, tensors):
         if sh.numel == 0 and sh.shape:
             continue
-        dtype = np.dtype(dtype_to_nptype(t.dtype))
+        dtype = np.dtype(str(t.dtype).lower())  # Float32 -> float32
         out.append((sharded.Piece(kind, prefix + sh.name, sh.global_shape, sh.offset, sh.shape, dtype.name),
                     sharded.Lazy(prefix + sh.name, sh.shape, dtype, lambda sh=sh, t=t: sh.take(t.asnumpy()))))
     return out
