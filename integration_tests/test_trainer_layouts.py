@@ -266,7 +266,27 @@ def test_layout_equals_one_process(jobs, reference, layout):
     if layout in ("tp2", "ep2"):  # the two 2-worker jobs run together
         jobs("tp2")
         jobs("ep2")
-    _assert_same(jobs(layout).result(), reference)
+    run = jobs(layout).result()
+    _assert_same(run, reference)
+    if layout == "ep2":  # checkpoint.layout=mindformers: each rank wrote its own pieces, once
+        _each_rank_wrote_its_pieces(os.path.join(run["ckpt"], f"iteration_{STEPS:08d}"))
+
+
+def _each_rank_wrote_its_pieces(folder: str) -> None:
+    """Both ranks wrote files (MindFormers' names), and the files' tensors add up to exactly
+    one copy of every tensor of the checkpoint (nothing written twice)."""
+    from mindtrain.trainer import mindformers_checkpoint as mf
+    from mindtrain.trainer.sharded import read_header
+
+    files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
+    n = len(files) // 2  # per kind: one per rank, or two where a rank writes two boxes of linear_qkv
+    assert files == sorted(f"ds3-{k}-{i:07d}-{n:07d}.safetensors" for k in ("model", "opt") for i in range(n))
+    meta = json.load(open(os.path.join(folder, mf.METADATA_FILE)))
+    assert {s["storage_rank"] for stores in meta["storage_data"].values() for s in stores} == {0, 1}
+    stored = sum(end - start for f in files for start, end in
+                 (t["data_offsets"] for t in read_header(os.path.join(folder, f))[0].values()))
+    model, opt, _ = mf.read_checkpoint(folder)
+    assert stored == sum(a.nbytes for a in list(model.values()) + list(opt.values())), stored
 
 
 @pytest.mark.parametrize("name", list(RESUMES))
