@@ -69,6 +69,7 @@ def _moments(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 @pytest.fixture(scope="module")
 def saved(tiny_data, tmp_path_factory):
     """(folder, one-process weights, bytes each rank held, bytes each rank wrote)."""
+    from mindtrain.models import config_to_hf
     from mindtrain.trainer.optimizer import AdamW
 
     folder = str(tmp_path_factory.mktemp("mf_sharded") / mf.folder_name(5))
@@ -101,6 +102,8 @@ def saved(tiny_data, tmp_path_factory):
         json.dump(plan.metadata(everyone), f)
     with open(os.path.join(folder, mf.COMMON_FILE), "w") as f:
         json.dump(mf.common_info(5, 10, 2, 10), f)
+    with open(os.path.join(folder, "config.json"), "w") as f:  # as rank 0 writes it
+        json.dump(config_to_hf(cfg.model), f)
     _, _, one = _share(tiny_data, 1, 0)
     full = {n: p.asnumpy() for n, p in one.params.items()}
     return folder, full, [h for _, h in ranks], wrote, one.model.config
@@ -151,6 +154,40 @@ def test_files_hold_mindformers_tensors_of_the_one_process_weights(saved):
             np.testing.assert_array_equal(opt[prefix + k], a, err_msg=prefix + k)
 
 
+def test_layouts_say_which_chunk_each_rank_holds_as_mindspore_slices_them(saved):
+    """metadata.json's layout of a tensor (what MindFormers' loader reads chunks by) is a
+    MindSpore Layout, and MindSpore's own slicing of the full tensor by it gives, for every rank
+    of its rank list, the chunk stored for that rank. Only the tensors whose chunks are not an
+    even grid (linear_qkv's two FSDP-cut parts, weight1's two TP-cut halves) have none."""
+    from mindspore import Layout, Tensor
+    from mindspore.parallel._tensor import _load_tensor
+
+    folder, _, _, _, _ = saved
+    meta = json.load(open(os.path.join(folder, mf.METADATA_FILE)))
+    reader = mf.reader(folder)
+    none = sorted({k.split(".", 1)[1] if k.startswith("adam_") else k
+                   for k, e in meta["state_dict_metadata"].items() if e["layout"] is None})
+    assert none == sorted(f"{p}.{t}" for p in ("decoder.layers.0", "decoder.layers.1", "mtp.layers.0.transformer_layer")
+                          for t in ("self_attention.linear_qkv.weight",) + (
+                              ("mlp.experts.weight1",) if p != "decoder.layers.0" else ())), none
+    for name, entry in meta["state_dict_metadata"].items():
+        lay = entry["layout"]
+        if lay is None:
+            continue
+        names = [lay["alias_name"][len(lay["device_matrix"]) - 1 - m] if m >= 0 else "None" for m in lay["tensor_map"]]
+        ms_layout = Layout(tuple(lay["device_matrix"]), tuple(lay["alias_name"]), lay["rank_list"])(*names)
+        assert json.loads(json.dumps(ms_layout.to_dict())) == lay, name
+        full = reader.read_full(name)
+        where = {}
+        for c in entry["chunk"]:
+            (store,) = meta["storage_data"][sharded.shard_id(name, c["global_offset"])]
+            for r in store["rank_group"]:
+                where[r] = (c["global_offset"], c["local_shape"])
+        for inner, rank in enumerate(lay["rank_list"]):
+            want = _load_tensor(Tensor(full), lay["device_matrix"], lay["tensor_map"], list(full.shape), inner)
+            np.testing.assert_array_equal(reader.read(name, *where[rank]), want, err_msg=f"{name} rank {rank}")
+
+
 @pytest.mark.parametrize("world,rank,extra", [(1, 0, []), (2, 1, ["parallelism.tensor_parallel=2"])])
 def test_loads_into_another_layout_and_world_size(saved, tiny_data, world, rank, extra):
     from mindtrain.trainer.checkpoint import read_pieces, sharded_replace
@@ -168,6 +205,17 @@ def test_loads_into_another_layout_and_world_size(saved, tiny_data, world, rank,
         for sh, a in zip(shards, read_pieces(share.resume.reader, moment, [t for _, t in named])):
             box = tuple(slice(o, o + k) for o, k in zip(sh.offset, sh.shape))
             np.testing.assert_array_equal(sh.take(a), _moments(full[sh.name][box])[which], err_msg=sh.name)
+
+
+def test_exports_as_an_hf_directory(saved, tmp_path):
+    from mindtrain.models.hf_checkpoint import HFBoxes
+    from mindtrain.trainer.export_hf import main
+
+    folder, full, _, _, cfg = saved
+    assert main([folder, str(tmp_path / "hf")]) == 0
+    hf = HFBoxes(str(tmp_path / "hf"), cfg, {n: a.shape for n, a in full.items()}, allow_missing_mtp=False)
+    for n, a in full.items():
+        np.testing.assert_array_equal(hf.read_full(n), a, err_msg=n)
 
 
 def _refused(data: str, tmp: str, load_path: str, extra=()) -> str:

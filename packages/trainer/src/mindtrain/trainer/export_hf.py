@@ -1,4 +1,5 @@
-"""``mindtrain-export-hf CHECKPOINT OUT``: a sharded checkpoint folder as an HF model directory.
+"""``mindtrain-export-hf CHECKPOINT OUT``: a sharded checkpoint folder (either layout) as an HF
+model directory.
 
 Tensor by tensor: each HF tensor (one routed expert of a stacked weight, say) is read from
 the pieces that hold it and written before the next is read, so the memory it takes is the
@@ -17,6 +18,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from mindtrain.config import UserError
+from mindtrain.trainer import mindformers_checkpoint as mf
 from mindtrain.trainer import sharded
 
 MAX_SHARD_BYTES = 2 * 1024 ** 3
@@ -29,14 +31,17 @@ def export_hf(folder: str, out: str, max_shard_bytes: int = MAX_SHARD_BYTES) -> 
     from mindtrain.models.hf_checkpoint import hf_copies, hf_tensor_names, write_hf_directory
     from mindtrain.models.hf_config import config_from_hf
 
-    if not sharded.is_sharded(folder):
-        raise UserError(f"{folder}: no {sharded.METADATA_FILE}; give a sharded checkpoint folder (iter_NNNNNNN)")
+    mindformers = mf.is_checkpoint_folder(folder)
+    if not mindformers and not sharded.is_sharded(folder):
+        raise UserError(f"{folder}: no {sharded.METADATA_FILE}; give a sharded checkpoint folder (iter_NNNNNNN "
+                        "or iteration_NNNNNNNN)")
     config_path = os.path.join(folder, "config.json")
     if not os.path.isfile(config_path):
         raise UserError(f"{config_path}: missing; the checkpoint folder is incomplete")
     with open(config_path, encoding="utf-8") as f:
         hf_config = json.load(f)
-    reader = sharded.ShardedReader(folder)
+    # checkpoint.layout: mindformers: MindFormers' fused tensors read as the network's
+    reader = mf.MindFormersBoxes(folder, config_from_hf(hf_config)) if mindformers else sharded.ShardedReader(folder)
     entries: list[sharded.Lazy] = []
     source: dict[str, tuple[str, Optional[int]]] = {}
     for name in reader.names():
@@ -71,7 +76,8 @@ def _lazy(reader: sharded.ShardedReader, hf_name: str, name: str, shape: tuple, 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="mindtrain-export-hf", description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoint", help="a sharded checkpoint folder (iter_NNNNNNN)")
+    parser.add_argument("checkpoint", help="a sharded checkpoint folder (iter_NNNNNNN, or iteration_NNNNNNNN of "
+                                           "checkpoint.layout: mindformers)")
     parser.add_argument("out", help="the HF model directory to write")
     parser.add_argument("--max-shard-bytes", type=int, default=MAX_SHARD_BYTES,
                         help="largest safetensors file (default 2 GiB)")

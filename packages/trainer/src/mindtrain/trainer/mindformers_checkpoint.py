@@ -245,14 +245,23 @@ class MindFormersBoxes:
     parts of the files that hold its box of MindFormers' tensor (every other row of
     ``linear_fc1``'s box, a half of ``weight1``'s, transposed). ``names()``,
     ``global_shapes``, ``read``, ``read_full``, ``check_shapes`` and ``check_files`` as the
-    sharded reader has them. MTP weights the folder lacks are left to their initial values."""
+    sharded reader has them. ``param_shapes``: the model's parameters (their full shapes), by
+    default those the folder's tensors make. MTP weights the folder lacks are left to their
+    initial values."""
 
-    def __init__(self, folder: str, cfg: Any, param_shapes: dict[str, Sequence[int]]):
+    def __init__(self, folder: str, cfg: Any, param_shapes: Optional[dict[str, Sequence[int]]] = None):
         self.folder = folder
         self.cfg = cfg
         self.reader = reader(folder)
         stored = self.reader.global_shapes
         self.mindformers_names = names.uses_mindformers_names(stored)
+        if param_shapes is None:
+            param_shapes = {}
+            for theirs, shape in stored.items():
+                if theirs == STEP or theirs.startswith(tuple(f"{t}." for t in MOMENTS)):
+                    continue
+                made = names.parts(theirs, shape, cfg) if self.mindformers_names else [(theirs, shape, None)]
+                param_shapes.update({ours: mine for ours, mine, _ in made})
         self.expected = {n: self._place(n, s) for n, s in param_shapes.items()}
         self.global_shapes: dict[str, tuple[int, ...]] = {}
         self._where: dict[str, Placement] = {}

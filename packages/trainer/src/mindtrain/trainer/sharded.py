@@ -14,6 +14,7 @@ built), so a save holds nothing beyond the rank's own share. numpy and json only
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -175,7 +176,10 @@ def metadata(pieces: Iterable[Piece], file_of: Callable[[Piece], str], world: in
     each (default: the one its file is named after) and the ranks that hold it (default: all)."""
     state: dict = {}
     storage: dict = {}
+    holders: dict[str, list] = {}
     for p in pieces:
+        group = rank_group(p) if rank_group else list(range(world))
+        holders.setdefault(p.name, []).append((p.offset, p.shape, group))
         entry = state.setdefault(p.name, {
             "properties": {"dtype": _MS_NAMES.get(np.dtype(p.dtype), p.dtype), "replica_id": 0,
                            "allow_shape_mismatch": False, "allow_to_save": True},
@@ -185,13 +189,51 @@ def metadata(pieces: Iterable[Piece], file_of: Callable[[Piece], str], world: in
         fname = file_of(p)
         storage[shard_id(p.name, p.offset)] = [{
             "file_name": fname, "storage_rank": storage_rank(p) if storage_rank else rank_of_file(fname),
-            "rank_group": rank_group(p) if rank_group else list(range(world))}]
+            "rank_group": group}]
     for name, entry in state.items():  # how many pieces each dimension is cut into
         g = entry["global_shape"]
         for d in range(len(g)):
             cuts = {tuple(c["global_offset"])[d] for c in entry["chunk"]}
             entry["axis_fragmentations"][d] = len(cuts)
+        entry["layout"] = grid_layout(tuple(g), holders[name])
     return {"state_dict_metadata": state, "storage_data": storage}
+
+
+def grid_layout(global_shape: tuple[int, ...], chunks: Sequence[tuple[tuple, tuple, Sequence[int]]]
+                ) -> Optional[dict]:
+    """The layout MindFormers' loader reads a tensor's chunks by (MindSpore's ``Layout.to_dict``:
+    a device matrix, which of its axes cuts each tensor dimension, and the ranks in device-matrix
+    order), for ``chunks`` ``(offset, shape, ranks holding it)`` that cut every dimension into
+    equal parts, each held by as many ranks: the matrix is the cuts of each cut dimension, then
+    the replicas; the first rank of each chunk, its writer, is its replica 0. None for any
+    other cutting (the two FSDP-sharded parts of ``linear_qkv``, a rank's two TP-cut halves of
+    ``weight1``), which only mindtrain reads (MindFormers takes a tensor without a layout to be whole in rank 0's file)."""
+    if not global_shape:
+        return None
+    size = []
+    for d, n in enumerate(global_shape):
+        sizes = {c[1][d] for c in chunks}
+        k = sizes.pop()
+        if sizes or not 0 < k <= n or n % k:
+            return None
+        size.append(k)
+    cuts = [n // k for n, k in zip(global_shape, size)]
+    cell = {tuple(o // k for o, k in zip(c[0], size)): sorted(c[2]) for c in chunks
+            if all(o % k == 0 for o, k in zip(c[0], size))}
+    replicas = {len(r) for r in cell.values()}
+    if len(cell) != len(chunks) or len(cell) != math.prod(cuts) or len(replicas) != 1:
+        return None
+    reps = replicas.pop()
+    axes = [d for d in range(len(cuts)) if cuts[d] > 1]
+    matrix = [cuts[d] for d in axes] + ([reps] if reps > 1 or not axes else [])
+    alias = [f"dim{d}" for d in axes] + (["replica"] if reps > 1 or not axes else [])
+    tensor_map = [len(matrix) - 1 - axes.index(d) if d in axes else -1 for d in range(len(cuts))]
+    ranks = [r for index in itertools.product(*(range(cuts[d]) for d in axes))
+             for r in cell[tuple(index[axes.index(d)] if d in axes else 0 for d in range(len(cuts)))]]
+    if len(set(ranks)) != len(ranks):  # a rank holding two chunks (weight1's two TP-cut halves)
+        return None
+    return {"device_matrix": matrix, "tensor_map": tensor_map, "interleaved_parallel": False,
+            "alias_name": alias, "rank_list": ranks}
 
 
 _RANK = re.compile(r"-(\d{7})-\d{7}\.safetensors$")
