@@ -548,7 +548,9 @@ class Checkpointer:
             shards = layout.shards()
             state = resume.state if resume.state is not None else load_json(folder)
             self.check_resume(state, schedule, folder)
-            local = {"step": resume.reader.read_full("step")} if "step" in resume.reader.names() else {}
+            # MindFormers' optimizer step, else its common.json's (the step the counters say)
+            local = {"step": resume.reader.read_full("step") if "step" in resume.reader.names()
+                     else np.array(state["step"], np.int64)}
             for kind in ("exp_avg", "exp_avg_sq"):
                 moment = [sharded_replace(sh, f"{kind}.{sh.name}") for sh in shards]
                 for sh, a in zip(shards, read_pieces(resume.reader, moment, [t for _, t in named_params])):

@@ -18,7 +18,10 @@ Every rank writes the boxes of MindFormers' tensors that its pieces of mindtrain
 make (:func:`to_pieces`, through :mod:`mindtrain.trainer.mindformers_names`): a renamed
 tensor's piece is a box as it is, the gate and up pieces of the same rows one box of
 ``linear_fc1`` together, a piece of ``q_a_proj`` a box of ``linear_qkv`` of its own. Nothing is
-gathered. :class:`MindFormersBoxes` reads it back, and what MindFormers wrote, box by box
+gathered. A file holds one box per tensor, so a rank with two boxes of one tensor
+(``linear_qkv``'s two FSDP-cut parts) writes a second file (MindFormers names files by index
+and count, ``{prefix}-model-{j * world + rank}-{n * world}``, as its balanced save does).
+:class:`MindFormersBoxes` reads it back, and what MindFormers wrote, box by box
 under mindtrain's names (:class:`mindtrain.trainer.sharded.ShardedReader` reads the files). A
 checkpoint without ``metadata.json`` holds whole tensors (MindFormers writes none for one
 card). numpy, safetensors and json only.

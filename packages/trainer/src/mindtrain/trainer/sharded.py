@@ -2,14 +2,17 @@
 
 A piece is a box of a full tensor (:class:`mindtrain.parallel.Shard`: name, global shape,
 offset, shape). Every rank writes the pieces it is the first holder of (replicas are written
-once) into ``model-{rank:07d}-{world:07d}.safetensors`` and ``opt-...`` (AdamW's moments);
+once) into ``model-{rank:07d}-{world:07d}.safetensors`` and ``opt-...`` (AdamW's moments;
+a rank with two boxes of one tensor writes a second pair, :func:`plan_files`);
 ``metadata.json`` is MindFormers' PyNative format (``mindformers/checkpoint/``): per tensor
-its global shape and chunks (``global_offset``, ``local_shape``), and per chunk the file that
-stores it. A rank that loads reads, through a memory map, only the parts of the files that
-overlap the boxes it holds, so any layout and world size loads any other's checkpoint.
+its global shape, chunks (``global_offset``, ``local_shape``) and, when they cut it evenly,
+MindSpore's layout of them (:func:`grid_layout`), and per chunk the file that stores it. A
+rank that loads reads, through a memory map, only the parts of the files that overlap the
+boxes it holds, so any layout and world size loads any other's checkpoint.
 
-Files are written tensor by tensor from the arrays given (no copy of the whole file is
-built), so a save holds nothing beyond the rank's own share. numpy and json only.
+Files are written tensor by tensor, each made when its turn comes (:class:`Lazy`; no copy
+of the whole file is built), so a save holds nothing beyond the rank's own share. numpy and
+json only.
 """
 
 from __future__ import annotations
