@@ -388,9 +388,10 @@ class Checkpointer:
                 out(f"mindtrain: {note}")
 
     def check_storage(self, param_bytes: int) -> None:
-        """Before step 1: ``save_path`` can be created and written, and (rank 0, which writes
-        the tensors) has room for one checkpoint: the weights, plus AdamW's two moments unless
-        ``no_save_optim``, at float32 and full shape; also within the process's file-size limit."""
+        """Before step 1: ``save_path`` can be created and written, and (rank 0, for the folder
+        all ranks write into) has room for one checkpoint: the weights, plus AdamW's two moments
+        unless ``no_save_optim``, at float32 and full shape; also within the process's
+        file-size limit (the whole model's, as one process writes it)."""
         if self.writer is None:
             return
         path = self.writer.save_path
