@@ -1,7 +1,8 @@
 """TP=2 x EP=2 x FSDP=2, EP=2 x FSDP (4 ranks, experts sharded over edp=2) and TP=2 x EP=2 x
 ZeRO-3 (compiled pieces between the collectives, per-layer units) train the tiny DeepSeek-V3 exactly
 like one process: same per-step losses and final parameters; per-rank parameter and
-activation bytes shrink as TP/SP/EP/FSDP say.
+activation bytes shrink as TP/SP/EP/FSDP say. The 4-worker job runs over MindSpore's own
+collectives (``MINDTRAIN_CPU_TRANSPORT=mccl``), the path a multi-node job takes.
 
 The single-process reference runs (as a plain process) while the 4-worker msrun job runs
 the three layouts in one launch. Every layout: the tiny config with 2 decoder layers (dense +
@@ -48,13 +49,14 @@ def out_dir(tmp_path_factory):
         proc.kill()
 
 
-def _msrun(d: Path, workers: int, port: int, cases: str):
+def _msrun(d: Path, workers: int, port: int, cases: str, transport: str = "shm"):
     log_dir = d / f"log_{workers}"
     cmd = ["msrun", f"--worker_num={workers}", f"--local_worker_num={workers}", f"--master_port={port}",
            f"--log_dir={log_dir}", "--join=True", str(WORKER), str(d), cases]
     # a generous hang guard, not a timing check; the whole process group goes on timeout
     # (killing msrun alone leaves its workers running)
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=d,
+    env = {**_env(), "MINDTRAIN_CPU_TRANSPORT": transport}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=d,
                             start_new_session=True)
     try:
         proc.communicate(timeout=2400)
@@ -88,7 +90,9 @@ def _compare(ref: dict, got: dict, case: str) -> None:
 def results(out_dir):
     """The reference and every case of the one 4-worker launch, by name."""
     d, ref_proc = out_dir
-    _msrun(d, 4, 8402, "tp2_ep2_fsdp2,ep2_fsdp4,tp2_ep2_zero3_compiled")
+    # over MindSpore's own collectives (mccl), the path a multi-node job takes, not the
+    # same-host shared-memory transport every other multi-rank test runs
+    _msrun(d, 4, 8402, "tp2_ep2_fsdp2,ep2_fsdp4,tp2_ep2_zero3_compiled", transport="mccl")
     out = {"ref": _reference(d, ref_proc)}
     for case in ("tp2_ep2_fsdp2", "ep2_fsdp4", "tp2_ep2_zero3_compiled"):
         out[case] = dict(np.load(d / f"{case}.npz"))
@@ -123,6 +127,7 @@ def test_tp2_ep2_zero3_compiled_by_regions_matches_single_process(results):
     (graph inputs). Same losses, grad norms and final weights as one process; between steps
     each rank holds only its dim-0 shards of the TP pieces and its experts."""
     ref, got = results["ref"], results["tp2_ep2_zero3_compiled"]
+    assert str(got["transport"]) == "mccl"
     _compare(ref, got, "tp2_ep2_zero3_compiled")
     np.testing.assert_allclose(got["grad_norms"], ref["grad_norms"], rtol=LOSS_RTOL)
     # it really ran compiled, by pieces (TP and EP wrap cells inside every layer), with one

@@ -156,7 +156,7 @@ def run_layout(case, world, rank, out_dir):
         state[bias.name] = bias.asnumpy()
     fsdp = layout.fsdp
     result = {"losses": np.array(losses), "grad_norms": np.array(norms),
-              "compiled": is_compiled(model), "units": len(fsdp.units),
+              "compiled": is_compiled(model), "units": len(fsdp.units), "transport": C.transport(),
               "whole_layers": sum(layer.can_run_whole() for layer in model.model.layers),
               "param_bytes_layout": layout.memory_bytes(),
               "shard_bytes": sum(int(p.size) * p.itemsize for p in fsdp.params),
