@@ -4,10 +4,13 @@
 
 Each run trains ``benchmarks/configs/ds3_375m.yaml`` (375M parameters) for ``--steps`` steps
 on the bundled corpus through ``run_mindformer.py`` and saves once at the end. Every worker's
-peak RSS (``VmHWM``) is sampled every 0.1 s: "training" is its peak when it printed its last
-step line, "save" its peak at exit (after the sharded save). Beside them, mindtrain-estimate's
-per-device total (parameters, gradients, optimizer, activations) for the same layout. The
-ratio column is a rank's peak over the one-process peak.
+peak RSS (``VmHWM``) is sampled every 0.1 s. "train" is its peak when every worker has
+printed its last step line; then the bench resets each worker's peak (``/proc/PID/clear_refs``
+"5" sets VmHWM to the current RSS) and "save" is the peak from there to the worker's exit:
+the sharded save (which starts right after the step line, so its first 0.1 s may come before
+the reset; the RSS it had then is still counted). Beside them, mindtrain-estimate's per-device
+training peak (``total``) and save peak (``save_peak``) for the same layout, and their
+errors. The ratio column is a rank's training peak over the one-process one.
 """
 
 from __future__ import annotations
@@ -37,6 +40,15 @@ def _hwm(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+def _reset_peak(pid: int) -> None:
+    """Set ``pid``'s VmHWM to its current RSS (Linux: clear_refs 5)."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
 
 
 def _workers(root_pid: int) -> list[int]:
@@ -98,24 +110,28 @@ def run(workers: int, steps: int, config: str, work: str, data: str) -> dict:
     with open(console, "w") as f:
         proc = subprocess.Popen(cmd, cwd=work, env=worker_env(), stdout=f, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-    peak: dict[int, int] = {}
+    peak: dict[int, int] = {}  # VmHWM: the training peak, then (after the reset) the save's
     at_last_step: dict[int, int] = {}
     pids: list[int] = []
     while proc.poll() is None:
         if len(pids) < workers:
             pids = sorted(set(pids) | set(_workers(proc.pid)))
         for pid in pids:
-            peak[pid] = max(peak.get(pid, 0), _hwm(pid))
-        if len(at_last_step) < len(pids):
+            hwm = _hwm(pid)
+            if hwm:
+                peak[pid] = hwm if pid in at_last_step else max(peak.get(pid, 0), hwm)
+        if len(at_last_step) < workers and len(pids) == workers:
             done = sum(1 for path in logs() if _finished(path, steps))
             if done == workers:
                 for pid in pids:
-                    at_last_step.setdefault(pid, peak.get(pid, 0))
+                    at_last_step[pid] = max(peak.get(pid, 0), _hwm(pid))
+                    _reset_peak(pid)
+                    peak[pid] = _hwm(pid)
         time.sleep(0.1)
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed (rc {proc.returncode}); see {console}")
-    return {"workers": workers, "train": max(at_last_step.values(), default=0), "save": max(peak.values()),
-            "seconds": time.time() - t0}
+    return {"workers": workers, "train": max(at_last_step.values(), default=0),
+            "save": max((peak[p] for p in at_last_step), default=0), "seconds": time.time() - t0}
 
 
 def _finished(path: str, steps: int) -> bool:
@@ -141,16 +157,18 @@ def main() -> int:
     data = prepare_data(os.path.join(work, "data", "pydoc"))
     gb = 2 ** 30
     print(f"bench_scale: {os.path.relpath(a.config, ROOT)}, {a.steps} steps and a save, ZeRO-3; work {work}")
-    print(f"{'workers':>7} {'train peak/rank':>16} {'save peak/rank':>15} {'vs 1 process':>12} "
-          f"{'save/train':>10} {'estimate':>9} {'time':>6}")
+    print(f"{'workers':>7} {'train peak/rank':>16} {'estimate':>9} {'error':>6} {'save peak/rank':>15} "
+          f"{'estimate':>9} {'error':>6} {'vs 1 process':>12} {'save/train':>10} {'time':>6}")
     one = None
     for n in [int(x) for x in a.workers.split(",")]:
         r = run(n, a.steps, a.config, work, data)
         cfg = load_config(a.config, [f"training.steps={a.steps}"], validate=False)
-        est = estimate(cfg, n, device="CPU").worst.total
-        one = one or r["save"]
-        print(f"{n:>7} {r['train'] / gb:>14.2f}GB {r['save'] / gb:>13.2f}GB {r['save'] / one:>11.2f}x "
-              f"{r['save'] / max(r['train'], 1):>9.2f}x {est / gb:>7.2f}GB {r['seconds']:>5.0f}s", flush=True)
+        est = estimate(cfg, n, device="CPU")
+        train, save = est.worst.total, est.worst_save.save_peak
+        one = one or r["train"]
+        print(f"{n:>7} {r['train'] / gb:>14.2f}GB {train / gb:>7.2f}GB {train / r['train'] - 1:>+6.0%} "
+              f"{r['save'] / gb:>13.2f}GB {save / gb:>7.2f}GB {save / r['save'] - 1:>+6.0%} "
+              f"{r['train'] / one:>11.2f}x {r['save'] / max(r['train'], 1):>9.2f}x {r['seconds']:>5.0f}s", flush=True)
     return 0
 
 

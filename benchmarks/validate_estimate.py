@@ -115,7 +115,7 @@ def measure_peak(mode: str, seq: int, jit: bool) -> float:
 def estimate_activations(mode: str, seq: int) -> int:
     from mindtrain.config import MindTrainConfig, ModelConfig, resolve_parallelism
     from mindtrain.config.schema import RecomputeConfig
-    from mindtrain.trainer.estimate import activation_bytes, _units, DTYPE_BYTES
+    from mindtrain.trainer.estimate import activation_bytes, rank_units, DTYPE_BYTES
     import bench_memory as b
 
     cfg = MindTrainConfig()
@@ -124,7 +124,7 @@ def estimate_activations(mode: str, seq: int) -> int:
     cfg.training.local_batch_size = 1
     cfg.training.global_batch_size = 1
     dims = resolve_parallelism(cfg.parallelism, 1)
-    (units,) = _units(cfg.model, dims, None, 1)
+    (units,) = rank_units(cfg.model, dims, None, 1)
     return activation_bytes(cfg, dims, units, DTYPE_BYTES["float32"], RecomputeConfig(**MODES[mode]))
 
 

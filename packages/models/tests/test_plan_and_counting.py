@@ -2,6 +2,7 @@
 
 import mindspore as ms
 import numpy as np
+import pytest
 
 import mindtrain.models as mm
 from mindtrain.config import ModelConfig
@@ -71,3 +72,36 @@ def test_plan_roles_regions_and_split_fields():
     assert [u.path for u in plan.units] == ["model.embed_tokens", "model.layers.0", "model.layers.1",
                                              "model.layers.2", None, "model.layers.3"]
     assert [n for n, q in p.items() if q.applied_outside] == ["model.layers.3.shared_head.norm.weight"]
+
+
+# the config's parameter plan (mindtrain.config.model_plan) against the model built from it:
+# dense and MoE layers with q LoRA and an MTP module; no q LoRA, attention biases, every layer
+# MoE with two shared experts, no MTP; two MTP modules after two dense layers, no shared expert
+PLAN_CONFIGS = {
+    "dense_moe_mtp": dict(CFG),
+    "no_q_lora_bias_all_moe": dict(CFG, q_lora_rank=None, attention_bias=True, first_k_dense_replace=0,
+                                   n_shared_experts=2, num_nextn_predict_layers=0),
+    "two_mtp_no_shared": dict(CFG, num_hidden_layers=2, first_k_dense_replace=2, n_shared_experts=0,
+                              num_nextn_predict_layers=2),
+}
+
+
+@pytest.mark.parametrize("name", list(PLAN_CONFIGS))
+def test_the_config_plan_is_the_models_parameters(name):
+    """Every trainable parameter the model builds, by name and shape, in the model's order, is
+    the plan's; the plan's TP split, expert flag and unit are the model's parallel plan's."""
+    from mindtrain.config.model_plan import param_specs, units
+
+    cfg = ModelConfig(**PLAN_CONFIGS[name])
+    model = mm.build_model(cfg, jit=False, empty=True)
+    specs = param_specs(cfg)
+    assert [(p.name, p.shape) for p in specs] == [(p.name, tuple(p.shape)) for p in model.trainable_params()]
+    plan = mm.parallel_plan(model)
+    for p in specs:
+        info = plan.params[p.name]
+        assert (p.tp, p.tp_dim, p.expert, p.unit) == (info.tp, info.tp_dim, info.expert, info.unit), p.name
+    trainable = {p.name for p in specs}
+    assert [(u.name, u.kind, u.layer, u.path, u.params) for u in units(cfg)] == \
+        [(u.name, u.kind, u.layer, u.path, [n for n in u.params if n in trainable]) for u in plan.units]
+    total, _ = mm.count_parameters(cfg)
+    assert total == sum(int(np.prod(p.shape)) for p in model.trainable_params())

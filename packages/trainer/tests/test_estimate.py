@@ -1,6 +1,6 @@
-"""mindtrain-estimate: its parameter table against the real model, its per-layout bytes
-against the real sharding code, its FLOPs against the trainer's, the command line on the
-671B config, and bad input (one line, exit 2)."""
+"""mindtrain-estimate: its per-layout bytes against the real sharding code, its rules the
+packages' own (parameter plan, FLOPs, row blocks), the command line on the 671B config, and
+bad input (one line, exit 2)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from mindtrain.config import load_config, resolve_parallelism
-from mindtrain.trainer.estimate import estimate, flops_per_token, param_table, parse_bytes
+from mindtrain.trainer.estimate import estimate, parse_bytes
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 TINY = os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml")
@@ -33,29 +33,20 @@ def _model(overrides):
     return cfg, build_model(cfg.model, jit=False)
 
 
-@pytest.mark.parametrize("overrides", [TWO_LAYERS, TWO_LAYERS + VARIANT], ids=["tiny", "variant"])
-def test_param_table_is_the_models_parameters(overrides):
-    from mindtrain.models import count_parameters, parallel_plan
+def test_one_flops_per_token_and_parameter_plan():
+    """The estimate counts with the models package's own rules: the trainer's FLOPs per token
+    (the step line's) and the parameters the model builds (mindtrain.config.model_plan, which
+    packages/models/tests checks against the built model)."""
+    from mindtrain.config import model_plan
+    from mindtrain.models import count_parameters, flops_per_token
+    from mindtrain.trainer import estimate as e
 
-    cfg, model = _model(overrides)
-    real = {p.name: tuple(p.shape) for p in model.trainable_params()}
-    table = param_table(cfg.model)
-    assert {p.name: p.shape for p in table} == real
-    assert sum(p.numel for p in table) == count_parameters(cfg.model)[0]
-    plan = parallel_plan(model)
-    for p in table:  # the TP split, expert flag and pipeline unit the parallel plan gives
-        info = plan.params[p.name]
-        assert (p.tp, p.tp_dim, p.expert, p.unit) == (info.tp, info.tp_dim, info.expert, info.unit), p.name
-
-
-@pytest.mark.parametrize("config,overrides", [(TINY, []), (TINY, VARIANT), (DS3, []),
-                                              (DS3, ["model.num_nextn_predict_layers=0"])])
-def test_flops_per_token_is_the_trainers(config, overrides):
-    from mindtrain.models import flops_per_token as model_flops
-
-    m = load_config(config, overrides).model
-    assert flops_per_token(m) == pytest.approx(model_flops(m, m.seq_length), rel=1e-12)
-    assert flops_per_token(m, 64) == pytest.approx(model_flops(m, 64), rel=1e-12)
+    assert e.flops_per_token is flops_per_token is model_plan.flops_per_token
+    assert count_parameters is model_plan.count_parameters
+    cfg = load_config(TINY, VARIANT)
+    est = estimate(cfg, 1, "CPU")
+    assert est.flops_per_token == flops_per_token(cfg.model)
+    assert est.stages[0].optimizer == 8 * count_parameters(cfg.model)[0]
 
 
 # layouts whose sharding runs in one process (no collective at set-up): rank 0's bytes
@@ -78,13 +69,15 @@ LAYOUTS = {
 def test_layout_bytes_are_the_sharded_models(name):
     """Parameters resident between steps and AdamW state, as the engine counts them
     (``Engine.memory_bytes``, ``AdamW.state_bytes``), on the model laid out by
-    mindtrain.parallel for every rank of the layout."""
+    mindtrain.parallel for every rank of the layout; the largest of the tensors the optimizer
+    updates, which sizes a save's buffer and the gradient norm's host copy."""
     from mindtrain.models import parallel_plan
     from mindtrain.parallel import DeviceMesh, apply_expert_parallel, apply_tensor_parallel, fully_shard
 
     workers, extra = LAYOUTS[name]
     cfg, _ = _model(TWO_LAYERS)  # sets the device
-    cfg = load_config(TINY, TWO_LAYERS + ["training.global_batch_size=4"] + extra, world_size=workers)
+    cfg = load_config(TINY, TWO_LAYERS + ["training.global_batch_size=4", "checkpoint.enable_save=true"] + extra,
+                      world_size=workers)
     dims = resolve_parallelism(cfg.parallelism, workers)
     want = estimate(cfg, workers, "CPU").stages[0]
     from mindtrain.models import build_model
@@ -100,7 +93,6 @@ def test_layout_bytes_are_the_sharded_models(name):
         tp = apply_tensor_parallel(model, plan, mesh) if dims.tp > 1 else None
         ep = apply_expert_parallel(model, plan, mesh) if dims.ep > 1 else None
         experts = ep.param_bytes() if ep is not None else 0
-        expert_numel = sum(p.size for p in ep.params) if ep is not None else 0
         if dims.dp > 1:
             kw = {}
             if units:
@@ -108,12 +100,17 @@ def test_layout_bytes_are_the_sharded_models(name):
                       "shared": {n: [] for n, p in plan.params.items() if p.applied_outside and p.trainable}}
             fs = fully_shard(model, mesh, strategy=strategy, **kw)
             params = fs.memory_bytes()["params"] + experts
-            optim = 8 * (sum(p.size for p in fs.params) + expert_numel)
+            given = list(fs.params)
         else:
             params = sum(p.size * p.itemsize for p in model.trainable_params()) + experts
-            optim = 8 * (sum(p.size for p in model.trainable_params()) + expert_numel)
+            given = list(model.trainable_params())
+        given += list(ep.params) if ep is not None else []  # what the optimizer updates (and a save writes)
+        optim = 8 * sum(p.size for p in given)
         del tp
         assert (want.params, want.optimizer) == (params, optim), (name, rank)
+        # a save's buffer: its largest piece; the gradient norm: its float64 copy and square
+        largest = 4 * max(p.size for p in given)
+        assert (want.save_buffer, want.host_transient) == (largest, 4 * largest), (name, rank)
 
 
 PIPELINE_LAYOUTS = {
@@ -188,17 +185,18 @@ def test_671b_on_a_layout_that_fits():
 
 def test_recomputed_attention_is_rebuilt_in_blocks(monkeypatch):
     """Layers whose attention core is recomputed rebuild its scores one block at a time
-    (mindtrain-models' CoreAttention.row_block_elements), eager or compiled (the model then
+    (mindtrain.config.recompute's rule, which mindtrain-models runs), eager or compiled (the model then
     compiles such a layer around its core): bench_memory's size at seq 4096. Attention that
     is not recomputed keeps the whole scores."""
-    from mindtrain.trainer import estimate
+    from mindtrain.config import recompute as rules
     from mindtrain.config.schema import RecomputeConfig
+    from mindtrain.trainer import estimate
 
     size = ["model.hidden_size=256", "model.num_attention_heads=8", "model.num_key_value_heads=8",
             "model.seq_length=4096", "train_dataset.dataloader.config.seq_length=4096",
             "model.max_position_embeddings=4096", "training.global_batch_size=1"]
     scores = 8 * 4096 * 4096  # one layer's [B, N, S, S], batch 1
-    block = estimate.ROW_BLOCK_ELEMENTS  # 1024 rows of one head x 4096 keys
+    block = rules.ROW_BLOCK_ELEMENTS  # 1024 rows of one head x 4096 keys
 
     def act(compiled, mode, **select):
         cfg = load_config(TINY, size + [f"compile.enable={str(compiled).lower()}"])
@@ -213,7 +211,7 @@ def test_recomputed_attention_is_rebuilt_in_blocks(monkeypatch):
     assert act(True, "None") == off  # nothing recomputed: nothing in blocks
     # selecting the experts alone leaves the attention whole, eager or compiled
     assert act(False, "select", **{"mlp.experts": True}) == act(True, "select", **{"mlp.experts": True})
-    monkeypatch.setattr(estimate, "ROW_BLOCK_ELEMENTS", 1 << 40)  # every core whole
+    monkeypatch.setattr(rules, "ROW_BLOCK_ELEMENTS", 1 << 40)  # every core whole
     whole = {(c, mode): act(c, mode, **sel) for c in (False, True) for mode, sel in cases}
     core = 2 * scores * 4  # the scores and probabilities a rebuilt whole core keeps
     for key, b in blocked.items():

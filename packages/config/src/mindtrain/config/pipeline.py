@@ -12,7 +12,7 @@ rank there are ``P x V`` virtual stages; chunk ``c`` of rank ``r`` is virtual st
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from mindtrain.config.errors import ConfigError
 
@@ -140,3 +140,30 @@ def layer_counts(value: Any, num_layers: int, stages: int, chunks: int = 1) -> O
     if any(c == 0 for c in counts[1:-1]):
         raise ConfigError(FIELD, f"{value!r}: only the first and last virtual stage may have no decoder layer")
     return counts
+
+
+def partition_units(units: Sequence[Any], stages: int, layers_per_stage: Any = None,
+                    chunks: int = 1) -> list[list[str]]:
+    """Unit names per virtual stage (``stages x chunks`` lists; chunk ``c`` of rank ``r`` is
+    entry ``c * stages + r``) of the ordered ``units`` (records with ``["name"]`` and
+    ``["kind"]``: :class:`mindtrain.config.plan.UnitPlan` or dicts): the embedding with the
+    first, the head and MTP modules with the last, decoder layers in order, balanced by count
+    (earlier virtual stages take the remainder, since the last one also holds the head and
+    MTP) or as ``layers_per_stage`` says (any form of :func:`layer_counts`)."""
+    decoders = [u["name"] for u in units if u["kind"] == "decoder"]
+    n = len(decoders)
+    n_virtual = stages * chunks
+    counts = layer_counts(layers_per_stage, n, stages, chunks)
+    if counts is None:
+        base, extra = divmod(n, n_virtual)
+        counts = [base + (1 if i < extra else 0) for i in range(n_virtual)]
+    out, start = [], 0
+    for i, c in enumerate(counts):
+        names = decoders[start:start + c]
+        start += c
+        if i == 0:
+            names = [u["name"] for u in units if u["kind"] == "embedding"] + names
+        if i == n_virtual - 1:
+            names = names + [u["name"] for u in units if u["kind"] in ("head", "mtp")]
+        out.append(names)
+    return out

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 from mindtrain.config.errors import ConfigError
 from mindtrain.config.schema import RecomputeConfig
@@ -32,6 +32,23 @@ class RecomputePlan:
     @property
     def active(self) -> bool:
         return bool(self.full or self.select)
+
+
+ROW_BLOCK_ELEMENTS = 1 << 22
+"""Score elements per block of query rows (16 MB of float32; 1,024 rows at 4,096 keys): a
+recomputed attention core that runs in blocks (:func:`core_in_row_blocks`) computes its
+scores ``ROW_BLOCK_ELEMENTS // S`` rows of one sequence and head at a time, whenever the
+micro-batch's scores hold more than one block (mindtrain-models' ``CoreAttention``)."""
+
+
+def core_in_row_blocks(compiled: bool, heads: int, seq_length: int, block: Optional[int] = None) -> bool:
+    """Whether a layer whose attention core is recomputed runs that core eagerly in blocks of
+    query rows: always when the model is eager; when it is compiled, only if one sequence's
+    scores (``heads x S x S`` at the configured ``seq_length``) exceed a ``block`` (a graph
+    would keep them all in its workspace; the layer then compiles the pieces around its core).
+    ``block`` defaults to :data:`ROW_BLOCK_ELEMENTS`."""
+    block = ROW_BLOCK_ELEMENTS if block is None else block
+    return not compiled or heads * seq_length * seq_length > block
 
 
 # MindFormers' names of a decoder layer's modules (its select_module patterns use them)

@@ -10,6 +10,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 from mindspore.common._grad_function import _Function  # MindSpore's custom autograd function (pinned 2.10)
 
+from mindtrain.config.recompute import ROW_BLOCK_ELEMENTS
 from mindtrain.models import kernels
 from mindtrain.models.inputs import NEG
 from mindtrain.models.blocks import Block, overridden
@@ -40,8 +41,8 @@ class CoreAttention(nn.Cell):
 
     matmul_dtype = None
     fast_kernels = False
-    row_block_elements = 1 << 22
-    """Score elements per block of rows (16 MB of float32; 1,024 rows at 4,096 keys):
+    row_block_elements = ROW_BLOCK_ELEMENTS
+    """Score elements per block of rows (:data:`mindtrain.config.recompute.ROW_BLOCK_ELEMENTS`):
     attention whose scores hold more runs in blocks of one sequence and head,
     ``row_block_elements // Sk`` rows each."""
 

@@ -26,6 +26,7 @@ import mindspore as ms
 from mindspore import nn
 
 from mindtrain.config import ConfigError, RecomputePlan, module_matches, recompute_plan
+from mindtrain.config.recompute import core_in_row_blocks
 from mindtrain.models.blocks import Block
 from mindtrain.models.recompute import Recompute, recompute_submodule
 
@@ -136,9 +137,9 @@ def configure_row_blocks(model: nn.Cell) -> set:
     for i, layer in enumerate(_layers(model)):
         attn = layer.self_attn
         core = attn.core_attention
-        covered = core_recomputed(model, i)
-        big = attn.num_heads * cfg.seq_length * cfg.seq_length > core.row_block_elements
-        if covered and big:
+        in_blocks = core_recomputed(model, i) and core_in_row_blocks(compiled, attn.num_heads, cfg.seq_length,
+                                                                        core.row_block_elements)
+        if in_blocks:
             blocked.add(i)
-        core.recompute_in_row_blocks(covered and (not compiled or big))
+        core.recompute_in_row_blocks(in_blocks)
     return blocked

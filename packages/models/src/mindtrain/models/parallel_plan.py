@@ -6,29 +6,8 @@ Weights are HF-shaped ``[out, in]``; routed experts are stacked ``[E, out, in]``
 
 from __future__ import annotations
 
-import re
-
+from mindtrain.config.model_plan import is_expert, tp_split, unit_of, units as plan_units
 from mindtrain.config.plan import ParallelPlan, ParamPlan, Region, UnitPlan
-
-# (suffix pattern, tensor-parallel style, split dim); first match wins
-_TP_RULES: list[tuple[str, str, int | None]] = [
-    (r"^model\.embed_tokens\.weight$", "vocab", 0),
-    (r"^lm_head\.weight$", "column", 0),
-    (r"\.self_attn\.(q_proj|q_b_proj|kv_b_proj)\.weight$", "column", 0),
-    (r"\.self_attn\.o_proj\.weight$", "row", 1),
-    (r"\.mlp\.(shared_experts\.)?(gate_proj|up_proj)\.weight$", "column", 0),
-    (r"\.mlp\.(shared_experts\.)?down_proj\.weight$", "row", 1),
-    (r"\.mlp\.experts\.(gate_proj|up_proj)$", "column", 1),
-    (r"\.mlp\.experts\.down_proj$", "row", 2),
-]
-
-
-def _tp(name: str) -> tuple[str, int | None]:
-    for pattern, style, dim in _TP_RULES:
-        if re.search(pattern, name):
-            return style, dim
-    # low-rank down projections, norms, router, eh_proj and biases stay whole on every rank
-    return "replicated", None
 
 
 def _split_field(name: str, style: str, dim: int | None, expert: bool) -> str | None:
@@ -99,27 +78,18 @@ def parallel_plan(model) -> ParallelPlan:
     cfg = model.config
     n_layers = cfg.num_hidden_layers
     n_mtp = cfg.num_nextn_predict_layers
-    unit_args = [("embedding", "embedding", None, "model.embed_tokens")]
-    unit_args += [(f"layers.{i}", "decoder", i, f"model.layers.{i}") for i in range(n_layers)]
-    unit_args.append(("head", "head", None, None))
-    unit_args += [(f"mtp.{k}", "mtp", n_layers + k, f"model.layers.{n_layers + k}") for k in range(n_mtp)]
-    units = [UnitPlan(name, kind, layer, [], path) for name, kind, layer, path in unit_args]
+    # the units the config's parameter plan names (mindtrain.config.model_plan), with the
+    # model's own parameters (buffers included)
+    units = [UnitPlan(u.name, u.kind, u.layer, [], u.path) for u in plan_units(cfg)]
     by_name = {u.name: u for u in units}
     regions = _regions(model)
 
     params: dict[str, ParamPlan] = {}
     for p in model.get_parameters():
         name = p.name
-        m = re.match(r"^model\.layers\.(\d+)\.", name)
-        if m:
-            idx = int(m.group(1))
-            unit = f"layers.{idx}" if idx < n_layers else f"mtp.{idx - n_layers}"
-        elif name.startswith("model.embed_tokens."):
-            unit = "embedding"
-        else:
-            unit = "head"  # model.norm.weight, lm_head.weight
-        style, dim = _tp(name)
-        expert = bool(re.search(r"\.mlp\.experts\.(gate_proj|up_proj|down_proj)$", name))
+        unit = unit_of(name, n_layers)
+        style, dim = tp_split(name)
+        expert = is_expert(name)
         params[name] = ParamPlan(
             shape=tuple(p.shape),
             tp=style,

@@ -5,9 +5,14 @@ a run (pure Python: imports mindtrain.config only, no MindSpore).
     mindtrain-estimate --config X --world-size 512 -o parallelism.expert_parallel=64 ...
 
 Per device, for the layout ``parallelism`` resolves to on ``--world-size`` devices, it
-reports what mindtrain's engines hold (``engine.py``, mindtrain-parallel's FSDP / TP / EP /
-pipeline schedule), in the order they hold it:
+reports what mindtrain's engines hold (mindtrain-parallel's FSDP / TP / EP / pipeline
+schedule, the trainer's step), sized from the model's own parameter plan
+(:mod:`mindtrain.config.model_plan`), stage partition
+(:func:`mindtrain.config.pipeline.partition_units`) and row-block rule
+(:func:`mindtrain.config.recompute.core_in_row_blocks`):
 
+- **runtime** (CPU, where the device's memory is the host's): the process before its model,
+  MindSpore and mindtrain imported (:data:`RUNTIME_BYTES`);
 - **parameters** resident between steps: float32 master weights; TP splits the column /
   row / vocab-split matrices over ``tensor_parallel``; EP keeps ``E / ep`` routed experts
   per rank, sharded again over ``edp = dp x cp / ep`` when they divide; FSDP shards every
@@ -15,9 +20,11 @@ pipeline schedule), in the order they hold it:
   full weight beside its shard (what the metrics' ``param_bytes`` counts);
 - **gathered weights** (ZeRO-3): full weights gathered for the running unit and the root
   (embedding, head), or the whole stage under pipeline parallelism;
-- **gradients** at their peak: float32, a micro-batch's full gradients of what
-  ``value_and_grad`` differentiates at once, plus the accumulators (full, or the FSDP shard
-  under ZeRO-2/3);
+- **gradients** at the step's peak moment (:class:`StageBytes`): the backward (a
+  micro-batch's fresh gradients beside the accumulators; from the second micro-batch on the
+  sum ``a + g`` makes new accumulators while the old ones live) or the optimizer step (the
+  clipped copy ``g * coef`` beside the gradients); an eager backward makes its fresh
+  gradients in the memory its activations free;
 - **optimizer**: AdamW's two float32 moments of what the optimizer updates (shards);
 - **activations** of one micro-batch, with the config's recompute and with none / all
   layers recomputed: the tensors the model's backward keeps, counted op by op from
@@ -27,14 +34,18 @@ pipeline schedule), in the order they hold it:
   ``heads x S x S``, the routed experts' block dispatch (gathered tokens, gathered expert
   weights per block of 32 slots, SwiGLU intermediates), the logits; once per micro-batch
   the additive attention mask ``[B, heads, S, S]`` (float32) and the backward's largest
-  transient; with pipeline parallelism the stage inputs of the micro-batches in flight.
+  transient; with pipeline parallelism the stage inputs of the micro-batches in flight;
+- **grad norm** (CPU): the float64 copy of the largest gradient piece and its square, on
+  the host;
+- **save peak** (CPU): MindSpore's memory pool keeps what training reached, so a save holds
+  the training peak plus its own buffer: the largest piece it writes (each rank writes its
+  pieces one at a time), or with ``checkpoint.async_save`` host copies of all of them.
 
-FLOPs per step: :func:`flops_per_token` (``6 x`` the matmul weights a token uses plus the
-attention term, the convention of the step line's throughput) times the global batch's
-tokens, and per device (divided by the world size).
+FLOPs per step: :func:`mindtrain.config.model_plan.flops_per_token` (the step line's
+convention) times the global batch's tokens, and per device (divided by the world size).
 
 Validated against the trainer's measured per-rank bytes and peak RSS: see the package
-README (section "Memory estimate").
+README (section "Memory estimate") and ``benchmarks/bench_scale.py``.
 """
 
 from __future__ import annotations
@@ -48,7 +59,10 @@ from typing import Optional, Sequence
 
 from mindtrain.config import (ZERO3, ConfigError, MindTrainConfig, ModelConfig, ParallelDims, UserError, module_matches,
                               num_accumulation_steps, recompute_plan, resolve_parallelism)
-from mindtrain.config.pipeline import layer_counts
+from mindtrain.config import recompute as recompute_rules
+from mindtrain.config.model_plan import ParamSpec, flops_per_token, param_specs
+from mindtrain.config.model_plan import units as model_units
+from mindtrain.config.pipeline import partition_units
 from mindtrain.config.schema import RecomputeConfig
 
 PROG = "mindtrain-estimate"
@@ -63,111 +77,6 @@ MOE_BLOCK = 32
 """Slots per block of the portable routed-experts dispatch (the model's ``moe_block``)."""
 
 
-# ------------------------------------------------------------------ the parameters
-@dataclass(frozen=True)
-class ParamSpec:
-    """One trainable parameter as the model names and shapes it, with the tensor-parallel
-    split mindtrain.models' parallel plan gives it and the pipeline unit that holds it."""
-
-    name: str
-    shape: tuple[int, ...]
-    tp: str = "replicated"       # column / row / vocab / replicated
-    tp_dim: Optional[int] = None
-    expert: bool = False         # stacked routed-expert weight [E, ...]
-    unit: str = ""
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-
-def _layer_params(m: ModelConfig, i: int) -> list[ParamSpec]:
-    unit = f"layers.{i}" if i < m.num_hidden_layers else f"mtp.{i - m.num_hidden_layers}"
-    pre = f"model.layers.{i}."
-    h, n = m.hidden_size, m.num_attention_heads
-    qk = m.qk_nope_head_dim + m.qk_rope_head_dim
-    bias = bool(m.attention_bias)
-    out: list[ParamSpec] = []
-
-    def add(name, shape, tp="replicated", dim=None, expert=False):
-        out.append(ParamSpec(pre + name, tuple(shape), tp, dim, expert, unit))
-
-    a = "self_attn."
-    if m.q_lora_rank:
-        add(a + "q_a_proj.weight", (m.q_lora_rank, h))
-        if bias:
-            add(a + "q_a_proj.bias", (m.q_lora_rank,))
-        add(a + "q_a_layernorm.weight", (m.q_lora_rank,))
-        add(a + "q_b_proj.weight", (n * qk, m.q_lora_rank), "column", 0)
-    else:
-        add(a + "q_proj.weight", (n * qk, h), "column", 0)
-    add(a + "kv_a_proj_with_mqa.weight", (m.kv_lora_rank + m.qk_rope_head_dim, h))
-    if bias:
-        add(a + "kv_a_proj_with_mqa.bias", (m.kv_lora_rank + m.qk_rope_head_dim,))
-    add(a + "kv_a_layernorm.weight", (m.kv_lora_rank,))
-    add(a + "kv_b_proj.weight", (n * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank), "column", 0)
-    add(a + "o_proj.weight", (h, n * m.v_head_dim), "row", 1)
-    if bias:
-        add(a + "o_proj.bias", (h,))
-    if i < m.first_k_dense_replace:
-        add("mlp.gate_proj.weight", (m.intermediate_size, h), "column", 0)
-        add("mlp.up_proj.weight", (m.intermediate_size, h), "column", 0)
-        add("mlp.down_proj.weight", (h, m.intermediate_size), "row", 1)
-    else:
-        e, im = m.n_routed_experts, m.moe_intermediate_size
-        add("mlp.gate.weight", (e, h))
-        add("mlp.experts.gate_proj", (e, im, h), "column", 1, True)
-        add("mlp.experts.up_proj", (e, im, h), "column", 1, True)
-        add("mlp.experts.down_proj", (e, h, im), "row", 2, True)
-        if m.n_shared_experts:
-            si = im * m.n_shared_experts
-            add("mlp.shared_experts.gate_proj.weight", (si, h), "column", 0)
-            add("mlp.shared_experts.up_proj.weight", (si, h), "column", 0)
-            add("mlp.shared_experts.down_proj.weight", (h, si), "row", 1)
-    add("input_layernorm.weight", (h,))
-    add("post_attention_layernorm.weight", (h,))
-    if i >= m.num_hidden_layers:
-        add("enorm.weight", (h,))
-        add("hnorm.weight", (h,))
-        add("eh_proj.weight", (h, 2 * h))
-        add("shared_head.norm.weight", (h,))
-    return out
-
-
-def param_table(m: ModelConfig) -> list[ParamSpec]:
-    """Every trainable parameter of the DeepSeek-V3 model ``m`` describes (HF names; the
-    routers' correction biases are buffers, not listed)."""
-    h, v = m.hidden_size, m.vocab_size
-    out = [ParamSpec("model.embed_tokens.weight", (v, h), "vocab", 0, False, "embedding")]
-    for i in range(m.num_hidden_layers + m.num_nextn_predict_layers):
-        out += _layer_params(m, i)
-    out += [ParamSpec("model.norm.weight", (h,), unit="head"),
-            ParamSpec("lm_head.weight", (v, h), "column", 0, False, "head")]
-    return out
-
-
-def flops_per_token(m: ModelConfig, seq_length: Optional[int] = None) -> float:
-    """Training FLOPs per token, the convention of the step line's throughput
-    (``mindtrain.models.flops_per_token``): 6 x the matmul weights a token uses (routed
-    experts: ``num_experts_per_tok`` of them; norms and the embedding lookup excluded; the
-    head once per prediction depth) + ``6 x heads x S x (qk_head_dim + v_head_dim)`` per
-    layer."""
-    s = seq_length or m.seq_length
-    matmul = 0.0
-    for p in param_table(m):
-        if p.name == "model.embed_tokens.weight" or p.name.endswith("norm.weight"):
-            continue
-        if p.expert:
-            matmul += p.numel * m.num_experts_per_tok / m.n_routed_experts
-        else:
-            matmul += p.numel
-    matmul += m.vocab_size * m.hidden_size * m.num_nextn_predict_layers
-    n_layers = m.num_hidden_layers + m.num_nextn_predict_layers
-    qk = m.qk_nope_head_dim + m.qk_rope_head_dim
-    attention = 6 * m.num_attention_heads * s * (qk + m.v_head_dim) * n_layers
-    return float(6 * matmul + attention)
-
-
 # ------------------------------------------------------------------ layout
 def _layer_index(m: ModelConfig, unit: str) -> int:
     """The model layer of a decoder (``layers.N``) or MTP (``mtp.K``) unit: MTP module K is
@@ -176,24 +85,12 @@ def _layer_index(m: ModelConfig, unit: str) -> int:
     return int(n) + (m.num_hidden_layers if kind == "mtp" else 0)
 
 
-def _units(m: ModelConfig, dims: ParallelDims, layers_per_stage, chunks: int) -> list[list[str]]:
+def rank_units(m: ModelConfig, dims: ParallelDims, layers_per_stage, chunks: int) -> list[list[str]]:
     """Unit names per pipeline rank (its chunks together), as the pipeline schedule
-    partitions them: embedding on the first virtual stage, head and MTP on the last."""
-    n = m.num_hidden_layers
-    n_virtual = dims.pp * chunks
-    counts = layer_counts(layers_per_stage, n, dims.pp, chunks) if dims.pp > 1 else None
-    if counts is None:
-        base, extra = divmod(n, n_virtual)
-        counts = [base + (1 if i < extra else 0) for i in range(n_virtual)]
-    virtual, start = [], 0
-    for i, c in enumerate(counts):
-        names = [f"layers.{j}" for j in range(start, start + c)]
-        start += c
-        if i == 0:
-            names = ["embedding"] + names
-        if i == n_virtual - 1:
-            names += ["head"] + [f"mtp.{k}" for k in range(m.num_nextn_predict_layers)]
-        virtual.append(names)
+    partitions them (:func:`mindtrain.config.pipeline.partition_units`)."""
+    if dims.pp == 1:
+        return [[u.name for u in model_units(m)]]
+    virtual = partition_units(model_units(m), dims.pp, layers_per_stage, chunks)
     return [[u for c in range(chunks) for u in virtual[c * dims.pp + r]] for r in range(dims.pp)]
 
 
@@ -222,30 +119,65 @@ def _shard_numel(p: ParamSpec, dims: ParallelDims) -> int:
     return -(-rows // dims.dp_shard) * rest
 
 
+RUNTIME_BYTES = {"CPU": 429_000_000}
+"""Host memory of a rank before its model, by device: on CPU the process after importing
+MindSpore 2.10 and mindtrain (peak RSS 0.39-0.40 GB measured, one process or an msrun
+worker). On Ascend the device's memory holds no such share (the host's is not counted)."""
+
+
 @dataclass
 class StageBytes:
-    """One pipeline rank's bytes by kind (every rank of a stage holds the same)."""
+    """One pipeline rank's bytes by kind (every rank of a stage holds the same).
+
+    ``grads`` is the gradient memory at its peak moment of the step, beyond what the
+    activations hold: the backward (the micro-batch's fresh gradients beside the
+    accumulators; from the second micro-batch on, the sum ``a + g`` makes new accumulators
+    while the old ones live) or the optimizer step (the clipped copy ``g * coef`` of the
+    gradients it is given, beside them). An eager backward frees each operation's kept
+    tensors as it makes its gradients, so the fresh gradients take the activations' memory
+    (``fresh_in_activations``); a compiled layer's gradients do not (measured on CPU).
+    """
 
     stage: int
     units: list[str]
+    runtime: int = 0
     params: int = 0
     gathered: int = 0
-    grads: int = 0
+    grads_backward: int = 0
+    grads_step: int = 0
+    grads_fresh: int = 0
+    fresh_in_activations: bool = False
     optimizer: int = 0
     activations: int = 0
     activations_none: int = 0
     activations_full: int = 0
     in_flight: int = 0
+    host_transient: int = 0
+    save_buffer: int = 0
     breakdown: dict = field(default_factory=dict)
 
     @property
+    def grads(self) -> int:
+        shared = min(self.grads_fresh, self.activations) if self.fresh_in_activations else 0
+        return max(self.grads_backward, self.grads_step) - shared
+
+    @property
     def total(self) -> int:
-        return self.params + self.gathered + self.grads + self.optimizer + self.activations + self.in_flight
+        """The training peak."""
+        return (self.runtime + self.params + self.gathered + self.grads + self.optimizer + self.activations
+                + self.in_flight + self.host_transient)
+
+    @property
+    def save_peak(self) -> int:
+        """The peak during a save: what training reached (MindSpore's memory pool keeps it)
+        plus the save's own buffer."""
+        return self.total + self.save_buffer
 
 
 def stage_bytes(cfg: MindTrainConfig, dims: ParallelDims, stage: int, units: list[str],
                 table: list[ParamSpec], accumulation: int) -> StageBytes:
-    """Parameter, gathered-weight, gradient and optimizer bytes of a rank of ``stage``."""
+    """Parameter, gathered-weight, gradient, optimizer and save-buffer bytes of a rank of
+    ``stage``."""
     m = cfg.model
     strategy = cfg.parallelism.data_parallel_shard_strategy
     pipeline = dims.pp > 1 or dims.cp > 1
@@ -287,15 +219,39 @@ def stage_bytes(cfg: MindTrainConfig, dims: ParallelDims, stage: int, units: lis
             out.gathered = F32 * full  # the stage's weights, for the whole step
     if expert_sharded:
         out.gathered += F32 * expert_live
-    # gradients: one micro-batch's full gradients of what value_and_grad differentiates at
-    # once (ZeRO-3 units: the root and one unit), the accumulators kept over the step
-    # (ZeRO-2/3: the shard; ZeRO-1 and more than one micro-batch: full), the experts'
+    # gradients (float32). fresh: one micro-batch's gradients of what value_and_grad
+    # differentiates at once (ZeRO-3 units: the root and one unit); accumulators: ZeRO-2/3
+    # keep this rank's shards (reduce-scattered as each backward ends), ZeRO-1 and no
+    # sharding the full gradients; the optimizer is given the shards (ZeRO-1/2/3) or the
+    # full gradients, and clipping (training.max_norm > 0) copies them
     fresh = out.gathered // F32 - (expert_live if expert_sharded else 0) if has_units else full
-    if fsdp:
-        acc = full if strategy == "optim" else shards
-    else:
-        acc = full if accumulation > 1 else 0
-    out.grads = F32 * (fresh + acc + expert_numel + expert_live)
+    acc = shards if fsdp and strategy != "optim" else full
+    given = shards if fsdp else full
+    if accumulation > 1:  # acc_new = acc_old + g: both accumulators and the fresh gradients
+        backward = fresh + 2 * acc
+    else:  # the first micro-batch's gradients are the accumulators (ZeRO-2/3: plus their shards)
+        backward = fresh + (acc if fsdp and strategy != "optim" else 0)
+    clip = cfg.training.max_norm > 0
+    out.grads_backward = F32 * (backward + expert_numel + expert_live)
+    out.grads_step = F32 * (given + expert_numel) * (2 if clip else 1)
+    out.grads_fresh = F32 * fresh
+    out.fresh_in_activations = not cfg.compile.enable and not has_units
+    # the gradient norm, on the host in float64: each piece's float64 copy and its square
+    # (numpy's memory, beside MindSpore's pool; it counts where the device is the host)
+    given_pieces = [_shard_numel(p, dims) if fsdp and not (p.expert and dims.ep > 1) else _local_numel(p, dims)
+                    for p in params]
+    out.host_transient = 4 * F32 * max(given_pieces, default=0)
+    # the save: each rank writes its own pieces, each made when its turn comes (the largest
+    # is the buffer; in the mindformers layout two pieces of one fused tensor make one);
+    # checkpoint.async_save first copies every piece this rank writes to the host
+    ck = cfg.checkpoint
+    if ck.enable_save:
+        boxes = given_pieces  # the optimizer's pieces are the checkpoint's
+        copies = 1 if ck.no_save_optim else 3  # the weights, and AdamW's two moments
+        if ck.async_save:
+            out.save_buffer = F32 * copies * sum(boxes)
+        else:
+            out.save_buffer = F32 * max(boxes, default=0) * (2 if ck.layout == "mindformers" else 1)
     return out
 
 
@@ -452,13 +408,6 @@ def _layer_kept(mod: Module, m: ModelConfig, i: int, z: _Shapes, plan_full: set,
     return kept, rebuilt
 
 
-# mindtrain-models' CoreAttention.row_block_elements: a layer whose attention core is recomputed
-# (eager, or compiled with more scores per sequence than a block) runs the core (its first pass
-# and its backward) in blocks of rows of one sequence and head, each with at most this many
-# score elements (when the whole scores hold more)
-ROW_BLOCK_ELEMENTS = 1 << 22
-
-
 def _core_recomputed(i: int, full: set, select: dict) -> bool:
     """Layer ``i``'s attention core is recomputed: the whole layer, or a selected module
     that is the core or holds it."""
@@ -472,8 +421,9 @@ def activation_bytes(cfg: MindTrainConfig, dims: ParallelDims, units: list[str],
     """Peak bytes of one micro-batch's activations on a rank holding ``units``, with
     ``recompute`` (default: the config's). ``breakdown`` (a dict) receives the bytes by kind
     without recompute. Layers whose attention core is recomputed rebuild its scores one
-    block at a time (:data:`ROW_BLOCK_ELEMENTS`): eager layers, and compiled ones whose
-    sequence's scores exceed a block."""
+    block at a time (:data:`mindtrain.config.recompute.ROW_BLOCK_ELEMENTS`) when the model's
+    rule says so (:func:`mindtrain.config.recompute.core_in_row_blocks`: eager layers, and
+    compiled ones whose sequence's scores exceed a block)."""
     m = cfg.model
     b = cfg.training.local_batch_size
     s = m.seq_length // dims.cp
@@ -490,11 +440,12 @@ def activation_bytes(cfg: MindTrainConfig, dims: ParallelDims, units: list[str],
     kinds = {"attention scores and probabilities": 0, "routed-expert dispatch": 0, "attention mask": 0,
              "logits": 0, "other": 0, "backward transient": 0}
     scores = b * z.heads * s * m.seq_length
-    eager = not cfg.compile.enable  # every layout compiles with it (parallel's compiled_regions)
-    # compiled layers too, when one sequence's scores exceed a block: the model compiles such
-    # a layer around its core (mindtrain-models' DeepseekV3ForCausalLM._blocked_cores)
-    in_blocks = scores > ROW_BLOCK_ELEMENTS and (eager or m.num_attention_heads * m.seq_length ** 2 > ROW_BLOCK_ELEMENTS)
-    block = min(s, max(1, ROW_BLOCK_ELEMENTS // m.seq_length)) * m.seq_length  # one block's scores
+    # the trainer builds the model compiled with compile.enable; a recomputed core runs in
+    # blocks where the model's rule says so, once the micro-batch's scores exceed a block
+    rows = recompute_rules.ROW_BLOCK_ELEMENTS
+    in_blocks = scores > rows and recompute_rules.core_in_row_blocks(bool(cfg.compile.enable), m.num_attention_heads,
+                                                                      m.seq_length, rows)
+    block = min(s, max(1, rows // m.seq_length)) * m.seq_length  # one block's scores
     largest_scores = 0  # the scores one attention backward holds at once
     for i in layer_ids:
         mod = layer_module(m, i, z, dims)
@@ -547,18 +498,22 @@ class Estimate:
     device_memory: Optional[int]
     recompute_mode: str
     memory_source: str = "given"
-
     compile_enabled: bool = True
+    saves: bool = True
+    """checkpoint.enable_save: the run saves (its save peak is reported)."""
 
     @property
     def compiled(self) -> bool:
-        """The layout runs compiled graphs (whole layers, or the pieces between TP/EP/CP's
-        collectives): every layout does with ``compile.enable``."""
+        """The model runs compiled (ms.jit) pieces: ``compile.enable`` (every layout)."""
         return self.compile_enabled
 
     @property
     def worst(self) -> StageBytes:
         return max(self.stages, key=lambda s: s.total)
+
+    @property
+    def worst_save(self) -> StageBytes:
+        return max(self.stages, key=lambda s: s.save_peak)
 
     @property
     def fits(self) -> Optional[bool]:
@@ -591,13 +546,16 @@ def estimate(cfg: MindTrainConfig, world_size: int, device: str = "Ascend",
     m = cfg.model
     dtype = effective_dtype(m.compute_dtype, device)
     c = DTYPE_BYTES[dtype]
-    table = param_table(m)
+    table = param_specs(m)
     p = cfg.parallelism
     chunks = p.pipeline_parallel_interleave_num if dims.pp > 1 else 1
-    parts = _units(m, dims, p.pipeline_parallel_layers_per_stage, chunks)
+    parts = rank_units(m, dims, p.pipeline_parallel_layers_per_stage, chunks)
     stages = []
     for r, units in enumerate(parts):
         st = stage_bytes(cfg, dims, r, units, table, accum)
+        st.runtime = RUNTIME_BYTES.get(device.upper(), 0)
+        if device.upper() != "CPU":  # host memory, not the device's
+            st.host_transient = st.save_buffer = 0
         st.activations = activation_bytes(cfg, dims, units, c)
         st.activations_none = activation_bytes(cfg, dims, units, c, RecomputeConfig(mode="None"), st.breakdown)
         st.activations_full = activation_bytes(cfg, dims, units, c, RecomputeConfig(mode="full"))
@@ -613,7 +571,7 @@ def estimate(cfg: MindTrainConfig, world_size: int, device: str = "Ascend",
     return Estimate(dims=dims, strategy=p.data_parallel_shard_strategy, accumulation=accum, compute_dtype=dtype,
                     device=device, stages=stages, flops_per_token=fpt, flops_per_step=step,
                     device_memory=device_memory, recompute_mode=str(cfg.recompute.mode),
-                    compile_enabled=bool(cfg.compile.enable))
+                    compile_enabled=bool(cfg.compile.enable), saves=bool(cfg.checkpoint.enable_save))
 
 
 # ------------------------------------------------------------------ report
@@ -637,12 +595,17 @@ def report(est: Estimate, config_name: str) -> list[str]:
     head = f"per device ({uname})".ljust(34) + "".join(
         ((f"stage {s.stage}" + (" *" if s is worst else "")) if d.pp > 1 else "each rank").rjust(14) for s in cols)
     lines.append(head)
-    rows = [("parameters (fp32, resident)", "params"), ("gathered weights (transient)", "gathered"),
-            ("gradients (fp32, peak)", "grads"), ("optimizer (AdamW, 2 x fp32)", "optimizer"),
+    rows = [("runtime (MindSpore, host)", "runtime"), ("parameters (fp32, resident)", "params"),
+            ("gathered weights (transient)", "gathered"), ("gradients (fp32, peak)", "grads"),
+            ("optimizer (AdamW, 2 x fp32)", "optimizer"),
             (f"activations / micro-batch ({est.recompute_mode})", "activations"),
-            ("pipeline micro-batches in flight", "in_flight"), ("total", "total")]
+            ("pipeline micro-batches in flight", "in_flight"), ("grad norm (host, float64)", "host_transient"),
+            ("total: training peak", "total"), ("save buffer", "save_buffer"),
+            ("save peak (training + buffer)", "save_peak")]
+    host = est.device.upper() == "CPU"
     for label, attr in rows:
-        if attr == "in_flight" and d.pp == 1:
+        if (attr == "in_flight" and d.pp == 1) or (attr in ("runtime", "host_transient") and not host) or \
+                (attr in ("save_buffer", "save_peak") and not (est.saves and host)):
             continue
         lines.append(label.ljust(34) + "".join(_gb(getattr(s, attr), unit).rjust(14) for s in cols))
     lines.append("activations, no recompute".ljust(34) + "".join(_gb(s.activations_none, unit).rjust(14) for s in cols))
@@ -652,21 +615,25 @@ def report(est: Estimate, config_name: str) -> list[str]:
     lines.append(f"FLOPs per step: {est.flops_per_step:.4g} ({est.flops_per_token:.4g} per token x "
                  f"{est.flops_per_step / est.flops_per_token:,.0f} tokens); per device "
                  f"{est.flops_per_step / d.world_size:.4g}")
-    if est.compiled:
-        lines.append("note: this layout runs compiled (ms.jit) layers or regions; on CPU their graph workspaces "
-                     "took up to 3x the activation figure above (package README, Memory estimate)")
+    if est.compiled and est.device.upper() == "CPU":
+        lines.append("note: compiled (ms.jit) layers on CPU measured up to 15% above this total (their kept "
+                     "tensors and gradients are not reused by the memory pool; package README, Memory estimate)")
     if est.device_memory is None:
         lines.append("fit: no device memory given (set context.max_device_memory or pass --device-memory)")
     else:
         lines.append(f"device memory: {_gb(est.device_memory)} GB ({est.memory_source})")
         cap = est.device_memory
-        diff = worst.total - cap
-        where = f" (stage {worst.stage})" if d.pp > 1 else ""
+        # on CPU the device's memory is the host's, which the save's buffer takes too
+        save = est.saves and host
+        peak = est.worst_save if save else worst
+        need = peak.save_peak if save else peak.total
+        diff = need - cap
+        where = f" (stage {peak.stage})" if d.pp > 1 else ""
         if diff > 0:
-            lines.append(f"does NOT fit: needs {_gb(worst.total)} GB per device{where}, {_gb(cap)} GB available: "
-                         f"{_gb(diff)} GB over ({worst.total / cap:.1f}x)")
+            lines.append(f"does NOT fit: needs {_gb(need)} GB per device{where}, {_gb(cap)} GB available: "
+                         f"{_gb(diff)} GB over ({need / cap:.1f}x)")
         else:
-            lines.append(f"fits: needs {_gb(worst.total)} GB per device{where} of {_gb(cap)} GB "
+            lines.append(f"fits: needs {_gb(need)} GB per device{where} of {_gb(cap)} GB "
                          f"({_gb(-diff)} GB spare)")
     return lines
 

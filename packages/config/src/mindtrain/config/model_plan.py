@@ -1,0 +1,178 @@
+"""The parameters a DeepSeek-V3 ``ModelConfig`` describes and its training FLOPs, as plain data.
+
+One description of the model's trainable parameters, written once, without MindSpore: each
+parameter's name (the model's, which are HF's), shape, tensor-parallel split and pipeline
+unit. mindtrain-models builds exactly these (its tests build the model and compare), counts
+them (``count_parameters``) and gives its parallel plan the same splits (:func:`tp_split`);
+mindtrain-estimate sizes every layout from them. :func:`flops_per_token` is the one FLOP
+convention (the step line's throughput and the estimate).
+
+Weights are HF-shaped ``[out, in]``; routed experts are stacked ``[E, out, in]``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+from mindtrain.config.plan import UnitPlan
+from mindtrain.config.schema import ModelConfig
+
+# (name pattern, tensor-parallel style, split dim); the first match wins
+TP_RULES: tuple[tuple[str, str, Optional[int]], ...] = (
+    (r"^model\.embed_tokens\.weight$", "vocab", 0),
+    (r"^lm_head\.weight$", "column", 0),
+    (r"\.self_attn\.(q_proj|q_b_proj|kv_b_proj)\.weight$", "column", 0),
+    (r"\.self_attn\.o_proj\.weight$", "row", 1),
+    (r"\.mlp\.(shared_experts\.)?(gate_proj|up_proj)\.weight$", "column", 0),
+    (r"\.mlp\.(shared_experts\.)?down_proj\.weight$", "row", 1),
+    (r"\.mlp\.experts\.(gate_proj|up_proj)$", "column", 1),
+    (r"\.mlp\.experts\.down_proj$", "row", 2),
+)
+_EXPERT = re.compile(r"\.mlp\.experts\.(gate_proj|up_proj|down_proj)$")
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def tp_split(name: str) -> tuple[str, Optional[int]]:
+    """(style, dim) of parameter ``name`` under tensor parallelism: "column" splits the output
+    dim, "row" the input dim, "vocab" the vocabulary rows; low-rank down projections, norms,
+    the router, ``eh_proj`` and biases stay whole ("replicated", None)."""
+    for pattern, style, dim in TP_RULES:
+        if re.search(pattern, name):
+            return style, dim
+    return "replicated", None
+
+
+def is_expert(name: str) -> bool:
+    """A routed-expert weight, stacked over the experts on dim 0."""
+    return bool(_EXPERT.search(name))
+
+
+def unit_of(name: str, num_hidden_layers: int) -> str:
+    """The unit (what FSDP wraps, what a pipeline stage holds) of parameter ``name``:
+    ``embedding``, ``layers.N``, ``head`` (final norm and lm_head) or ``mtp.K`` (model layer
+    ``num_hidden_layers + K``)."""
+    m = _LAYER.match(name)
+    if m:
+        idx = int(m.group(1))
+        return f"layers.{idx}" if idx < num_hidden_layers else f"mtp.{idx - num_hidden_layers}"
+    return "embedding" if name.startswith("model.embed_tokens.") else "head"
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One trainable parameter: its name and shape, its tensor-parallel split
+    (:func:`tp_split`), whether it is a stacked routed-expert weight, and its unit."""
+
+    name: str
+    shape: tuple[int, ...]
+    tp: str = "replicated"
+    tp_dim: Optional[int] = None
+    expert: bool = False
+    unit: str = ""
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def _layer_shapes(m: ModelConfig, i: int) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of model layer ``i``'s parameters (an MTP module when
+    ``i >= num_hidden_layers``), in the model's order."""
+    h, n = m.hidden_size, m.num_attention_heads
+    qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+    kv_a = m.kv_lora_rank + m.qk_rope_head_dim
+    bias = bool(m.attention_bias)
+    a = "self_attn."
+    out: list[tuple[str, tuple[int, ...]]] = []
+    if m.q_lora_rank:
+        out.append((a + "q_a_proj.weight", (m.q_lora_rank, h)))
+        if bias:
+            out.append((a + "q_a_proj.bias", (m.q_lora_rank,)))
+        out += [(a + "q_a_layernorm.weight", (m.q_lora_rank,)), (a + "q_b_proj.weight", (n * qk, m.q_lora_rank))]
+    else:
+        out.append((a + "q_proj.weight", (n * qk, h)))
+    out.append((a + "kv_a_proj_with_mqa.weight", (kv_a, h)))
+    if bias:
+        out.append((a + "kv_a_proj_with_mqa.bias", (kv_a,)))
+    out += [(a + "kv_a_layernorm.weight", (m.kv_lora_rank,)),
+            (a + "kv_b_proj.weight", (n * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)),
+            (a + "o_proj.weight", (h, n * m.v_head_dim))]
+    if bias:
+        out.append((a + "o_proj.bias", (h,)))
+    if i < m.first_k_dense_replace:
+        out += [("mlp.gate_proj.weight", (m.intermediate_size, h)), ("mlp.up_proj.weight", (m.intermediate_size, h)),
+                ("mlp.down_proj.weight", (h, m.intermediate_size))]
+    else:
+        e, im = m.n_routed_experts, m.moe_intermediate_size
+        out += [("mlp.gate.weight", (e, h)), ("mlp.experts.gate_proj", (e, im, h)),
+                ("mlp.experts.up_proj", (e, im, h)), ("mlp.experts.down_proj", (e, h, im))]
+        if m.n_shared_experts:
+            si = im * m.n_shared_experts
+            out += [("mlp.shared_experts.gate_proj.weight", (si, h)), ("mlp.shared_experts.up_proj.weight", (si, h)),
+                    ("mlp.shared_experts.down_proj.weight", (h, si))]
+    out += [("input_layernorm.weight", (h,)), ("post_attention_layernorm.weight", (h,))]
+    if i >= m.num_hidden_layers:
+        out += [("enorm.weight", (h,)), ("hnorm.weight", (h,)), ("eh_proj.weight", (h, 2 * h)),
+                ("shared_head.norm.weight", (h,))]
+    return [(f"model.layers.{i}.{name}", shape) for name, shape in out]
+
+
+def param_specs(m: ModelConfig) -> list[ParamSpec]:
+    """Every trainable parameter of the DeepSeek-V3 model ``m`` describes: the embedding,
+    the decoder layers, the MTP modules, the final norm and lm_head (the routers' correction
+    biases are buffers, not listed)."""
+    h, v = m.hidden_size, m.vocab_size
+    shapes = [("model.embed_tokens.weight", (v, h))]
+    for i in range(m.num_hidden_layers + m.num_nextn_predict_layers):
+        shapes += _layer_shapes(m, i)
+    shapes += [("model.norm.weight", (h,)), ("lm_head.weight", (v, h))]
+    return [ParamSpec(name, tuple(shape), *tp_split(name), is_expert(name), unit_of(name, m.num_hidden_layers))
+            for name, shape in shapes]
+
+
+def units(m: ModelConfig) -> list[UnitPlan]:
+    """The model's units in order, each with its parameters' names and its cell path: the
+    embedding, each decoder layer, the head (final norm and lm_head: no single cell), each
+    MTP module."""
+    n = m.num_hidden_layers
+    out = [UnitPlan("embedding", "embedding", None, [], "model.embed_tokens")]
+    out += [UnitPlan(f"layers.{i}", "decoder", i, [], f"model.layers.{i}") for i in range(n)]
+    out.append(UnitPlan("head", "head", None, [], None))
+    out += [UnitPlan(f"mtp.{k}", "mtp", n + k, [], f"model.layers.{n + k}") for k in range(m.num_nextn_predict_layers)]
+    by_name = {u.name: u for u in out}
+    for p in param_specs(m):
+        by_name[p.unit].params.append(p.name)
+    return out
+
+
+def _active(p: ParamSpec, m: ModelConfig) -> int:
+    """Elements of ``p`` one token uses: ``num_experts_per_tok`` of a stacked expert weight."""
+    return p.numel // p.shape[0] * m.num_experts_per_tok if p.expert else p.numel
+
+
+def count_parameters(m: ModelConfig) -> tuple[int, int]:
+    """(total, active per token) trainable parameters, MTP modules included."""
+    specs = param_specs(m)
+    return sum(p.numel for p in specs), sum(_active(p, m) for p in specs)
+
+
+def flops_per_token(m: ModelConfig, seq_length: Optional[int] = None) -> float:
+    """Training FLOPs per token, the convention of the step line's throughput: 6 x the matmul
+    weights a token uses (routed experts: ``num_experts_per_tok`` of them; norms and the
+    embedding lookup excluded; the head once per prediction depth) + the attention term
+    ``6 x heads x S x (qk_head_dim + v_head_dim)`` per layer (full S, the PaLM convention)."""
+    s = seq_length or m.seq_length
+    matmul = sum(_active(p, m) for p in param_specs(m)
+                 if p.name != "model.embed_tokens.weight" and not p.name.endswith("norm.weight"))
+    matmul += m.vocab_size * m.hidden_size * m.num_nextn_predict_layers
+    n_layers = m.num_hidden_layers + m.num_nextn_predict_layers
+    qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+    attention = 6 * m.num_attention_heads * s * (qk + m.v_head_dim) * n_layers
+    return float(6 * matmul + attention)
+
+
+__all__ = ["ParamSpec", "TP_RULES", "count_parameters", "flops_per_token", "is_expert", "param_specs", "tp_split",
+           "unit_of", "units"]
