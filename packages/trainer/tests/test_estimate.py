@@ -80,6 +80,9 @@ def test_layout_bytes_are_the_sharded_models(name):
                       world_size=workers)
     dims = resolve_parallelism(cfg.parallelism, workers)
     want = estimate(cfg, workers, "CPU").stages[0]
+    async_save = estimate(load_config(TINY, TWO_LAYERS + ["training.global_batch_size=4", "checkpoint.enable_save=true",
+                                                         "checkpoint.async_save=true"]
+                                      + extra, world_size=workers), workers, "CPU").stages[0]
     from mindtrain.models import build_model
 
     strategy = cfg.parallelism.data_parallel_shard_strategy
@@ -111,6 +114,8 @@ def test_layout_bytes_are_the_sharded_models(name):
         # a save's buffer: its largest piece; the gradient norm: its float64 copy and square
         largest = 4 * max(p.size for p in given)
         assert (want.save_buffer, want.host_transient) == (largest, 4 * largest), (name, rank)
+        # an asynchronous save copies every piece first: the weights and both moments
+        assert async_save.save_buffer == 3 * 4 * sum(p.size for p in given), (name, rank)
 
 
 PIPELINE_LAYOUTS = {

@@ -38,8 +38,10 @@ schedule, the trainer's step), sized from the model's own parameter plan
 - **grad norm** (CPU): the float64 copy of the largest gradient piece and its square, on
   the host;
 - **save peak** (CPU): MindSpore's memory pool keeps what training reached, so a save holds
-  the training peak plus its own buffer: the largest piece it writes (each rank writes its
-  pieces one at a time), or with ``checkpoint.async_save`` host copies of all of them.
+  the training peak, less the host (numpy) memory freed back to the system (the grad norm's
+  copies; ZeRO-3's gathered weights over the shared-memory transport), plus its own buffer:
+  the largest piece it writes (each rank writes its pieces one at a time), or with
+  ``checkpoint.async_save`` host copies of all of them.
 
 FLOPs per step: :func:`mindtrain.config.model_plan.flops_per_token` (the step line's
 convention) times the global batch's tokens, and per device (divided by the world size).
@@ -153,6 +155,7 @@ class StageBytes:
     activations_full: int = 0
     in_flight: int = 0
     host_transient: int = 0
+    gathered_on_host: bool = False
     save_buffer: int = 0
     breakdown: dict = field(default_factory=dict)
 
@@ -169,9 +172,12 @@ class StageBytes:
 
     @property
     def save_peak(self) -> int:
-        """The peak during a save: what training reached (MindSpore's memory pool keeps it)
-        plus the save's own buffer."""
-        return self.total + self.save_buffer
+        """The peak during a save, right after a step: what training reached, which
+        MindSpore's memory pool keeps, less the host (numpy) memory the system got back (the
+        gradient norm's copies, and ZeRO-3's gathered weights where the gather runs on the
+        host), plus the save's own buffer."""
+        returned = self.host_transient + (self.gathered if self.gathered_on_host else 0)
+        return self.total - returned + self.save_buffer
 
 
 def stage_bytes(cfg: MindTrainConfig, dims: ParallelDims, stage: int, units: list[str],
@@ -556,6 +562,8 @@ def estimate(cfg: MindTrainConfig, world_size: int, device: str = "Ascend",
         st.runtime = RUNTIME_BYTES.get(device.upper(), 0)
         if device.upper() != "CPU":  # host memory, not the device's
             st.host_transient = st.save_buffer = 0
+        else:  # FSDP gathers over the shared-memory transport (the CPU default) into numpy arrays
+            st.gathered_on_host = dims.dp_shard > 1
         st.activations = activation_bytes(cfg, dims, units, c)
         st.activations_none = activation_bytes(cfg, dims, units, c, RecomputeConfig(mode="None"), st.breakdown)
         st.activations_full = activation_bytes(cfg, dims, units, c, RecomputeConfig(mode="full"))
@@ -601,7 +609,7 @@ def report(est: Estimate, config_name: str) -> list[str]:
             (f"activations / micro-batch ({est.recompute_mode})", "activations"),
             ("pipeline micro-batches in flight", "in_flight"), ("grad norm (host, float64)", "host_transient"),
             ("total: training peak", "total"), ("save buffer", "save_buffer"),
-            ("save peak (training + buffer)", "save_peak")]
+            ("save peak", "save_peak")]
     host = est.device.upper() == "CPU"
     for label, attr in rows:
         if (attr == "in_flight" and d.pp == 1) or (attr in ("runtime", "host_transient") and not host) or \
@@ -625,8 +633,8 @@ def report(est: Estimate, config_name: str) -> list[str]:
         cap = est.device_memory
         # on CPU the device's memory is the host's, which the save's buffer takes too
         save = est.saves and host
-        peak = est.worst_save if save else worst
-        need = peak.save_peak if save else peak.total
+        peak = max(est.stages, key=lambda s: max(s.total, s.save_peak)) if save else worst
+        need = max(peak.total, peak.save_peak) if save else peak.total
         diff = need - cap
         where = f" (stage {peak.stage})" if d.pp > 1 else ""
         if diff > 0:
