@@ -42,7 +42,8 @@ def _split_run(model, batch):
     (figures summed over the stages, {param name: gradient})."""
     from mindtrain.models import parallel_plan
     from mindtrain.parallel.context_parallel import split_batch
-    from mindtrain.parallel.pipeline_stage import METRICS, ModelStage, partition_units
+    from mindtrain.config.pipeline import partition_units
+    from mindtrain.parallel.pipeline_stage import METRICS, ModelStage
 
     plan = parallel_plan(model)
     first, last = (ModelStage(model, plan, part) for part in partition_units(plan["units"], 2))

@@ -15,7 +15,7 @@ from mindtrain.parallel.pipeline_schedule import (
     sent_messages,
     stage_ops,
 )
-from mindtrain.parallel.pipeline_stage import partition_units
+from mindtrain.config.pipeline import partition_units
 
 
 def _units(layers: int, mtp: int = 1) -> list[dict]:

@@ -50,7 +50,8 @@ from mindtrain.parallel.layout import (Shard, full_arrays, grad_norm, load_piece
 from mindtrain.parallel.mesh import DeviceMesh, Group
 from mindtrain.parallel.tensor_parallel import apply_tensor_parallel
 from mindtrain.parallel.pipeline_schedule import op_messages, resolve_schedule, stage_ops
-from mindtrain.parallel.pipeline_stage import METRICS, ModelStage, partition_units
+from mindtrain.config.pipeline import partition_units
+from mindtrain.parallel.pipeline_stage import METRICS, ModelStage
 
 
 RECEIVE_TIMEOUT_S = 900

@@ -12,7 +12,7 @@ single-process loss).
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -20,37 +20,10 @@ import mindspore as ms
 from mindspore import Tensor, ops
 
 from mindtrain.config import STEP_FIGURES, StepFigures
-from mindtrain.config.pipeline import layer_counts
 
 METRICS = STEP_FIGURES
 """Order of the per-micro-batch figures a stage returns (each this rank's share): the
 fields of :class:`mindtrain.config.StepFigures`."""
-
-
-def partition_units(units: Sequence[dict], stages: int, layers_per_stage: Any = None,
-                    chunks: int = 1) -> list[list[str]]:
-    """Unit names per virtual stage (``stages x chunks`` lists; chunk ``c`` of rank ``r`` is
-    entry ``c * stages + r``): the embedding with the first, the head and MTP modules with
-    the last, decoder layers in order, balanced by count (earlier virtual stages take the
-    remainder, since the last one also holds the head and MTP) or as ``layers_per_stage``
-    says (any form of :func:`mindtrain.config.pipeline.layer_counts`)."""
-    decoders = [u["name"] for u in units if u["kind"] == "decoder"]
-    n = len(decoders)
-    n_virtual = stages * chunks
-    counts = layer_counts(layers_per_stage, n, stages, chunks)
-    if counts is None:
-        base, extra = divmod(n, n_virtual)
-        counts = [base + (1 if i < extra else 0) for i in range(n_virtual)]
-    out, start = [], 0
-    for i, c in enumerate(counts):
-        names = decoders[start:start + c]
-        start += c
-        if i == 0:
-            names = [u["name"] for u in units if u["kind"] == "embedding"] + names
-        if i == n_virtual - 1:
-            names = names + [u["name"] for u in units if u["kind"] in ("head", "mtp")]
-        out.append(names)
-    return out
 
 
 class ModelStage:
