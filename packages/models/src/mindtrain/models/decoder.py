@@ -52,9 +52,14 @@ class DecoderLayer(Block):
         return (attn.kv_exchange is None and getattr(mlp, "sequence_reduce", None) is None
                 and not any(overridden(c) for name, c in self.cells_and_names() if name))
 
-    def construct(self, h, cos, sin, mask_add):
+    def whole_graph(self):
+        """The layer's compiled :meth:`forward` while it may run (:meth:`can_run_whole`), else None."""
         whole = self.graphs.get("forward")
-        if whole is not None and self.can_run_whole():
+        return whole if whole is not None and self.can_run_whole() else None
+
+    def construct(self, h, cos, sin, mask_add):
+        whole = self.whole_graph()
+        if whole is not None:
             return whole(h, cos, sin, mask_add, *self.piece_weights("forward"))
         return self.compose(h, cos, sin, mask_add)
 

@@ -19,15 +19,11 @@ from mindtrain.models.loss import MaskedCrossEntropy, TokenCrossEntropy
 from mindtrain.models.mtp import MTPLayer
 from mindtrain.models.norm import RMSNorm
 from mindtrain.models.blocks import Block
+from mindtrain.models.execution import is_compiled
 from mindtrain.models.precision import (DTYPES, check_param_dtype, current_device, resolve_compute_dtype,
                                         to_compute)
 from mindtrain.models.rope import RotaryEmbedding
 from mindtrain.models.weights import Init, new_weight
-
-
-def _ranges(ids) -> str:
-    ids = sorted(ids)
-    return f"{ids[0]}-{ids[-1]}" if len(ids) > 1 else str(ids[0])
 
 
 class Embedding(nn.Cell):
@@ -334,7 +330,7 @@ class DeepseekV3ForCausalLM(nn.Cell):
 
     def record_routing(self, enabled: bool = True) -> None:
         """Keep each router's top-k expert ids ([T, K] per call) in ``router.recorded``; needs jit off."""
-        if enabled and any(getattr(c, "graphs", None) for _, c in self.cells_and_names()):
+        if enabled and is_compiled(self):
             raise RuntimeError("record_routing needs an eager model (build it with jit=False)")
         for router in self.moe_routers():
             router.recorded = [] if enabled else None

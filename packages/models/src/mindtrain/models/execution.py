@@ -125,21 +125,15 @@ def core_recomputed(model: nn.Cell, i: int) -> bool:
     return any(path == k or path.startswith(k + ".") for k in model.recompute_wrappers)
 
 
-def configure_row_blocks(model: nn.Cell) -> set:
+def configure_row_blocks(model: nn.Cell) -> None:
     """Layers whose attention core is recomputed run it eagerly in blocks of query rows
     (:meth:`CoreAttention.recompute_in_row_blocks`: no pass holds more than one block's
     scores) when the model is eager or the scores at the configured sequence length
-    (batch 1) exceed one block; a compiled layer then runs the pieces around its core.
-    Returns those layers."""
+    (batch 1) exceed one block; a compiled layer then runs the pieces around its core."""
     cfg = model.config
     compiled = is_compiled(model)
-    blocked = set()
     for i, layer in enumerate(_layers(model)):
         attn = layer.self_attn
         core = attn.core_attention
-        in_blocks = core_recomputed(model, i) and core_in_row_blocks(compiled, attn.num_heads, cfg.seq_length,
-                                                                        core.row_block_elements)
-        if in_blocks:
-            blocked.add(i)
-        core.recompute_in_row_blocks(in_blocks)
-    return blocked
+        core.recompute_in_row_blocks(core_recomputed(model, i) and core_in_row_blocks(
+            compiled, attn.num_heads, cfg.seq_length, core.row_block_elements))

@@ -43,8 +43,8 @@ class MTPLayer(DecoderLayer):
         return DecoderLayer.piece_weights(self, name) + (self.enorm.weight, self.hnorm.weight, self.eh_proj.weight)
 
     def construct(self, h_prev, emb_next, cos, sin, mask_add):
-        whole = self.graphs.get("forward")
-        if whole is not None and self.can_run_whole():
+        whole = self.whole_graph()
+        if whole is not None:
             return whole(h_prev, emb_next, cos, sin, mask_add, *self.piece_weights("forward"))
         h = self.eh_proj(ops.concat((self.enorm(emb_next), self.hnorm(h_prev)), -1))
         if h.dtype != ms.float32:  # mixed precision: the residual stream stays float32

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import mindspore as ms
-from mindspore import nn, ops
+from mindspore import ops
 
 from mindtrain.models import kernels
 from mindtrain.models.blocks import Block

@@ -35,7 +35,6 @@ import numpy as np
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, mint, nn, ops
-from mindspore.graph.api import _pynative_executor  # its sync(): MindSpore 2.10 (pinned)
 
 from mindtrain.config import ZERO3, ZERO_STRATEGIES
 from mindtrain.parallel import collectives as C
@@ -392,8 +391,7 @@ class FSDP:
         self.gather_count += 1
         for s, full in zip(bucket.slots, fulls):
             if bucket.gathered and tuple(s.param.shape) == s.shape and not is_empty(s.param):
-                # a resident full parameter (ZeRO-1/2): write its buffer in place, which
-                # compiled (ms.jit) layers read; set_data would swap in storage they never see
+                # a resident full parameter (ZeRO-1/2): write its buffer in place, no new storage
                 ops.assign(s.param, full)
             else:
                 s.param.set_data(full)
@@ -410,26 +408,16 @@ class FSDP:
             s.param.set_data(ops.zeros((0,), s.dtype))
         bucket.gathered = False
 
-    def _all_gather(self, slots: list[_Slot], shards: list[Tensor],
-                    into: Optional[list[Tensor]] = None) -> list[Optional[Tensor]]:
+    def _all_gather(self, slots: list[_Slot], shards: list[Tensor]) -> list[Tensor]:
         """Full tensors of ``slots`` from their shard-shaped ``shards``: one all_gather per
-        shard group. ``into``: full-shape tensors to write the result into instead, where
-        the gather runs on the host (a CPU tensor's ``asnumpy()`` is its storage: one copy
-        from the gathered table, no tensor made, no op dispatched); their entries of the
-        result are None, the others' are made as without ``into``."""
+        shard group."""
         out: list[Optional[Tensor]] = [None] * len(slots)
         for grp, idx in _by_group(slots).items():
             xp = _Arrays.of(grp, [slots[i] for i in idx])
             table = xp.all_gather(xp.cat([xp.flat(shards[i]) for i in idx]), grp)
-            direct = into is not None and xp.host
-            if direct:
-                _pynative_executor.sync()  # no queued op may still read what is overwritten
             for i, s, off in _columns(slots, idx):
                 part = table[:, off:off + s.shard_numel].reshape((s.local_rows * grp.size,) + s.rest)
-                if direct:
-                    np.copyto(into[i].asnumpy(), part[:s.rows].reshape(s.shape))
-                else:
-                    out[i] = xp.owned(part[:s.rows].reshape(s.shape))
+                out[i] = xp.owned(part[:s.rows].reshape(s.shape))
         return out
 
     def _reduce_scatter(self, slots: list[_Slot], fulls: list[Tensor]) -> list[Tensor]:
