@@ -28,8 +28,8 @@ def test_compile_round_trip_keeps_foreign_overrides():
     model = mm.build_model(ModelConfig(**CFG))
     assert mm.is_compiled(model) == registry.DEFAULT_JIT
     mm.apply_compile(model)
-    assert all("forward" in layer.graphs for layer in model.model.layers)
-    assert "apply" in model.model.layers[0].input_layernorm.graphs
+    assert all("forward" in layer.compiled_pieces for layer in model.model.layers)
+    assert "apply" in model.model.layers[0].input_layernorm.compiled_pieces
     mm.apply_compile(model, False)
     assert not mm.is_compiled(model)
 
@@ -106,13 +106,13 @@ def test_regions_compile_the_pieces_and_compute_what_eager_does():
         if mode != "eager":
             mm.apply_compile(model, granularity="auto" if mode == "wrapped" else "region")
             for layer in model.model.layers:  # the MTP module's block too
-                assert ("forward" in layer.graphs) == (mode == "wrapped")
-                assert {"project", "attend", "keys_values", "output"} <= set(layer.self_attn.graphs)
+                assert ("forward" in layer.compiled_pieces) == (mode == "wrapped")
+                assert {"project", "attend", "keys_values", "output"} <= set(layer.self_attn.compiled_pieces)
                 if layer.is_moe:
-                    assert "forward" in layer.mlp.gate.graphs and "forward" in layer.mlp.experts.graphs
-                    assert "forward" in layer.mlp.shared_experts.graphs
+                    assert "forward" in layer.mlp.gate.compiled_pieces and "forward" in layer.mlp.experts.compiled_pieces
+                    assert "forward" in layer.mlp.shared_experts.compiled_pieces
                 else:
-                    assert "forward" in layer.mlp.graphs
+                    assert "forward" in layer.mlp.compiled_pieces
 
             def wrap(cell):
                 inner = cell.construct
@@ -137,3 +137,20 @@ def test_regions_compile_the_pieces_and_compute_what_eager_does():
         assert abs(out[mode][0] - out["eager"][0]) <= 1e-6 * abs(out["eager"][0])
         for a, b in zip(out[mode][1], out["eager"][1]):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_layers_of_one_kind_share_one_graph():
+    """MindSpore compiles (and keeps the memory of) one graph per ms.jit object: the three MoE
+    layers share one, the dense layer has its own, and a layout changing one layer's constants
+    gets that layer a graph of its own."""
+    ms.set_seed(0)
+    model = mm.build_model(ModelConfig(**{**CFG, "num_hidden_layers": 4}), jit=True)
+    ids, labels = _batch()
+    loss = model(ids, labels=labels)[0]
+    assert np.isfinite(loss.asnumpy())
+    layers = model.model.layers
+    graphs = [layer.graph("forward") for layer in layers]
+    assert graphs[1] is graphs[2] is graphs[3] and graphs[0] is not graphs[1]
+    assert len(layers[0].graph_cache) == 3  # dense layer, MoE layer, head + loss
+    layers[3].self_attn.scaling = 0.5  # a constant the piece reads
+    assert layers[3].graph("forward") is not graphs[1] and layers[2].graph("forward") is graphs[1]

@@ -192,8 +192,8 @@ def test_compiled_layer_with_recomputed_core_in_blocks_compiles_around_it(monkey
     layers = on[3].model.layers
     assert "construct" in layers[0].self_attn.core_attention.__dict__  # eager, in blocks
     assert not layers[0].can_run_whole()  # so layer 0 runs its compiled pieces around the core
-    assert {"project", "keys_values", "output"} <= set(layers[0].self_attn.graphs)
-    assert all(layer.can_run_whole() and "forward" in layer.graphs for layer in layers[1:])
+    assert {"project", "keys_values", "output"} <= set(layers[0].self_attn.compiled_pieces)
+    assert all(layer.can_run_whole() and "forward" in layer.compiled_pieces for layer in layers[1:])
     assert blocks[0] == 16  # 2 sequences x 2 heads x 4 blocks of 4 rows
     np.testing.assert_allclose(on[0][0], off[0][0], rtol=1e-6)
     for g, ref in zip(on[1], off[1]):

@@ -6,7 +6,6 @@ The rules (which keys are blocked, the mask value) are the numpy ones of
 
 from __future__ import annotations
 
-import numpy as np
 from mindspore import Tensor
 
 from mindtrain.models.inputs import additive, blocked_matrix

@@ -7,15 +7,48 @@ with its own weights (:meth:`Block.piece_weights`), which are Parameters: whatev
 storage they hold at the call (their own values, a tensor-parallel slice, the full weight a
 ZeRO-3 unit gathered in for this call) is what the piece computes with.
 
-Compiling (:func:`mindtrain.models.execution.apply_compile`) puts an ``ms.jit`` form of a
-piece in :attr:`Block.graphs`; the weights stay graph *inputs*, so a compiled piece follows a
-weight whose storage a layout swaps (``set_data``) exactly as the eager one does. Nothing
-else needs to know whether a piece is compiled.
+Compiling (:func:`mindtrain.models.execution.apply_compile`) names the pieces that run as
+``ms.jit`` graphs (:attr:`Block.compiled_pieces`). Cells of one model whose constants are equal
+(every MoE layer, say) share one graph per piece through the model's :class:`GraphCache`;
+MindSpore compiles one graph per ``ms.jit`` object and keeps the memory of each, so one graph
+per layer would cost a layer's activations and workspace per layer. The weights are graph
+*inputs*, passed as each Parameter's value (a tensor, differentiable to the Parameter):
+MindSpore keys a graph on Parameter objects and keeps the storage of the Parameters it was
+compiled with, so Parameters as inputs would compile per layer again and keep every layer's
+ZeRO-3-gathered weights alive after the unit frees them. A compiled piece follows a weight
+whose storage a layout swaps (``set_data``) exactly as the eager one does, and nothing else
+needs to know whether a piece is compiled.
 """
 
 from __future__ import annotations
 
-from mindspore import nn
+import mindspore as ms
+from mindspore import Parameter, nn
+from mindspore.ops.primitive import Primitive
+
+_SCALARS = (bool, int, float, str, type(None))
+_NOT_CONSTANTS = frozenset(vars(nn.Cell())) | {"compiled_pieces", "graph_cache"}
+
+
+class GraphCache:
+    """The compiled pieces of one model: one ``ms.jit`` graph per (cell class, piece,
+    constants), bound to the first cell that asked for it."""
+
+    def __init__(self):
+        self._graphs: dict = {}
+
+    def graph(self, cell: "Block", name: str):
+        key = (type(cell), name, constants(cell))
+        entry = self._graphs.get(key)
+        if entry is not None and constants(entry[0]) != key[2]:
+            entry = None  # a layout changed the bound cell's constants since: bind anew
+        if entry is None:
+            entry = (cell, ms.jit(getattr(type(cell), name).__get__(cell)))
+            self._graphs[key] = entry
+        return entry[1]
+
+    def __len__(self) -> int:
+        return len(self._graphs)
 
 
 class Block(nn.Cell):
@@ -26,21 +59,63 @@ class Block(nn.Cell):
 
     def __init__(self):
         super().__init__()
-        self.graphs: dict = {}
-        """Piece name -> its compiled form (empty: every piece runs eagerly)."""
+        self.compiled_pieces: frozenset = frozenset()
+        """The pieces that run as graphs (empty: every piece runs eagerly)."""
+        self.graph_cache = None
+        """The model's :class:`GraphCache` (set with :attr:`compiled_pieces`)."""
 
     def piece_weights(self, name: str) -> tuple:
         """The Parameters piece ``name`` takes after its inputs, in its order (default: all
         of the cell's, in registration order)."""
         return tuple(self.get_parameters())
 
+    def graph(self, name: str):
+        """Piece ``name``'s graph if it is compiled, else None. Call it with :func:`call_graph`."""
+        if name not in self.compiled_pieces:
+            return None
+        return self.graph_cache.graph(self, name)
+
+    def functional(self):
+        """``(fn, weights)`` such that ``fn(*inputs, *values)`` computes what calling the cell
+        computes, with ``values`` in place of ``weights`` (Parameters, in order); None when
+        the cell has no such form now. A layout that differentiates the cell itself (ZeRO-3's
+        unit backward) takes the weights' gradients as gradients of ``values``: MindSpore's
+        ``ms.grad(weights=Parameters)`` over a compiled graph keeps state per Parameter (a
+        layer's weights per layer, measured), gradients of inputs do not."""
+        return None
+
     def run(self, name: str, *inputs):
         """Piece ``name`` on ``inputs`` and this cell's weights, compiled when
-        :attr:`graphs` has it."""
-        fn = self.graphs.get(name)
-        if fn is None:
-            fn = getattr(self, name)
-        return fn(*inputs, *self.piece_weights(name))
+        :attr:`compiled_pieces` has it."""
+        graph = self.graph(name)
+        if graph is None:
+            return getattr(self, name)(*inputs, *self.piece_weights(name))
+        return call_graph(graph, *inputs, *self.piece_weights(name))
+
+
+def call_graph(graph, *args):
+    """``graph(*args)`` with each Parameter passed as its value (see the module doc)."""
+    return graph(*(a.value() if isinstance(a, Parameter) else a for a in args))
+
+
+def constants(cell: nn.Cell) -> tuple:
+    """What a piece of ``cell`` may read besides its inputs: the class and the plain
+    attributes (sizes, flags, primitives' settings) of the cell and its sub-cells; any other
+    object (a layout's hook, a tensor) by identity."""
+    out = []
+    for path, c in cell.cells_and_names():
+        items = []
+        for k, v in vars(c).items():
+            if k[0] == "_" or k in _NOT_CONSTANTS:
+                continue
+            if isinstance(v, _SCALARS) or (isinstance(v, tuple) and all(isinstance(x, _SCALARS) for x in v)):
+                items.append((k, v))
+            elif isinstance(v, Primitive):
+                items.append((k, v.name, repr(sorted(v.attrs.items()))))
+            else:
+                items.append((k, id(v)))
+        out.append((path, type(c).__name__, tuple(items)))
+    return tuple(out)
 
 
 def overridden(cell: nn.Cell) -> bool:

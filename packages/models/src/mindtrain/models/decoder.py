@@ -6,7 +6,7 @@ import mindspore as ms
 from mindspore import ops
 
 from mindtrain.models.attention import MLAttention
-from mindtrain.models.blocks import Block, overridden
+from mindtrain.models.blocks import Block, call_graph, overridden
 from mindtrain.models.mlp import MLP
 from mindtrain.models.moe import MoE
 from mindtrain.models.norm import RMSNorm
@@ -27,7 +27,6 @@ class DecoderLayer(Block):
 
     def __init__(self, cfg, layer_idx: int, moe_block: int = 32):
         super().__init__()
-        self.layer_idx = layer_idx
         self.is_moe = layer_idx >= cfg.first_k_dense_replace
         self.self_attn = MLAttention(cfg)
         if self.is_moe:
@@ -54,13 +53,17 @@ class DecoderLayer(Block):
 
     def whole_graph(self):
         """The layer's compiled :meth:`forward` while it may run (:meth:`can_run_whole`), else None."""
-        whole = self.graphs.get("forward")
-        return whole if whole is not None and self.can_run_whole() else None
+        return self.graph("forward") if self.can_run_whole() else None
+
+    def functional(self):
+        if not self.can_run_whole():
+            return None
+        return self.graph("forward") or self.forward, self.piece_weights("forward")
 
     def construct(self, h, cos, sin, mask_add):
         whole = self.whole_graph()
         if whole is not None:
-            return whole(h, cos, sin, mask_add, *self.piece_weights("forward"))
+            return call_graph(whole, h, cos, sin, mask_add, *self.piece_weights("forward"))
         return self.compose(h, cos, sin, mask_add)
 
     def forward(self, h, cos, sin, mask_add, *w):

@@ -18,7 +18,7 @@ from mindtrain.models.linear import Linear
 from mindtrain.models.loss import MaskedCrossEntropy, TokenCrossEntropy
 from mindtrain.models.mtp import MTPLayer
 from mindtrain.models.norm import RMSNorm
-from mindtrain.models.blocks import Block
+from mindtrain.models.blocks import Block, call_graph
 from mindtrain.models.execution import is_compiled
 from mindtrain.models.precision import (DTYPES, check_param_dtype, current_device, resolve_compute_dtype,
                                         to_compute)
@@ -80,8 +80,10 @@ class _HeadLoss(Block):
         return ()  # the norm and head weights come as inputs
 
     def construct(self, h, norm_weight, eps, head_weight, labels, loss_mask):
-        graph = self.graphs.get("loss") if self.hooks_unset() else None
-        return (graph or self.loss)(h, norm_weight, eps, head_weight, labels, loss_mask)
+        graph = self.graph("loss") if self.hooks_unset() else None
+        if graph is None:
+            return self.loss(h, norm_weight, eps, head_weight, labels, loss_mask)
+        return call_graph(graph, h, norm_weight, eps, head_weight, labels, loss_mask)
 
     def loss(self, h, norm_weight, eps, head_weight, labels, loss_mask):
         """The mean masked cross-entropy of ``h``'s logits."""

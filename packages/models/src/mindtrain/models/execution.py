@@ -5,7 +5,8 @@ the weights they are given); this module decides how they run, torchtitan's
 ``apply_compile`` / ``apply_ac`` split:
 
 - :func:`apply_compile` gives every piece of every :class:`~mindtrain.models.blocks.Block`
-  an ``ms.jit`` form. A decoder layer (or MTP module) runs as one graph while nothing
+  an ``ms.jit`` form, one graph per kind of cell (layers whose constants are equal share it;
+  :class:`~mindtrain.models.blocks.GraphCache`). A decoder layer (or MTP module) runs as one graph while nothing
   inside it is wrapped by a layout (tensor, expert or context parallelism put collectives
   inside a layer); otherwise its sub-cells' pieces run as graphs between the layout's
   Python code ("regions"). The choice is made at each call, so the order in which a
@@ -22,12 +23,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import mindspore as ms
 from mindspore import nn
 
 from mindtrain.config import ConfigError, RecomputePlan, module_matches, recompute_plan
 from mindtrain.config.recompute import core_in_row_blocks
-from mindtrain.models.blocks import Block
+from mindtrain.models.blocks import Block, GraphCache
 from mindtrain.models.recompute import Recompute, recompute_submodule
 
 GRANULARITIES = ("auto", "region")
@@ -52,23 +52,20 @@ def apply_compile(model: nn.Cell, enabled: bool = True, granularity: str = "auto
     if granularity not in GRANULARITIES:
         raise ValueError(f"apply_compile: granularity must be one of {GRANULARITIES}, not {granularity!r}")
     layers = {id(layer) for layer in _layers(model)}
+    cache = GraphCache()
     for _, cell in model.cells_and_names():
         if not isinstance(cell, Block):
             continue
-        cell.graphs = {}
-        if not enabled:
-            continue
-        for name in cell.PIECES:
-            if granularity == "region" and id(cell) in layers:
-                continue
-            cell.graphs[name] = ms.jit(getattr(type(cell), name).__get__(cell))
+        cell.graph_cache = cache
+        whole = granularity == "auto" or id(cell) not in layers
+        cell.compiled_pieces = frozenset(cell.PIECES if enabled and whole else ())
     configure_row_blocks(model)
     return model
 
 
 def is_compiled(model: nn.Cell) -> bool:
     """True if :func:`apply_compile` compiled ``model``'s pieces."""
-    return any(isinstance(c, Block) and c.graphs for _, c in model.cells_and_names())
+    return any(isinstance(c, Block) and c.compiled_pieces for _, c in model.cells_and_names())
 
 
 def apply_recompute(model: nn.Cell, recompute: Any) -> nn.Cell:

@@ -453,12 +453,22 @@ class FSDP:
             s.grad = g if s.grad is None else s.grad + g
 
     def _unit_backward(self, bucket: _Bucket, module: nn.Cell, args: tuple, dout) -> tuple:
+        """The unit's input gradients; its weights' gradients go to their shards.
+
+        The forward runs again on the gathered weights. A module with a functional form
+        (``module.functional()`` -> ``(fn, weights)``: ``fn(*inputs, *values)`` computes the
+        module on ``values`` in place of ``weights``) is differentiated in its inputs and the
+        weights' values, which keeps no state per Parameter in MindSpore's compiled graphs;
+        any other module by ``ms.grad(weights=...)``."""
         douts = dout if isinstance(dout, tuple) else (dout,)
         self._materialize(bucket)
         weights = [s.param for s in bucket.slots] + [s.param for s in bucket.shared]
+        form = getattr(module, "functional", None)
+        form = form() if form is not None else None
+        fn, inner = form if form is not None else (module, ())
 
         def replay(*xs):
-            outs = module(*xs)
+            outs = fn(*xs)
             outs = outs if isinstance(outs, tuple) else (outs,)
             total = None
             for o, d in zip(outs, douts):
@@ -467,7 +477,14 @@ class FSDP:
                     total = term if total is None else total + term
             return total
 
-        gx, gw = ms.grad(replay, grad_position=tuple(range(len(args))), weights=weights)(*args)
+        n = len(args)
+        if form is not None:
+            values = [w.value() for w in inner]
+            grads = ms.grad(replay, grad_position=tuple(range(n + len(values))))(*args, *values)
+            gx, of = grads[:n], {id(w): g for w, g in zip(inner, grads[n:])}
+            gw = [of[id(w)] if id(w) in of else ops.zeros(w.shape, w.dtype) for w in weights]
+        else:
+            gx, gw = ms.grad(replay, grad_position=tuple(range(n)), weights=weights)(*args)
         self._release(bucket)
         k = len(bucket.slots)
         self._accumulate(bucket.slots, list(gw[:k]))
