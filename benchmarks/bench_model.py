@@ -4,6 +4,15 @@ Both run forward + backward + AdamW on CPU in fp32 with the sizes of issue 8, in
 one run (each side in its own process; they take turns, so they never compete for cores):
 
     hatch run python benchmarks/bench_model.py [--rounds 4 --steps 3 --torch-python /tmp/hfvenv/bin/python]
+    hatch run python benchmarks/bench_model.py --trainer [--rounds 3]
+
+The PyTorch side runs at its CPU defaults as users run it: sdpa attention, grouped_mm experts,
+``clip_grad_norm_(1.0)``, ``torch.optim.AdamW``. The MindSpore side (model + the trainer's
+AdamW) clips the same way, as the trainer does (float64 host norm, scale, update), and reports
+how much of its step the norm, the clip and the update take. ``--trainer`` times what users
+run instead: ``run_mindformer.py --config benchmarks/configs/ds3_bench.yaml`` in one process
+(the same model, batch and clipping) each round, its per_step_time of steps 2 on, against the
+PyTorch steps of the same round.
 
 The PyTorch side needs a venv with torch==2.13.0 and transformers (see tools/make_hf_fixtures.py).
 Prints per-round tokens/s, the ratio, MindSpore's compile time (first step), achieved GFLOP/s
@@ -28,6 +37,9 @@ SIZES = dict(vocab_size=4096, hidden_size=256, num_hidden_layers=4, first_k_dens
              routed_scaling_factor=2.5, norm_topk_prob=True, max_position_embeddings=4096, rope_theta=10000.0)
 SEQ, BATCH = 512, 2
 LR = 1e-4
+MAX_NORM = 1.0
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+TRAINER_CONFIG = os.path.join(ROOT, "benchmarks", "configs", "ds3_bench.yaml")
 
 
 def _batch(vocab, step):
@@ -64,12 +76,28 @@ def ms_worker(jit: bool) -> None:
 
     grad_fn = ms.value_and_grad(fn, None, params, has_aux=True)
 
+    phases = {"model": 0.0, "norm": 0.0, "clip": 0.0, "update": 0.0}
+
     def step(i):
         ids, labels, mask = (Tensor(a) for a in _batch(cfg.vocab_size, i))
+        t0 = time.perf_counter()
         (loss, _), grads = grad_fn(ids, labels, mask)
+        loss_value = float(loss.asnumpy())
+        t1 = time.perf_counter()
+        norm = float(np.sqrt(sum(float(np.sum(np.square(g.asnumpy().astype(np.float64)))) for g in grads)))
+        t2 = time.perf_counter()
+        coef = MAX_NORM / (norm + 1e-6)
+        if coef < 1.0:
+            grads = [g * coef for g in grads]
+            grads[-1].asnumpy()
+        t3 = time.perf_counter()
         opt.step(grads)
         model.update_expert_bias(model.take_expert_load())
-        return float(loss.asnumpy())
+        params[0].asnumpy()
+        t4 = time.perf_counter()
+        for k, dt in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            phases[k] += dt
+        return loss_value
 
     t0 = time.perf_counter()
     step(0)
@@ -77,12 +105,13 @@ def ms_worker(jit: bool) -> None:
     peak = _matmul_peak(ms, np, ops, Tensor)
     print(json.dumps({"ready": True, "compile_s": compile_s, "matmul_gflops": peak,
                       "flops_per_token": mm.flops_per_token(cfg, SEQ)}), flush=True)
-    _serve(step)
+    for k in phases:
+        phases[k] = 0.0
+    _serve(step, phases)
 
 
 class _FallbackAdamW:
     def __init__(self, params):
-        import mindspore as ms
         import numpy as np
         from mindspore import Parameter, Tensor, ops
 
@@ -134,6 +163,7 @@ def torch_worker() -> None:
         loss = (ce * mask.reshape(-1)).sum() / mask.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
         opt.step()
         return loss.item()
 
@@ -143,7 +173,7 @@ def torch_worker() -> None:
     _serve(step)
 
 
-def _serve(step) -> None:
+def _serve(step, phases=None) -> None:
     """Answer 'run N' lines with per-step seconds; 'quit' ends."""
     i = 1
     for line in sys.stdin:
@@ -157,7 +187,7 @@ def _serve(step) -> None:
             times.append(time.perf_counter() - t)
             i += 1
         rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        print(json.dumps({"times": times, "loss": losses[-1], "peak_rss_mb": rss_mb}), flush=True)
+        print(json.dumps({"times": times, "loss": losses[-1], "peak_rss_mb": rss_mb, "phases": phases}), flush=True)
 
 
 # ----------------------------------------------------------------------------- driver
@@ -180,12 +210,43 @@ def _run(proc, n):
             return json.loads(line)
 
 
+def _trainer_round(work: str, r: int, eager: bool) -> dict:
+    """One run of run_mindformer.py on ds3_bench.yaml: per_step_time of steps 2 on, peak RSS."""
+    import glob
+
+    out = os.path.join(work, f"round{r}")
+    items = [f"monitor.metrics_dir={out}", f"train_dataset.dataloader.config.data_path=['1', '{_data(work)}']"]
+    if eager:
+        items.append("compile.enable=false")
+    cmd = [sys.executable, os.path.join(ROOT, "run_mindformer.py"), "--config", TRAINER_CONFIG]
+    for item in items:
+        cmd += ["--override", item]
+    proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"bench_model: run_mindformer.py failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    rows = [json.loads(line) for f in glob.glob(os.path.join(out, "*", "metrics.jsonl")) for line in open(f)]
+    times = [row["per_step_time_ms"] / 1e3 for row in rows if row["step"] >= 2]
+    return {"times": times, "loss": rows[-1]["loss"], "peak_rss_mb": max(row["max_rss_mb"] for row in rows)}
+
+
+def _data(work: str) -> str:
+    from mindtrain.trainer.quickstart import prepare_data
+
+    prefix = os.path.join(work, "data", "pydoc")
+    if not os.path.exists(prefix + "_text_document.idx"):
+        os.makedirs(os.path.dirname(prefix), exist_ok=True)
+        prepare_data(prefix)
+    return prefix + "_text_document"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=3, help="steps per side per round")
     ap.add_argument("--torch-python", default="/tmp/hfvenv/bin/python")
     ap.add_argument("--eager", action="store_true", help="MindSpore without ms.jit (for comparison)")
+    ap.add_argument("--trainer", action="store_true",
+                    help="time run_mindformer.py on benchmarks/configs/ds3_bench.yaml (what users run)")
     ap.add_argument("--one-core", action="store_true",
                     help="pin both workers to core 0 (torch with 1 thread): a fairer ratio on a busy machine, "
                          "where torch's spinning OpenMP threads suffer far more than MindSpore's")
@@ -201,38 +262,57 @@ def main() -> int:
         torch_worker()
         return 0
 
+    import tempfile
+
     me = os.path.abspath(__file__)
     pin = ["taskset", "-c", "0"] if args.one_core else []
     t0 = time.perf_counter()
-    ms_proc, ms_info = _start(pin + [sys.executable, me, "--worker", "ms"] + (["--eager"] if args.eager else []))
-    print(f"mindspore ready (first step incl. compile {ms_info['compile_s']:.1f} s, "
-          f"matmul 1024^2 peak {ms_info['matmul_gflops']:.0f} GFLOP/s) after {time.perf_counter() - t0:.0f} s")
+    work = tempfile.mkdtemp(prefix="bench_model_")
+    if args.trainer:
+        ms_proc = None
+        from mindtrain.config import load_config
+        from mindtrain.models import flops_per_token
+
+        ms_info = {"flops_per_token": flops_per_token(load_config(TRAINER_CONFIG, validate=False).model, SEQ)}
+        print(f"mindspore side: run_mindformer.py --config {os.path.relpath(TRAINER_CONFIG, ROOT)}"
+              f"{' (compile.enable=false)' if args.eager else ''}, one process per round")
+    else:
+        ms_proc, ms_info = _start(pin + [sys.executable, me, "--worker", "ms"] + (["--eager"] if args.eager else []))
+        print(f"mindspore ready (first step incl. compile {ms_info['compile_s']:.1f} s, "
+              f"matmul 1024^2 peak {ms_info['matmul_gflops']:.0f} GFLOP/s) after {time.perf_counter() - t0:.0f} s")
     th_proc, th_info = _start(pin + [args.torch_python, me, "--worker", "torch"]
                               + (["--one-core"] if args.one_core else []))
-    print(f"torch ready ({th_info['threads']} threads, attention {th_info['attn']})")
+    print(f"torch ready ({th_info['threads']} threads, attention {th_info['attn']}, clip_grad_norm_({MAX_NORM}), AdamW)")
     tokens = BATCH * SEQ
-    ms_all, th_all = [], []
+    ms_all, th_all, ratios = [], [], []
     for r in range(args.rounds):
-        a = _run(ms_proc, args.steps)
+        a = _trainer_round(work, r, args.eager) if args.trainer else _run(ms_proc, args.steps)
         b = _run(th_proc, args.steps)
         ms_all += a["times"]
         th_all += b["times"]
         ms_tps = tokens / statistics.median(a["times"])
         th_tps = tokens / statistics.median(b["times"])
+        ratios.append(ms_tps / th_tps)
         print(f"round {r + 1}: mindspore {ms_tps:7.0f} tok/s ({statistics.median(a['times']) * 1e3:6.0f} ms/step, "
               f"loss {a['loss']:.4f}) | torch {th_tps:7.0f} tok/s "
               f"({statistics.median(b['times']) * 1e3:6.0f} ms/step, loss {b['loss']:.4f}) | ratio {ms_tps / th_tps:.2f}")
-    for p in (ms_proc, th_proc):
+    procs = [p for p in (ms_proc, th_proc) if p is not None]
+    for p in procs:
         p.stdin.write("quit\n")
         p.stdin.flush()
         p.wait(timeout=60)
     ms_tps = tokens / statistics.median(ms_all)
     th_tps = tokens / statistics.median(th_all)
-    gflops = ms_info["flops_per_token"] * ms_tps / 1e9
-    print(f"median: mindspore {ms_tps:.0f} tok/s, torch {th_tps:.0f} tok/s, ratio {ms_tps / th_tps:.2f}")
-    print(f"mindspore achieved {gflops:.1f} GFLOP/s = {gflops / ms_info['matmul_gflops']:.0%} of its matmul peak "
-          f"(model FLOPs {ms_info['flops_per_token'] / 1e6:.1f} MFLOP/token); "
-          f"torch {ms_info['flops_per_token'] * th_tps / 1e9:.1f} GFLOP/s")
+    fpt = ms_info["flops_per_token"]
+    print(f"median of rounds: ratio {statistics.median(ratios):.2f} (rounds {', '.join(f'{x:.2f}' for x in ratios)}); "
+          f"all steps: mindspore {ms_tps:.0f} tok/s, torch {th_tps:.0f} tok/s")
+    peak = f" = {fpt * ms_tps / 1e9 / ms_info['matmul_gflops']:.0%} of its matmul peak" if "matmul_gflops" in ms_info else ""
+    print(f"achieved: mindspore {fpt * ms_tps / 1e9:.1f} GFLOP/s{peak}, torch {fpt * th_tps / 1e9:.1f} GFLOP/s "
+          f"(model FLOPs {fpt / 1e6:.1f} MFLOP/token)")
+    if a.get("phases"):
+        total = sum(a["phases"].values())
+        print("mindspore step: " + ", ".join(f"{k} {v / total:.0%}" for k, v in a["phases"].items())
+              + f" (optimizer + clip + norm: {(total - a['phases']['model']) / total:.0%})")
     print(f"peak RSS: mindspore {a['peak_rss_mb']:.0f} MB, torch {b['peak_rss_mb']:.0f} MB")
     return 0
 

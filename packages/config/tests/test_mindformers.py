@@ -170,6 +170,7 @@ def test_startup_notes_name_what_has_no_effect():
     ("train_dataset.dataloader.python_multiprocessing=true", "train_dataset.dataloader.python_multiprocessing"),
     ("checkpoint.save_global_layout_cache=false", "checkpoint.save_global_layout_cache"),
     ("checkpoint.reshard_worker_num=2", "checkpoint.reshard_worker_num"),
+    ("checkpoint.load_worker_number=4", "checkpoint.load_worker_number"),
     ("profiler.mstx=true", "profiler.mstx"),
     ("swap.enable=true", "swap.enable"),
     ("recompute_comm.enable=true", "recompute_comm.enable"),

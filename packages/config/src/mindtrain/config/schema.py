@@ -41,7 +41,8 @@ class CheckpointConfig:
     """When resuming, load the model weights only, not optimizer, scheduler, data position
     and RNG state. (mindtrain alias: load_optimizer, with the opposite meaning)"""
     load_worker_number: int = 1
-    """Threads that read checkpoint files."""
+    """MindFormers: threads that read checkpoint files (each rank reads its share in one
+    thread; another value is said at start-up)."""
     save_global_layout_cache: bool = True
     """MindFormers: cache the global sharding layout between saves."""
     reshard_worker_num: int = 1

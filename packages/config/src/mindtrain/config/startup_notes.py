@@ -34,6 +34,8 @@ RULES: list[_Rule] = [
     ("checkpoint", "save_global_layout_cache", lambda v, d: v is False,
      "no global layout is cached (mindtrain writes the layout with every checkpoint)"),
     ("checkpoint", "reshard_worker_num", lambda v, d: v != 1, "resharding at load runs in one thread"),
+    ("checkpoint", "load_worker_number", lambda v, d: v != 1,
+     "each rank reads the files that hold its share in one thread"),
     ("parallelism", "context_parallel_async", _set, "context-parallel exchanges are synchronous"),
     ("parallelism", "pipeline_parallel_overlap_p2p", _set, "pipeline send/receive are not overlapped with compute"),
     ("parallelism", "pipeline_parallel_overlap_b_f", _set, "backward and forward of micro-batches are not overlapped"),
