@@ -1,11 +1,13 @@
 """A MindFormers user's config and launch line, unchanged but for data path and sizes.
 
-``configs/mindformers_ds3_tiny.yaml`` uses every section and field that MindFormers' own
-PyNative DeepSeek-V3 YAMLs use, in MindFormers' names. A copy with only the data path, the
-sequence length and the step count changed trains 3 steps under msrun with 2 workers,
-launched with the real ``run_mindformer.py`` flags ``--run_mode train --use_parallel True
---output_dir D``. Every worker's log shows the step lines; start-up notes come once, from
-rank 0.
+Two files: ``configs/mindformers_ds3_tiny.yaml``, which uses every section and field that
+MindFormers' own PyNative DeepSeek-V3 YAMLs use, in MindFormers' names; and MindFormers'
+own ``configs/deepseek3/pretrain_deepseek3_1b_8p_pynative.yaml`` as published (commit
+27f7683, in packages/config/tests/fixtures/mindformers: no dataset seed, ``params_dtype:
+bfloat16``). A copy of each with only the data path, the sizes and the step count changed
+trains under msrun with 2 workers, launched with the real ``run_mindformer.py`` flags
+``--run_mode train --use_parallel True --output_dir D``. Every worker's log shows the step
+lines; start-up notes come once, from rank 0.
 """
 
 from __future__ import annotations
@@ -24,23 +26,37 @@ pytestmark = pytest.mark.msrun
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 ENTRY = os.path.join(ROOT, "run_mindformer.py")
-CONFIG = os.path.join(ROOT, "configs", "mindformers_ds3_tiny.yaml")
-STEP = re.compile(r"^\{ step:\[ {0,4}(\d+)/ {0,4}3\], loss: +(\d+\.\d{6}), per_step_time: +\d+ms, "
+CONFIGS = {
+    "look-alike": (os.path.join(ROOT, "configs", "mindformers_ds3_tiny.yaml"), {}),
+    # MindFormers' file as published; its model shrunk to CPU test size
+    "published": (os.path.join(ROOT, "packages", "config", "tests", "fixtures", "mindformers",
+                               "pretrain_deepseek3_1b_8p_pynative.yaml"),
+                  {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                   "num_attention_heads": 2, "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8,
+                   "v_head_dim": 16, "qk_nope_head_dim": 16, "moe_intermediate_size": 32,
+                   "moe_shared_expert_intermediate_size": 32}),
+}
+STEPS = 4
+STEP = re.compile(rf"^\{{ step:\[ {{0,4}}(\d+)/ {{0,4}}{STEPS}\], loss: +(\d+\.\d{{6}}), per_step_time: +\d+ms, "
                   r"load_balancing_loss: +\d+\.\d{6}, mtp_1_loss: +\d+\.\d{6}, lr: \d\.\d{6}e[-+]\d\d, "
                   r"grad_norm: +(\d+\.\d{6}), throughput: +\d+\.\d+T \}$")
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def run(request, tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("mf"))
     prefix = prepare_data(os.path.join(tmp, "data", "pydoc"))
-    with open(CONFIG, encoding="utf-8") as f:
+    path, sizes = CONFIGS[request.param]
+    with open(path, encoding="utf-8") as f:
         raw = yaml.safe_load(f)
     # only the data path and the sizes change
     raw["train_dataset"]["dataloader"]["config"]["data_path"] = ["1", prefix]
     raw["train_dataset"]["dataloader"]["config"]["seq_length"] = 64
+    raw["train_dataset"]["dataloader"]["sizes"] = [200, 0, 0]
     raw["model"]["seq_length"] = 64
-    raw["training"]["steps"] = 3
+    raw["model"].update(sizes)
+    raw["training"]["steps"] = STEPS
+    raw["training"]["global_batch_size"] = 2
     config = os.path.join(tmp, "my_ds3.yaml")
     with open(config, "w", encoding="utf-8") as f:
         yaml.safe_dump(raw, f, sort_keys=False)
@@ -55,20 +71,24 @@ def run(tmp_path_factory):
     for rank in (0, 1):
         with open(os.path.join(log_dir, f"worker_{rank}.log"), encoding="utf-8", errors="replace") as f:
             logs[rank] = f.read().splitlines()
-    return logs
+    return request.param, logs
 
 
-def test_every_worker_prints_three_seed_format_steps(run):
-    for rank, lines in run.items():
+def test_every_worker_prints_the_seed_format_steps(run):
+    for rank, lines in run[1].items():
         steps = [STEP.match(line) for line in lines if line.startswith("{ step:")]
-        assert len(steps) == 3 and all(steps), (rank, lines[-20:])
-        assert [int(m.group(1)) for m in steps] == [1, 2, 3]
+        assert len(steps) == STEPS and all(steps), (rank, lines[-20:])
+        assert [int(m.group(1)) for m in steps] == list(range(1, STEPS + 1))
         assert all(math.isfinite(float(m.group(2))) and math.isfinite(float(m.group(3))) for m in steps)
 
 
 def test_startup_notes_once_from_rank_zero(run):
-    flash = [line for line in run[0] if line.startswith("mindtrain: ") and "use_flash_attention" in line]
-    assert len(flash) == 1, run[0][:40]
-    assert not [line for line in run[1] if line.startswith("mindtrain: ") and "use_flash_attention" in line]
+    name, logs = run
+    flash = [line for line in logs[0] if line.startswith("mindtrain: ") and "use_flash_attention" in line]
+    assert len(flash) == 1, logs[0][:40]
+    assert not [line for line in logs[1] if line.startswith("mindtrain: ") and "use_flash_attention" in line]
     # the config's recompute section acts (#16): no start-up note about it
-    assert not [line for line in run[0] if line.startswith("mindtrain: ") and "recompute" in line]
+    assert not [line for line in logs[0] if line.startswith("mindtrain: ") and "recompute" in line]
+    # params_dtype: bfloat16 (the published file) is float32 on CPU, said once
+    dtype = [line for line in logs[0] if line.startswith("mindtrain: model.param_init_dtype=bfloat16")]
+    assert len(dtype) == (name == "published"), logs[0][:40]

@@ -36,7 +36,7 @@ CASES = [
     ("section-not-mapping", ["training=5"], None, None, "training: must be a mapping"),
     ("steps-positive", ["training.steps=0"], None, None, "training.steps: must be a positive integer"),
     ("mode-static", ["context.mode=2"], None, None, "context.mode: only eager mode (1) is supported"),
-    ("split-required", [], _drop(f"{DS}.config.split"), None, f"{DS}.config.split: is required"),
+    ("split-required", [], _drop(f"{DS}.config.split"), None, f"{DS}.config.split: required when data_path is set"),
     ("split-garbage", [f"{DS}.config.split=a,b"], None, None, f"{DS}.config.split: must be comma-separated numbers"),
     ("seq-mismatch", [f"{DS}.config.seq_length=128"], None, None, f"{DS}.config.seq_length: 128 must equal model.seq_length (256)"),
     ("columns-need-mask", [f"{DS}.config.create_attention_mask=true"], None, None, f"{DS}.column_names: must be"),

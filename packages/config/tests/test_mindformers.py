@@ -270,17 +270,39 @@ def test_bad_forms_are_one_line_errors(overrides, start):
 
 
 # ----------------------------------------------------------------------------- dataset fields
-REQUIRED = ["seed", "seq_length", "split", "eod", "pad", "eod_mask_loss", "reset_position_ids",
-            "create_attention_mask", "reset_attention_mask", "create_compressed_eod_mask", "eod_pad_length",
-            "data_path"]
+REQUIRED = ["seq_length", "split", "eod", "pad", "create_compressed_eod_mask", "data_path"]
 
 
 @pytest.mark.parametrize("name", REQUIRED)
-def test_every_dataset_config_field_is_required(name):
+def test_the_quick_starts_dataset_fields_are_required(name):
     raw = copy.deepcopy(TINY)
     del raw["train_dataset"]["dataloader"]["config"][name]
-    with pytest.raises(ConfigError, match=rf"^train_dataset\.dataloader\.config\.{name}: is required"):
+    with pytest.raises(ConfigError, match=rf"^train_dataset\.dataloader\.config\.{name}: (is )?required"):
         parse_config(raw)
+
+
+# MindFormers' MegatronDatasetBuilder.init_gpt_dataset_config: self.config.get(name, default)
+MINDFORMERS_DEFAULTS = {"seed": 1234, "eod_mask_loss": False, "reset_position_ids": False,
+                        "create_attention_mask": True, "reset_attention_mask": False, "eod_pad_length": 128}
+
+
+@pytest.mark.parametrize("name", sorted(MINDFORMERS_DEFAULTS))
+def test_other_dataset_fields_default_as_mindformers_loader(name):
+    raw = copy.deepcopy(TINY)
+    config = raw["train_dataset"]["dataloader"]["config"]
+    del config[name]
+    if name == "create_attention_mask":  # True (MindFormers' default) needs the fifth column
+        raw["train_dataset"]["dataloader"]["column_names"].append("attention_mask")
+    got = getattr(parse_config(raw).train_dataset.dataloader.config, name)
+    assert got == MINDFORMERS_DEFAULTS[name] and type(got) is type(MINDFORMERS_DEFAULTS[name])
+
+
+def test_compressed_eod_mask_length_is_eod_pad_lengths_older_name():
+    raw = copy.deepcopy(TINY)
+    config = raw["train_dataset"]["dataloader"]["config"]
+    del config["eod_pad_length"]
+    config["compressed_eod_mask_length"] = 64
+    assert parse_config(raw).train_dataset.dataloader.config.eod_pad_length == 64
 
 
 def test_mind_dataset_needs_dataset_files_only():

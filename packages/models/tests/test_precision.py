@@ -93,6 +93,17 @@ def test_bfloat16_on_cpu_falls_back_from_config_and_fails_when_forced():
         ops.MatMul()(a, a).asnumpy()
 
 
-def test_low_precision_master_weights_rejected():
-    with pytest.raises(ConfigError, match="model.param_init_dtype"):
-        mm.build_model(ModelConfig(**dict(CFG, param_init_dtype="float16")))
+def test_low_precision_weights_are_float32_on_cpu_and_refused_elsewhere():
+    """MindFormers' params_dtype: bfloat16 (its DeepSeek-V3 configs): float32 weights on CPU,
+    said once; on a device where it would mean bf16 weights with fp32 master weights (not
+    built) a one-line ConfigError."""
+    from mindtrain.models.precision import effective_param_dtype
+
+    model = mm.build_model(ModelConfig(**dict(CFG, param_init_dtype="bfloat16")), jit=False)
+    assert {p.dtype for p in model.trainable_params()} == {ms.float32}
+    dtype, note = effective_param_dtype("bfloat16", "CPU")
+    assert dtype == "float32" and note.startswith("model.param_init_dtype=bfloat16 (MindFormers' params_dtype) "
+                                                  "runs as float32 weights on CPU")
+    assert effective_param_dtype("float32", "CPU") == ("float32", None)
+    with pytest.raises(ConfigError, match=r"^model\.param_init_dtype: float16 weights .* are not built for Ascend"):
+        effective_param_dtype("float16", "Ascend")

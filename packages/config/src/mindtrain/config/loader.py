@@ -230,16 +230,20 @@ def read_yaml(path: str) -> dict:
     return raw
 
 
-# The seed's dataset section lists every field of BlendedMegatronDatasetDataLoader's ``config``
-# as required ("缺一不可"), so a config file must write each one out; the library's own
-# GPTDatasetConfig keeps defaults for programmatic use.
-REQUIRED_DATASET_FIELDS = ("seed", "seq_length", "split", "eod", "pad", "eod_mask_loss", "reset_position_ids",
-                           "create_attention_mask", "reset_attention_mask", "create_compressed_eod_mask",
-                           "eod_pad_length", "data_path")
+# The dataset fields the quick start names are required in a config file; every other field
+# of BlendedMegatronDatasetDataLoader's ``config`` defaults as MindFormers' loader defaults it
+# (``MegatronDatasetBuilder.init_gpt_dataset_config``: ``self.config.get(name, default)``), so
+# a MindFormers file that leaves them out means what it means there. The library's own
+# GPTDatasetConfig keeps its defaults for programmatic use.
+REQUIRED_DATASET_FIELDS = ("seq_length", "eod", "pad", "create_compressed_eod_mask", "data_path")
+MINDFORMERS_DATASET_DEFAULTS = {"seed": 1234, "eod_mask_loss": False, "reset_position_ids": False,
+                                "create_attention_mask": True, "reset_attention_mask": False}
 
 
 def check_dataset_fields_given(raw: dict) -> None:
-    """A one-line error naming the first dataset ``config`` field missing from a config file."""
+    """A one-line error naming the first required dataset ``config`` field missing from a
+    config file; the others, when missing, take MindFormers' loader defaults (in ``raw``).
+    ``split`` is required once data_path is set (the validator says so)."""
     loader = (raw.get("train_dataset") or {}).get("dataloader") if isinstance(raw.get("train_dataset"), dict) else None
     if not isinstance(loader, dict) or loader.get("type", "BlendedMegatronDatasetDataLoader") != \
             "BlendedMegatronDatasetDataLoader" or not isinstance(loader.get("config"), dict):
@@ -248,9 +252,15 @@ def check_dataset_fields_given(raw: dict) -> None:
     defaults = S.GPTDatasetConfig()
     for name in REQUIRED_DATASET_FIELDS:
         if name not in given:
-            example = "" if name in ("split", "data_path") else f" (e.g. {name}: {getattr(defaults, name)})"
+            example = "" if name == "data_path" else f" (e.g. {name}: {getattr(defaults, name)})"
             raise ConfigError(f"train_dataset.dataloader.config.{name}",
-                              f"is required: every field of the dataset config must be given{example}")
+                              f"is required: the quick start's dataset fields must be given{example}")
+    for name, value in MINDFORMERS_DATASET_DEFAULTS.items():
+        given.setdefault(name, value)
+    if "eod_pad_length" not in given:  # MindFormers reads the older name first
+        given["eod_pad_length"] = given.pop("compressed_eod_mask_length", 128)
+    else:
+        given.pop("compressed_eod_mask_length", None)
 
 
 def parse_config(raw: dict, overrides: Iterable[str] = (), validate: bool = True,

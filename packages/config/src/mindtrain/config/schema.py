@@ -328,7 +328,9 @@ class ModelConfig:
     """Matmul dtype (float32, float16, bfloat16); MindSpore's CPU backend has no bfloat16
     matmul, so bfloat16 runs as float32 there (said at start-up)."""
     param_init_dtype: str = "float32"
-    """Master weight dtype (parameters, gradients, optimizer state); float32."""
+    """Master weight dtype (parameters, gradients, optimizer state). MindFormers'
+    ``params_dtype: bfloat16`` runs as float32 on CPU (said at start-up); on other devices
+    low-precision weights are not built (one-line error)."""
     # MindFormers-only switches (kernels, dtypes of parts of the compute): None = not set.
     # The MindFormers names that rename a field above are read by model_names.to_canonical.
     use_flash_attention: Optional[bool] = None

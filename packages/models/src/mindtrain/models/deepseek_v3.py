@@ -106,13 +106,14 @@ class DeepseekV3ForCausalLM(nn.Cell):
 
     ``compute_dtype`` None takes ``cfg.compute_dtype`` with the device's fallback
     (:func:`mindtrain.models.effective_compute_dtype`); a given dtype the device cannot run
-    is a ConfigError. Parameters are float32 (``cfg.param_init_dtype``). The fast-kernel
+    is a ConfigError. Parameters are float32 (``cfg.param_init_dtype``: another dtype is float32
+    on CPU, :func:`mindtrain.models.precision.effective_param_dtype`). The fast-kernel
     switch (:mod:`mindtrain.models.kernels`) is read here, once.
     """
 
     def __init__(self, cfg: ModelConfig, moe_block: int = 32, compute_dtype: Optional[str] = None):
         super().__init__()
-        check_param_dtype(cfg.param_init_dtype)
+        check_param_dtype(cfg.param_init_dtype, current_device())
         self.compute_dtype = resolve_compute_dtype(cfg.compute_dtype, compute_dtype, current_device())
         self.fast_kernels = kernels.fast_kernels_enabled()
         self.config = cfg

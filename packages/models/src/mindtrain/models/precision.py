@@ -72,12 +72,27 @@ def resolve_compute_dtype(config_value: str, explicit: Optional[str], device: st
     return explicit
 
 
-def check_param_dtype(param_init_dtype: str) -> None:
-    _check_name(param_init_dtype, "model.param_init_dtype")
-    if param_init_dtype != "float32":
-        raise ConfigError("model.param_init_dtype", f"only float32 master weights are supported, got "
-                                                    f"{param_init_dtype!r}; lower the matmul precision with "
-                                                    "model.compute_dtype instead")
+def effective_param_dtype(requested: str, device: str) -> tuple[str, Optional[str]]:
+    """The dtype the weights are stored in for ``model.param_init_dtype`` (MindFormers'
+    ``params_dtype``) on ``device``, and a one-line note when it differs: on CPU, where only
+    float32 computes, bfloat16/float16 weights are float32 (their master copy is float32
+    anyway). Elsewhere low-precision weights with float32 master weights in the optimizer
+    (Megatron's bf16 with fp32 main params) are not built: a ConfigError."""
+    _check_name(requested, "model.param_init_dtype")
+    if requested == "float32":
+        return "float32", None
+    if device.upper() == "CPU":
+        return "float32", (f"model.param_init_dtype={requested} (MindFormers' params_dtype) runs as float32 "
+                           "weights on CPU, where only float32 computes; the optimizer's master weights and "
+                           "moments are float32 either way")
+    raise ConfigError("model.param_init_dtype", f"{requested} weights (with float32 master weights in the optimizer) "
+                                                f"are not built for {device}; set it to float32 and lower the "
+                                                "matmul precision with model.compute_dtype")
+
+
+def check_param_dtype(param_init_dtype: str, device: str = "CPU") -> None:
+    """:func:`effective_param_dtype`'s error, if any (the weights are float32)."""
+    effective_param_dtype(param_init_dtype, device)
 
 
 def to_compute(x, dtype):

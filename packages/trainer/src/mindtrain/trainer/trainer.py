@@ -95,8 +95,12 @@ class Trainer:
         # changes weights afterwards (optimizer, expert-bias update, checkpoint load) writes
         # the existing buffers in place, which the compiled layers read.
         from mindtrain.models import effective_compute_dtype
+        from mindtrain.models.precision import effective_param_dtype
 
         self.compute_dtype, note = effective_compute_dtype(cfg.model.compute_dtype, runtime.device)
+        if note:
+            self.out(f"mindtrain: {note}")
+        note = effective_param_dtype(cfg.model.param_init_dtype, runtime.device)[1]
         if note:
             self.out(f"mindtrain: {note}")
         if self.compute_dtype == "float16":
