@@ -218,7 +218,7 @@ def _trainer_round(work: str, r: int, eager: bool) -> dict:
     items = [f"monitor.metrics_dir={out}", f"train_dataset.dataloader.config.data_path=['1', '{_data(work)}']"]
     if eager:
         items.append("compile.enable=false")
-    cmd = [sys.executable, os.path.join(ROOT, "run_mindformer.py"), "--config", TRAINER_CONFIG]
+    cmd = [sys.executable, os.path.join(ROOT, "run_mindformer.py"), "--config", TRAINER_CONFIG, "--mode", "1"]
     for item in items:
         cmd += ["--override", item]
     proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
@@ -270,8 +270,8 @@ def main() -> int:
     work = tempfile.mkdtemp(prefix="bench_model_")
     if args.trainer:
         ms_proc = None
-        from mindtrain.config import load_config
-        from mindtrain.models import flops_per_token
+        from mindtrain.config import load_config  # no MindSpore in this process: the torch worker
+        from mindtrain.config.model_plan import flops_per_token  # inherits its environment
 
         ms_info = {"flops_per_token": flops_per_token(load_config(TRAINER_CONFIG, validate=False).model, SEQ)}
         print(f"mindspore side: run_mindformer.py --config {os.path.relpath(TRAINER_CONFIG, ROOT)}"
@@ -282,6 +282,9 @@ def main() -> int:
               f"matmul 1024^2 peak {ms_info['matmul_gflops']:.0f} GFLOP/s) after {time.perf_counter() - t0:.0f} s")
     th_proc, th_info = _start(pin + [args.torch_python, me, "--worker", "torch"]
                               + (["--one-core"] if args.one_core else []))
+    if not args.one_core and th_info["threads"] < (os.cpu_count() or 1):
+        print(f"bench_model: torch runs {th_info['threads']} threads on {os.cpu_count()} cores "
+              "(OMP_NUM_THREADS in the environment?): the peer is not at its defaults", file=sys.stderr)
     print(f"torch ready ({th_info['threads']} threads, attention {th_info['attn']}, clip_grad_norm_({MAX_NORM}), AdamW)")
     tokens = BATCH * SEQ
     ms_all, th_all, ratios = [], [], []
