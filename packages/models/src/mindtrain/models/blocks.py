@@ -12,7 +12,8 @@ Compiling (:func:`mindtrain.models.execution.apply_compile`) names the pieces th
 (every MoE layer, say) share one graph per piece through the model's :class:`GraphCache`;
 MindSpore compiles one graph per ``ms.jit`` object and keeps the memory of each, so one graph
 per layer would cost a layer's activations and workspace per layer. The weights are graph
-*inputs*, passed as each Parameter's value (a tensor, differentiable to the Parameter):
+*inputs*, passed as a view of each Parameter's storage (a tensor, differentiable to the
+Parameter; no copy):
 MindSpore keys a graph on Parameter objects and keeps the storage of the Parameters it was
 compiled with, so Parameters as inputs would compile per layer again and keep every layer's
 ZeRO-3-gathered weights alive after the unit frees them. A compiled piece follows a weight
@@ -94,8 +95,14 @@ class Block(nn.Cell):
 
 
 def call_graph(graph, *args):
-    """``graph(*args)`` with each Parameter passed as its value (see the module doc)."""
-    return graph(*(a.value() if isinstance(a, Parameter) else a for a in args))
+    """``graph(*args)`` with each Parameter passed as a view of its storage (see the module doc)."""
+    return graph(*(graph_input(a) if isinstance(a, Parameter) else a for a in args))
+
+
+def graph_input(p: Parameter):
+    """``p`` as a graph input: a view of its storage (no copy; ``Parameter.value()`` copies),
+    differentiable to ``p``, which MindSpore does not key a graph on."""
+    return p.view(p.shape)
 
 
 def constants(cell: nn.Cell) -> tuple:

@@ -479,7 +479,7 @@ class FSDP:
 
         n = len(args)
         if form is not None:
-            values = [w.value() for w in inner]
+            values = [w.view(w.shape) for w in inner]  # views: no copy of the gathered weights
             grads = ms.grad(replay, grad_position=tuple(range(n + len(values))))(*args, *values)
             gx, of = grads[:n], {id(w): g for w, g in zip(inner, grads[n:])}
             gw = [of[id(w)] if id(w) in of else ops.zeros(w.shape, w.dtype) for w in weights]
