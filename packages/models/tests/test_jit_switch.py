@@ -154,3 +154,6 @@ def test_layers_of_one_kind_share_one_graph():
     assert len(layers[0].graph_cache) == 3  # dense layer, MoE layer, head + loss
     layers[3].self_attn.scaling = 0.5  # a constant the piece reads
     assert layers[3].graph("forward") is not graphs[1] and layers[2].graph("forward") is graphs[1]
+    # a tensor constant counts by shape and dtype
+    layers[2].self_attn._half_sign = Tensor(np.ones((1, 3, 1), np.float32))
+    assert layers[2].graph("forward") is not graphs[1]

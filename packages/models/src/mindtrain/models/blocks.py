@@ -24,7 +24,7 @@ needs to know whether a piece is compiled.
 from __future__ import annotations
 
 import mindspore as ms
-from mindspore import Parameter, nn
+from mindspore import Parameter, Tensor, nn
 from mindspore.ops.primitive import Primitive
 
 _SCALARS = (bool, int, float, str, type(None))
@@ -107,12 +107,17 @@ def graph_input(p: Parameter):
 
 def constants(cell: nn.Cell) -> tuple:
     """What a piece of ``cell`` may read besides its inputs: the class and the plain
-    attributes (sizes, flags, primitives' settings) of the cell and its sub-cells; any other
-    object (a layout's hook, a tensor) by identity."""
+    attributes (sizes, flags, primitives' settings) of the cell and its sub-cells, tensor
+    constants by shape and dtype (a piece may read a tensor attribute only if its values
+    follow from the cell's sizes, as the rotary index tables do); any other object (a
+    layout's hook) by identity."""
     out = []
     for path, c in cell.cells_and_names():
         items = []
         for k, v in vars(c).items():
+            if type(v) is Tensor:  # a tensor constant (index tables): its shape and dtype
+                items.append((k, tuple(v.shape), str(v.dtype)))
+                continue
             if k[0] == "_" or k in _NOT_CONSTANTS:
                 continue
             if isinstance(v, _SCALARS) or (isinstance(v, tuple) and all(isinstance(x, _SCALARS) for x in v)):
