@@ -8,15 +8,17 @@ each layer compiled whole, its graph taking the gathered weights as inputs), TP=
 CP=2 x EP=2 on 4 workers (EP over the context-parallel ranks); TP=2 and PP=2 x CP=2 x EP=2
 run the model compiled by regions (the pieces between their collectives are graphs), EP=2
 eager layers (compile.enable=false). Each run's per-step loss
-figures and grad norm (from its metrics file) and its final checkpoint (full weights with HF
+figures and grad norm (from its metrics file), the validation loop's eval loss after the last step, and its final checkpoint (full weights with HF
 names and full AdamW moments) must equal the single process within 1e-5 relative; ZeRO-3
 must hold half the optimizer bytes and half the parameter bytes per rank. A single process then resumes
 from the ZeRO-3 run's step-4 checkpoint (sharded state saved at full shape, in MindFormers'
-layout: checkpoint.layout=mindformers) and must reproduce step 5, and so must a TP=2 job (2 workers)
-resuming from the same folder; the two resumes run with selective and full activation
+layout: checkpoint.layout=mindformers) and must reproduce step 5, and so must a TP=2 job (2 workers, its routed experts whole
+on both ranks: expert_tensor_parallel=1) resuming from the same folder; the two resumes run with selective and full activation
 recompute, which must change no figure, and so does the 4-worker PP=2 x CP=2 x EP=2 run (one
 layer whole, attention cores and experts of the others alone): its equality with the single
-process (no recompute) proves the layout and recompute's numerics at once. The other combinations are proven against the model itself in
+process (no recompute) proves the layout and recompute's numerics at once. HSDP (4 workers,
+dense weights sharded over 2 ranks and replicated over 2, experts over all 4) equals the single
+process as well, each rank holding that share of the parameters. The other combinations are proven against the model itself in
 test_cp_pp_parity.py and test_tp_ep_parity.py.
 
 Independent runs overlap (the jobs wait on each other's collectives much of the time): the
@@ -65,6 +67,11 @@ LAYOUTS = {  # name: (workers, overrides)
                         "parallelism.expert_parallel=2", "recompute.mode=select",
                         "recompute.full_recompute_layer=[1]",
                         "recompute.select_module={self_attn.core_attention: [0, 2], mlp.experts: [2]}"]),
+    # HSDP (issue 34): ZeRO-3 with the dense weights sharded within 2 groups of 2 ranks and
+    # replicated across them (the routed experts over all 4); eager: 4 compiles on 2 cores
+    # cost more than the run
+    "hsdp": (4, ["parallelism.data_parallel_shard_strategy=optim_grads_params",
+                 "parallelism.dense_fsdp_shard_size=2", "compile.enable=false"]),
 }
 
 
@@ -75,7 +82,9 @@ LAYOUTS = {  # name: (workers, overrides)
 RESUMES = {
     "resume": (1, ["recompute.mode=select",
                    "recompute.select_module={self_attn.core_attention: true, mlp.experts: true}"]),
-    "resume_tp2": (2, ["parallelism.tensor_parallel=2", "recompute.mode=full"]),
+    # with MindFormers' expert_tensor_parallel: 1 (routed experts whole on both TP ranks)
+    "resume_tp2": (2, ["parallelism.tensor_parallel=2", "recompute.mode=full",
+                       "parallelism.expert_tensor_parallel=1"]),
     "resume_pp2": (2, ["parallelism.pipeline_parallel=2"]),
 }
 
@@ -87,6 +96,9 @@ def _args(tmp: str, name: str, extra=()) -> list[str]:
              "train_dataset.dataloader.config.seq_length=32", "model.num_hidden_layers=2",
              f"train_dataset.dataloader.config.data_path=['1', '{prefix}']",
              "checkpoint.enable_save=true",
+             # the validation loop at the last step (issue 34): 2 global batches of the corpus
+             "validation.enable=true", f"validation.freq={STEPS}", "validation.steps=2",
+             f"validation.data_path=['1', '{prefix}']",
              f"checkpoint.save_path={os.path.join(tmp, name, 'ckpt')}",
              f"monitor.metrics_dir={os.path.join(tmp, name, 'metrics')}", *extra]
     return ["--config", TINY, "--mode", "1"] + [a for item in items for a in ("--override", item)]
@@ -194,6 +206,9 @@ def _assert_same(run: dict, ref: dict, first_step: int = 1) -> None:
     want = ref["figures"][first_step - 1:]
     err = np.abs(run["figures"] - want) / np.maximum(np.abs(want), 1e-30)
     assert err.max() < 1e-5, (run["figures"], want)
+    # the evaluation after the last step: the same weights give the one-process eval loss
+    got, exp = run["rows"][-1]["validation_loss"], ref["rows"][-1]["validation_loss"]
+    assert abs(got - exp) <= 1e-5 * abs(exp), (got, exp)
     for name in ("model.safetensors", "optimizer.safetensors"):  # weights and AdamW moments, full shape
         got, exp = _weights(run["ckpt"], STEPS, name), _weights(ref["ckpt"], STEPS, name)
         assert sorted(got) == sorted(exp)
@@ -261,13 +276,18 @@ def test_fsdp_zero3_equals_one_process(zero3, reference):
     assert abs(zero3["rows"][-1]["param_bytes"] / want - 1) < 1e-3, (zero3["rows"][-1]["param_bytes"], want)
 
 
-@pytest.mark.parametrize("layout", ["tp2", "ep2", "pp2_cp2_ep2"])
+@pytest.mark.parametrize("layout", ["tp2", "ep2", "pp2_cp2_ep2", "hsdp"])
 def test_layout_equals_one_process(jobs, reference, layout):
     if layout in ("tp2", "ep2"):  # the two 2-worker jobs run together
         jobs("tp2")
         jobs("ep2")
     run = jobs(layout).result()
     _assert_same(run, reference)
+    if layout == "hsdp":  # a rank holds half of every dense weight and a quarter of the experts
+        experts = sum(a.nbytes for n, a in _weights(reference["ckpt"], STEPS).items() if ".mlp.experts." in n)
+        dense = reference["rows"][-1]["param_bytes"] - experts  # one process holds every weight
+        got = run["rows"][-1]["param_bytes"]
+        assert abs(got / (dense / 2 + experts / 4) - 1) < 0.01, (got, dense, experts)
     if layout == "ep2":  # checkpoint.layout=mindformers: each rank wrote its own pieces, once
         _each_rank_wrote_its_pieces(os.path.join(run["ckpt"], f"iteration_{STEPS:08d}"))
 

@@ -197,20 +197,23 @@ def test_swap_off_cpu_is_refused_in_one_line(device):
     with pytest.raises(ConfigError, match=r"^swap\.enable: "):
         validate_device(unset, device)
     validate_device(load_config(TINY_PATH), device)  # swap off: nothing to refuse
+    offload = load_config(TINY_PATH, ["parallelism.cpu_offload=true"])
+    validate_device(offload, "CPU")  # on CPU a start-up note: the shards are in host memory already
+    assert [n for n in startup_notes(offload, "CPU") if n.startswith("parallelism.cpu_offload=true has no effect")]
+    with pytest.raises(ConfigError, match=r"^parallelism\.cpu_offload: "):
+        validate_device(offload, device)
 
 
 # ----------------------------------------------------------------------------- refusals
 @pytest.mark.parametrize("overrides, start", [
-    (["training.rampup_batch_size=[16, 4, 200]"], "training.rampup_batch_size: batch-size ramp-up is not supported yet"),
     (["lora_config={target_modules: '.*'}"], "lora_config: LoRA fine-tuning is not supported yet"),
-    (["parallelism.cpu_offload=true"], "parallelism.cpu_offload:"),
-    (["parallelism.dense_fsdp_shard_size=2"], "parallelism.dense_fsdp_shard_size:"),
     (["parallelism.context_parallel_method=ulysses"], "parallelism.context_parallel_method: 'ulysses' is not supported yet"),
     (["parallelism.ulysses_degree_in_cp=2"], "parallelism.ulysses_degree_in_cp:"),
     (["parallelism.moe_token_dispatcher_type=alltoall_deredundancy"], "parallelism.moe_token_dispatcher_type:"),
     (["parallelism.tensor_parallel=2", "parallelism.sequence_parallel=false"], "parallelism.sequence_parallel: must be true"),
-    (["parallelism.expert_tensor_parallel=2"], "parallelism.expert_tensor_parallel: must equal tensor_parallel (1)"),
-    (["parallelism.tensor_parallel=2", "parallelism.expert_tensor_parallel=1"], "parallelism.expert_tensor_parallel:"),
+    (["parallelism.expert_tensor_parallel=2"], "parallelism.expert_tensor_parallel: must be 1 (experts whole"),
+    (["parallelism.tensor_parallel=2", "parallelism.expert_tensor_parallel=1", "parallelism.expert_parallel=2"],
+     "parallelism.expert_tensor_parallel: 1 with tensor_parallel > 1 and expert_parallel > 1 is not built"),
 ])
 def test_unbuilt_features_are_refused_in_one_line(overrides, start):
     with pytest.raises(ConfigError) as err:

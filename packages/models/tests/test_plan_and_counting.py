@@ -77,12 +77,23 @@ def test_plan_roles_regions_and_split_fields():
 # the config's parameter plan (mindtrain.config.model_plan) against the model built from it:
 # dense and MoE layers with q LoRA and an MTP module; no q LoRA, attention biases, every layer
 # MoE with two shared experts, no MTP; two MTP modules after two dense layers, no shared expert
+QWEN3 = dict(model_type="qwen3", architectures="Qwen3ForCausalLM", vocab_size=64, hidden_size=32, intermediate_size=48,
+             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, seq_length=16,
+             max_position_embeddings=64)
+QWEN3_MOE = dict(QWEN3, model_type="qwen3_moe", architectures="Qwen3MoeForCausalLM", num_hidden_layers=4,
+                 moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2, decoder_sparse_step=2,
+                 mlp_only_layers=[3])
 PLAN_CONFIGS = {
     "dense_moe_mtp": dict(CFG),
     "no_q_lora_bias_all_moe": dict(CFG, q_lora_rank=None, attention_bias=True, first_k_dense_replace=0,
                                    n_shared_experts=2, num_nextn_predict_layers=0),
     "two_mtp_no_shared": dict(CFG, num_hidden_layers=2, first_k_dense_replace=2, n_shared_experts=0,
                               num_nextn_predict_layers=2),
+    # Qwen3: GQA with head_dim != hidden / heads and q/k/v/o biases; a tied head (no head_dim:
+    # hidden / heads); Qwen3-MoE with decoder_sparse_step 2 and layer 3 in mlp_only_layers
+    "qwen3_bias": dict(QWEN3, attention_bias=True),
+    "qwen3_tied": dict(QWEN3, tie_word_embeddings=True, head_dim=None),
+    "qwen3_moe": dict(QWEN3_MOE),
 }
 
 
@@ -105,3 +116,34 @@ def test_the_config_plan_is_the_models_parameters(name):
         [(u.name, u.kind, u.layer, u.path, [n for n in u.params if n in trainable]) for u in plan.units]
     total, _ = mm.count_parameters(cfg)
     assert total == sum(int(np.prod(p.shape)) for p in model.trainable_params())
+
+
+def test_qwen3_plan_splits_counts_and_flops():
+    """GQA's k/v projections split by key/value heads, per-head norms and the router stay whole,
+    a tied head shares the embedding; counts and FLOPs by hand."""
+    cfg = ModelConfig(**dict(QWEN3_MOE, attention_bias=True, tie_word_embeddings=True))
+    model = mm.build_model(cfg, jit=False, empty=True)
+    plan = model.parallel_plan()
+    p = plan.params
+    a = "model.layers.0.self_attn."
+    assert (p[a + "k_proj.weight"].tp, p[a + "k_proj.weight"].tp_dim) == ("column", 0)
+    assert p[a + "k_proj.weight"].split_field == p[a + "v_proj.bias"].split_field == "model.num_key_value_heads"
+    assert (p[a + "q_proj.bias"].tp, p[a + "q_proj.weight"].split_field) == ("column", "model.num_attention_heads")
+    assert (p[a + "o_proj.weight"].tp, p[a + "o_proj.bias"].tp) == ("row", "replicated")
+    assert p[a + "q_norm.weight"].tp == p[a + "k_norm.weight"].tp == "replicated"
+    assert p["model.layers.1.mlp.gate.weight"].tp == "replicated" and p["model.layers.1.mlp.experts.up_proj"].expert
+    assert "lm_head.weight" not in p and plan.shared == {"model.embed_tokens.weight": ["embedding", "head"]}
+    assert plan.role_regions("attention") == [f"model.layers.{i}.self_attn" for i in range(4)]
+    assert plan.role_regions("moe") == ["model.layers.1.mlp"]
+    assert plan.role_regions("mlp") == [f"model.layers.{i}.mlp" for i in (0, 2, 3)]
+    assert [u.params for u in plan.units if u.name == "head"] == [["model.norm.weight"]]
+    h, v, d, n, kv = 32, 64, 16, 4, 2
+    attention = (h + 1) * n * d + 2 * (h + 1) * kv * d + (n * d + 1) * h + 2 * d
+    dense, expert = 3 * h * 48, 3 * h * 16
+    layers = 4 * (attention + 2 * h) + 3 * dense + 4 * h + 4 * expert
+    total, active = mm.count_parameters(cfg)
+    assert total == v * h + layers + h == sum(int(np.prod(q.shape)) for q in model.trainable_params())
+    assert total - active == 2 * expert  # 2 of 4 experts idle in the one MoE layer
+    norms = 4 * (2 * h + 2 * d) + h
+    matmul = active - v * h - norms + v * h  # the tied head's matmul counts once
+    assert mm.flops_per_token(cfg, 16) == 6 * matmul + 6 * n * 16 * (2 * d) * 4

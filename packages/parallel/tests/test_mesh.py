@@ -28,7 +28,7 @@ def test_coordinates_follow_pp_dp_cp_tp_order():
 def test_groups_partition_the_world_and_contain_the_rank():
     kw = dict(tensor_parallel=2, context_parallel=2, data_parallel_shard=2, expert_parallel=2)
     world = 8
-    for dim in ("pp", "dp", "cp", "tp", "dp_cp", "ep", "edp", "world"):
+    for dim in ("pp", "dp", "cp", "tp", "dp_cp", "ep", "edp", "dense", "dense_replica", "world"):
         seen = {}
         for r in range(world):
             m = mesh(world, r, **kw)
@@ -51,6 +51,22 @@ def test_known_groups():
     m3 = mesh(8, 6, context_parallel=2, pipeline_parallel=2)  # pp2 dp2 cp2
     assert m3.group("pp").ranks == (2, 6) and m3.group("cp").ranks == (6, 7)
     assert m3.group("dp").ranks == (4, 6) and m3.group("dp_cp").ranks == (4, 5, 6, 7)
+
+
+def test_hsdp_groups():
+    """dense_fsdp_shard_size: consecutive dp ranks shard the dense weights (``dense``), the dp
+    ranks at the same position of every such group hold the same shard (``dense_replica``)."""
+    m = mesh(8, 5, tensor_parallel=2, dense_fsdp_shard_size=2)  # dp4 x tp2; rank 5 = dp2 tp1
+    assert m.group("dp").ranks == (1, 3, 5, 7)
+    assert m.group("dense").ranks == (5, 7) and m.group("dense_replica").ranks == (1, 5)
+    plain = mesh(8, 5, tensor_parallel=2)  # without HSDP: dense = dp, no replicas
+    assert plain.group("dense").ranks == (1, 3, 5, 7) and plain.group("dense_replica").ranks == (5,)
+    assert mesh(4, 0, dense_fsdp_shard_size=4).dims.dense_shard == 0  # = dp: plain FSDP
+    for kw, needle in ((dict(dense_fsdp_shard_size=3), "parallelism.dense_fsdp_shard_size: 3 must divide"),
+                       (dict(dense_fsdp_shard_size=0), "parallelism.dense_fsdp_shard_size: must be a positive"),
+                       (dict(dense_fsdp_shard_size=1, pipeline_parallel=2), "not with pipeline or context")):
+        with pytest.raises(ConfigError, match=needle):
+            mesh(4, 0, **kw)
 
 
 def test_from_parallel_dims():

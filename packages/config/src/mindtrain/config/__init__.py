@@ -32,6 +32,7 @@ from mindtrain.config.schema import (
     MindTrainConfig,
     ModelConfig,
     MonitorConfig,
+    ValidationConfig,
     OptimizerConfig,
     ParallelismConfig,
     TrainDatasetConfig,
@@ -44,7 +45,7 @@ from mindtrain.config.validate import (parse_data_path, parse_split, split_weigh
 __all__ = [
     "__version__", "DEGREE_FIELDS", "ZERO3", "ZERO_STRATEGIES", "check_degrees", "check_zero_strategy",
     "CheckpointConfig", "CompileConfig", "ConfigError", "ContextConfig", "DataLoaderConfig", "GPTDatasetConfig",
-    "LRSchedulerConfig", "MindTrainConfig", "ModelConfig", "MonitorConfig", "OptimizerConfig",
+    "LRSchedulerConfig", "MindTrainConfig", "ModelConfig", "MonitorConfig", "ValidationConfig", "OptimizerConfig",
     "ParallelDims", "ParallelismConfig", "ParallelPlan", "ParamPlan", "ROLES", "Region", "UnitPlan", "RecomputePlan", "layer_ids", "module_matches", "recompute_plan", "STEP_FIGURES", "StepFigures", "TrainDatasetConfig", "TrainingConfig", "UserError",
     "convert_legacy", "dump_config", "from_dict", "legacy_problems", "load_config",
     "num_accumulation_steps", "parse_config", "parse_data_path", "parse_split",

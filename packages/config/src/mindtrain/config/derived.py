@@ -52,6 +52,10 @@ class ParallelDims:
     cp: int
     tp: int
     ep: int
+    dense_shard: int = 0
+    """HSDP (``dense_fsdp_shard_size``): the dense weights' FSDP shard group size, a divisor of
+    dp_shard; they are replicated over the dp_shard / dense_shard groups. 0 means dp_shard
+    (plain FSDP)."""
 
     def __post_init__(self):
         if self.world_size < 1:
@@ -66,6 +70,10 @@ class ParallelDims:
                 f"pipeline_parallel = {self.dp_shard}x{self.tp}x{self.cp}x{self.pp} = {product}, but "
                 f"{self.world_size} devices are running; make the product equal the worker count or set "
                 f"data_parallel_shard: -1")
+        if self.dense_shard and (self.dense_shard < 1 or self.dp_shard % self.dense_shard):
+            raise ConfigError("parallelism.dense_fsdp_shard_size", f"{self.dense_shard} must divide data_parallel_shard "
+                                                                   f"({self.dp_shard}): the dense weights are sharded "
+                                                                   "within groups of that many ranks")
         if (self.dp_shard * self.cp) % self.ep:
             raise ConfigError(
                 "parallelism.expert_parallel", f"{self.ep} must divide data_parallel_shard x "
@@ -76,6 +84,11 @@ class ParallelDims:
     def dp(self) -> int:
         """Ranks that see different samples."""
         return self.dp_shard
+
+    @property
+    def dense_shard_size(self) -> int:
+        """Ranks the dense weights are sharded over (``dp_shard`` without HSDP)."""
+        return self.dense_shard or self.dp_shard
 
     @property
     def sequence_parallel(self) -> bool:
@@ -96,7 +109,16 @@ def resolve_parallelism(p: ParallelismConfig, world_size: int) -> ParallelDims:
                 "parallelism", f"tensor_parallel x context_parallel x pipeline_parallel = {others} "
                 f"does not divide the {world_size} devices; change the degrees or the worker count")
         dp = world_size // others
-    return ParallelDims(world_size=world_size, pp=pp, dp_shard=dp, cp=cp, tp=tp, ep=ep)
+    dense = p.dense_fsdp_shard_size
+    if dense is not None and (not isinstance(dense, int) or isinstance(dense, bool) or dense < 1):
+        raise ConfigError("parallelism.dense_fsdp_shard_size", f"must be a positive integer or null, got {dense!r}")
+    if dense is not None and dense < dp and (pp > 1 or cp > 1):
+        raise ConfigError("parallelism.dense_fsdp_shard_size", "sharding the dense weights over a subgroup (HSDP) is "
+                                                               "built for data parallelism with tensor and expert "
+                                                               "parallelism, not with pipeline or context parallelism; "
+                                                               "remove it")
+    return ParallelDims(world_size=world_size, pp=pp, dp_shard=dp, cp=cp, tp=tp, ep=ep,
+                        dense_shard=0 if dense is None or dense == dp else dense)
 
 
 def num_accumulation_steps(cfg: MindTrainConfig, dims: ParallelDims) -> int:

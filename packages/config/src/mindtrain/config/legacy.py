@@ -91,8 +91,8 @@ _TOP_DROPPED = {
     "runner_wrapper": "the eager trainer's step (clipping is training.max_norm, loss scale not used in fp32/bf16)",
     "init_start_profile": "the profiler starts at profiler.start_step",
     "profile_communication": "MindSpore's profiler records what the device offers",
-    "eval_dataset": "mindtrain pretrains without evaluation",
-    "eval_dataset_task": "mindtrain pretrains without evaluation",
+    "eval_dataset": "evaluation during training is the validation section (validation.data_path)",
+    "eval_dataset_task": "evaluation during training is the validation section (validation.data_path)",
     "processor": "pretraining reads token ids; no tokenizer is needed",
 }
 

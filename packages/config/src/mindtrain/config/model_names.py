@@ -1,10 +1,14 @@
-"""The model section in MindFormers' naming style, mapped onto mindtrain's (HF DeepSeek-V3) fields.
+"""The model section in MindFormers' naming style, mapped onto mindtrain's (HF) fields.
 
 MindFormers' DeepSeek-V3 YAMLs name the model with its TransformerConfig / MLATransformerConfig
 fields (``mindformers/parallel_core/transformer_config.py``, ``config_converter_deepseek_v3.py``):
 ``params_dtype``, ``position_embedding_type: yarn`` with ``rotary_scaling_factor``,
-``moe_aux_loss_coeff``, ... . :func:`to_canonical` reads either style (or a mix) into the HF
-names the models package builds from; :func:`to_mindformers` writes the other way.
+``moe_aux_loss_coeff``, ... . Its Qwen3 and Qwen3-MoE converters
+(``mindformers/models/qwen3/config_converter_qwen3.py``, ``qwen3_moe/config_converter_qwen3_moe.py``)
+rename HF's ``head_dim`` to ``kv_channels``, ``num_key_value_heads`` to ``num_query_groups``,
+``num_experts`` to ``num_moe_experts`` and so on (:data:`QWEN3_RENAMES`). :func:`to_canonical`
+reads either style (or a mix) into the HF names the models package builds from, by
+``model_type``; :func:`to_mindformers` writes the other way.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from mindtrain.config.errors import ConfigError
+from mindtrain.config.families import FAMILY_NAMES, QWEN3_FAMILIES
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
@@ -94,9 +99,11 @@ def _set(out: dict, field: str, value: Any, source: str, path: str, origin: dict
 def to_canonical(data: dict, path: str = "model") -> dict:
     """A model mapping in either naming style -> the HF (mindtrain) names.
 
-    Values that contradict a DeepSeek-V3 are one-line errors; the same quantity given in both
-    styles with different values is an error.
+    Values that contradict the family (``model_type``, DeepSeek-V3 when absent) are one-line
+    errors; the same quantity given in both styles with different values is an error.
     """
+    if data.get("model_type") in QWEN3_FAMILIES:
+        return _qwen3_canonical(data, path)
     data = dict(data)
     # HF's DeepseekV3Config: num_key_value_heads defaults to num_attention_heads (MLA has one per head).
     if "num_key_value_heads" not in data and "num_query_groups" not in data and "num_attention_heads" in data:
@@ -187,6 +194,8 @@ def _yarn(rest: dict, out: dict, origin: dict[str, str], path: str) -> None:
 
 def to_mindformers(data: dict) -> dict:
     """HF-named model mapping -> MindFormers' names (the inverse of :func:`to_canonical`)."""
+    if data.get("model_type") in QWEN3_FAMILIES:
+        return _qwen3_to_mindformers(data)
     back = {"param_init_dtype": "params_dtype", "aux_loss_alpha": "moe_aux_loss_coeff",
             "bias_update_speed": "moe_router_bias_update_rate"}
     # MindFormers' own DeepSeek-V3 YAMLs keep HF names for the structure (num_hidden_layers,
@@ -215,5 +224,153 @@ def to_mindformers(data: dict) -> dict:
     for key, value in (("multi_latent_attention", True), ("gated_linear_unit", True), ("add_bias_linear", False),
                        ("qk_layernorm", True), ("scoring_func", "sigmoid"),
                        ("moe_router_load_balancing_type", "seq_aux_loss" if data.get("aux_loss_alpha", 1) else "none")):
+        out.setdefault(key, value)
+    return out
+
+
+# ----------------------------------------------------------------------------- Qwen3, Qwen3-MoE
+def _negate(v: Any) -> Any:
+    return not v if isinstance(v, bool) else v
+
+
+# MindFormers' Qwen3 / Qwen3-MoE names (the converters' CONFIG_MAPPING, read backwards; HF's
+# Qwen3-MoE names of the expert count) -> (field, value conversion).
+QWEN3_RENAMES: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "params_dtype": ("param_init_dtype", norm_dtype),
+    "num_layers": ("num_hidden_layers", _same),
+    "ffn_hidden_size": ("intermediate_size", _same),
+    "layernorm_epsilon": ("rms_norm_eps", _same),
+    "num_query_groups": ("num_key_value_heads", _same),
+    "kv_channels": ("head_dim", _same),
+    "init_method_std": ("initializer_range", _same),
+    "rotary_base": ("rope_theta", _same),
+    "add_qkv_bias": ("attention_bias", _same),
+    "untie_embeddings_and_output_weights": ("tie_word_embeddings", _negate),
+    "num_moe_experts": ("n_routed_experts", _same),
+    "num_experts": ("n_routed_experts", _same),          # HF Qwen3-MoE's name
+    "num_local_experts": ("n_routed_experts", _same),    # what transformers 5 writes
+    "moe_router_topk": ("num_experts_per_tok", _same),
+    "moe_ffn_hidden_size": ("moe_intermediate_size", _same),
+    "moe_router_dtype": ("router_dense_type", norm_dtype),
+    "moe_aux_loss_coeff": ("router_aux_loss_coef", _same),
+}
+
+# MindFormers names whose value must be this one for a Qwen3 / Qwen3-MoE.
+QWEN3_FIXED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "multi_latent_attention": ((False,), "Qwen3 attention is grouped-query attention with per-head q/k norms, "
+                                         "not multi-latent attention"),
+    "gated_linear_unit": ((True,), "Qwen3 MLPs are gated (SwiGLU)"),
+    "add_bias_linear": ((False,), "Qwen3's MLPs and router have no bias (add_qkv_bias / attention_bias gives "
+                                  "the attention's)"),
+    "qk_layernorm": ((True,), "Qwen3 normalises every query and key head (q_norm, k_norm)"),
+    "normalization": (("RMSNorm",), "Qwen3 uses RMSNorm"),
+    "position_embedding_type": (("rope",), "Qwen3 uses rope (rope_scaling holds HF's linear or yarn scaling)"),
+    "scoring_func": (("softmax",), "Qwen3-MoE routes with softmax scores"),
+    "moe_router_score_function": (("softmax",), "Qwen3-MoE routes with softmax scores"),
+    "moe_router_enable_expert_bias": ((False,), "Qwen3-MoE has no expert bias"),
+    "moe_router_topk_scaling_factor": ((1, 1.0, None), "Qwen3-MoE does not scale its routing weights"),
+    "moe_shared_expert_intermediate_size": ((0, None), "Qwen3-MoE has no shared experts"),
+    "shared_expert_num": ((0, None), "Qwen3-MoE has no shared experts"),
+    "moe_router_load_balancing_type": (("none",), "mindtrain builds HF Qwen3-MoE's load-balancing loss "
+                                                  "(output_router_logits with router_aux_loss_coef: one balance "
+                                                  "over the micro-batch's tokens of all MoE layers), not "
+                                                  "MindFormers' per-layer forms"),
+    "moe_token_dispatcher_type": (("alltoall",), "mindtrain dispatches tokens with all-to-all; "
+                                  "alltoall_deredundancy is not supported yet"),
+    "use_sliding_window": ((False,), "sliding-window attention is not built (every layer attends causally "
+                                     "over the whole sequence)"),
+}
+QWEN3_ONLY = set(QWEN3_RENAMES) | set(QWEN3_FIXED) | {"moe_layer_freq"}
+
+
+def _qwen3_canonical(data: dict, path: str) -> dict:
+    """:func:`to_canonical` for model_type qwen3 / qwen3_moe."""
+    family = FAMILY_NAMES[data["model_type"]]
+    data = dict(data)
+    # HF Qwen3Config and MindFormers' TransformerConfig: key/value heads default to the query heads
+    if "num_key_value_heads" not in data and "num_query_groups" not in data and "num_attention_heads" in data:
+        data["num_key_value_heads"] = data["num_attention_heads"]
+    for key in ("compute_dtype",) + DTYPE_SWITCHES:
+        if key in data:
+            data[key] = norm_dtype(data[key])
+    out: dict = {}
+    origin: dict[str, str] = {}
+    rest = dict(data)
+    for key in [k for k in rest if k not in QWEN3_ONLY and k not in MINDFORMERS_ONLY]:
+        _set(out, key, rest.pop(key), key, path, origin)
+    for key, (allowed, why) in QWEN3_FIXED.items():
+        if key in rest:
+            value = rest.pop(key)
+            if value not in allowed:
+                shown = " or ".join(repr(a) for a in allowed)
+                raise ConfigError(f"{path}.{key}", f"{value!r} is not supported: {why}; set it to {shown}")
+            if key == "moe_router_load_balancing_type":
+                _set(out, "output_router_logits", False, key, path, origin)
+    for key, (field, conv) in QWEN3_RENAMES.items():
+        if key in rest:
+            _set(out, field, conv(rest.pop(key)), key, path, origin)
+    if "moe_aux_loss_coeff" in data and "output_router_logits" not in out:
+        # MindFormers adds the auxiliary loss whenever its coefficient is > 0
+        out["output_router_logits"] = bool(out["router_aux_loss_coef"])
+    if "moe_layer_freq" in rest:
+        _set(out, "mlp_only_layers", _mlp_only_layers(rest.pop("moe_layer_freq"), out, path), "moe_layer_freq",
+             path, origin)
+    act = out.get("hidden_act")
+    if act in ("fusedswiglu", "swiglu"):
+        out["hidden_act"] = "silu"
+        if act == "fusedswiglu" and out.get("bias_swiglu_fusion") is None:
+            out["bias_swiglu_fusion"] = True
+    for key in rest:
+        if key in YARN_DEFAULTS or key in YARN_FACTOR_NAMES:
+            raise ConfigError(f"{path}.{key}", f"is DeepSeek-V3's YaRN setting; {family} takes HF's rope_scaling "
+                                               "({rope_type: yarn, factor, original_max_position_embeddings})")
+        raise ConfigError(f"{path}.{key}", f"is a DeepSeek-V3 setting, which a {family} model does not read; "
+                                           "remove it")
+    return out
+
+
+def _mlp_only_layers(freq: Any, out: dict, path: str) -> list[int]:
+    """MindFormers' (Megatron's) ``moe_layer_freq`` as HF's ``mlp_only_layers``: an int N
+    makes layer i a MoE layer when i % N == 0, a list gives 1 (MoE) or 0 (dense) per layer."""
+    where = f"{path}.moe_layer_freq"
+    n = out.get("num_hidden_layers")
+    if isinstance(freq, bool) or not isinstance(freq, (int, list)):
+        raise ConfigError(where, f"must be an integer or a list of 0/1 per layer, got {freq!r}")
+    if isinstance(freq, int):
+        if freq < 1:
+            raise ConfigError(where, f"must be >= 1, got {freq}")
+        if n is None:
+            raise ConfigError(where, "needs num_hidden_layers (num_layers) to place the dense layers")
+        return [i for i in range(n) if i % freq]
+    if any(v not in (0, 1) or isinstance(v, bool) for v in freq) or (n is not None and len(freq) != n):
+        raise ConfigError(where, f"must list 0 (dense) or 1 (MoE) for each of the {n} layers, got {freq!r}")
+    return [i for i, v in enumerate(freq) if v == 0]
+
+
+def _qwen3_to_mindformers(data: dict) -> dict:
+    """:func:`to_mindformers` for model_type qwen3 / qwen3_moe: HF's names for the structure
+    (as MindFormers' Qwen3 configs are HF config.json files), MindFormers' for the rest."""
+    back = {"param_init_dtype": "params_dtype", "router_aux_loss_coef": "moe_aux_loss_coeff"}
+    out: dict = {}
+    for key, value in data.items():
+        if key == "bias_swiglu_fusion":
+            continue
+        if key == "tie_word_embeddings":
+            out["untie_embeddings_and_output_weights"] = _negate(value)
+            continue
+        if key == "n_routed_experts":
+            out["num_experts"] = value
+            continue
+        out[back.get(key, key)] = value
+    if "router_aux_loss_coef" in data:  # MindFormers' coefficient alone would also switch the loss on
+        out["output_router_logits"] = bool(data.get("output_router_logits", False))
+    if data.get("hidden_act") == "silu":
+        out["hidden_act"] = "fusedswiglu" if data.get("bias_swiglu_fusion") else "swiglu"
+    defaults: tuple[tuple[str, Any], ...] = (("multi_latent_attention", False), ("gated_linear_unit", True),
+                                             ("add_bias_linear", False), ("qk_layernorm", True),
+                                             ("normalization", "RMSNorm"), ("position_embedding_type", "rope"))
+    if data.get("model_type") == "qwen3_moe":
+        defaults += (("moe_router_score_function", "softmax"), ("moe_router_enable_expert_bias", False))
+    for key, value in defaults:
         out.setdefault(key, value)
     return out

@@ -1,4 +1,5 @@
-"""The parameters a DeepSeek-V3 ``ModelConfig`` describes and its training FLOPs, as plain data.
+"""The parameters a ``ModelConfig`` describes (DeepSeek-V3, Qwen3, Qwen3-MoE) and its training
+FLOPs, as plain data.
 
 One description of the model's trainable parameters, written once, without MindSpore: each
 parameter's name (the model's, which are HF's), shape, tensor-parallel split and pipeline
@@ -17,6 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
+from mindtrain.config.families import QWEN3_FAMILIES, head_dim, moe_layer_ids
 from mindtrain.config.plan import UnitPlan
 from mindtrain.config.schema import ModelConfig
 
@@ -24,7 +26,8 @@ from mindtrain.config.schema import ModelConfig
 TP_RULES: tuple[tuple[str, str, Optional[int]], ...] = (
     (r"^model\.embed_tokens\.weight$", "vocab", 0),
     (r"^lm_head\.weight$", "column", 0),
-    (r"\.self_attn\.(q_proj|q_b_proj|kv_b_proj)\.weight$", "column", 0),
+    (r"\.self_attn\.(q_proj|q_b_proj|kv_b_proj|k_proj|v_proj)\.weight$", "column", 0),
+    (r"\.self_attn\.(q_proj|k_proj|v_proj)\.bias$", "column", 0),
     (r"\.self_attn\.o_proj\.weight$", "row", 1),
     (r"\.mlp\.(shared_experts\.)?(gate_proj|up_proj)\.weight$", "column", 0),
     (r"\.mlp\.(shared_experts\.)?down_proj\.weight$", "row", 1),
@@ -37,8 +40,10 @@ _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 def tp_split(name: str) -> tuple[str, Optional[int]]:
     """(style, dim) of parameter ``name`` under tensor parallelism: "column" splits the output
-    dim, "row" the input dim, "vocab" the vocabulary rows; low-rank down projections, norms,
-    the router, ``eh_proj`` and biases stay whole ("replicated", None)."""
+    dim, "row" the input dim, "vocab" the vocabulary rows; low-rank down projections, norms
+    (Qwen3's per-head q_norm / k_norm included), the router, ``eh_proj`` and the biases of
+    row-split or replicated projections stay whole ("replicated", None); the biases of
+    column-split projections (Qwen3's q/k/v) split with them."""
     for pattern, style, dim in TP_RULES:
         if re.search(pattern, name):
             return style, dim
@@ -120,12 +125,47 @@ def _layer_shapes(m: ModelConfig, i: int) -> list[tuple[str, tuple[int, ...]]]:
     return [(f"model.layers.{i}.{name}", shape) for name, shape in out]
 
 
+def _qwen3_layer_shapes(m: ModelConfig, i: int, moe: bool) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of Qwen3 / Qwen3-MoE decoder layer ``i``'s parameters, in the model's
+    (HF's) order: q/k/v/o projections (with biases under attention_bias), the per-head q and
+    k norms, the dense MLP or the router and stacked experts, the two layer norms."""
+    h, n, kv, d = m.hidden_size, m.num_attention_heads, m.num_key_value_heads, head_dim(m)
+    bias = bool(m.attention_bias)
+    out: list[tuple[str, tuple[int, ...]]] = []
+    for proj, rows in (("q_proj", n * d), ("k_proj", kv * d), ("v_proj", kv * d)):
+        out.append((f"self_attn.{proj}.weight", (rows, h)))
+        if bias:
+            out.append((f"self_attn.{proj}.bias", (rows,)))
+    out.append(("self_attn.o_proj.weight", (h, n * d)))
+    if bias:
+        out.append(("self_attn.o_proj.bias", (h,)))
+    out += [("self_attn.q_norm.weight", (d,)), ("self_attn.k_norm.weight", (d,))]
+    if moe:
+        e, im = m.n_routed_experts, m.moe_intermediate_size
+        out += [("mlp.gate.weight", (e, h)), ("mlp.experts.gate_proj", (e, im, h)),
+                ("mlp.experts.up_proj", (e, im, h)), ("mlp.experts.down_proj", (e, h, im))]
+    else:
+        out += [("mlp.gate_proj.weight", (m.intermediate_size, h)), ("mlp.up_proj.weight", (m.intermediate_size, h)),
+                ("mlp.down_proj.weight", (h, m.intermediate_size))]
+    out += [("input_layernorm.weight", (h,)), ("post_attention_layernorm.weight", (h,))]
+    return [(f"model.layers.{i}.{name}", shape) for name, shape in out]
+
+
 def param_specs(m: ModelConfig) -> list[ParamSpec]:
-    """Every trainable parameter of the DeepSeek-V3 model ``m`` describes: the embedding,
-    the decoder layers, the MTP modules, the final norm and lm_head (the routers' correction
-    biases are buffers, not listed)."""
+    """Every trainable parameter of the model ``m`` describes: the embedding, the decoder
+    layers, DeepSeek-V3's MTP modules, the final norm and lm_head (absent when Qwen3 ties it
+    to the embedding; DeepSeek-V3's router correction biases are buffers, not listed)."""
     h, v = m.hidden_size, m.vocab_size
     shapes = [("model.embed_tokens.weight", (v, h))]
+    if m.model_type in QWEN3_FAMILIES:
+        moe = set(moe_layer_ids(m))
+        for i in range(m.num_hidden_layers):
+            shapes += _qwen3_layer_shapes(m, i, i in moe)
+        shapes.append(("model.norm.weight", (h,)))
+        if not m.tie_word_embeddings:
+            shapes.append(("lm_head.weight", (v, h)))
+        return [ParamSpec(name, tuple(shape), *tp_split(name), is_expert(name), unit_of(name, m.num_hidden_layers))
+                for name, shape in shapes]
     for i in range(m.num_hidden_layers + m.num_nextn_predict_layers):
         shapes += _layer_shapes(m, i)
     shapes += [("model.norm.weight", (h,)), ("lm_head.weight", (v, h))]
@@ -154,7 +194,8 @@ def _active(p: ParamSpec, m: ModelConfig) -> int:
 
 
 def count_parameters(m: ModelConfig) -> tuple[int, int]:
-    """(total, active per token) trainable parameters, MTP modules included."""
+    """(total, active per token) trainable parameters, MTP modules included (a tied head is
+    the embedding, counted once)."""
     specs = param_specs(m)
     return sum(p.numel for p in specs), sum(_active(p, m) for p in specs)
 
@@ -162,15 +203,22 @@ def count_parameters(m: ModelConfig) -> tuple[int, int]:
 def flops_per_token(m: ModelConfig, seq_length: Optional[int] = None) -> float:
     """Training FLOPs per token, the convention of the step line's throughput: 6 x the matmul
     weights a token uses (routed experts: ``num_experts_per_tok`` of them; norms and the
-    embedding lookup excluded; the head once per prediction depth) + the attention term
-    ``6 x heads x S x (qk_head_dim + v_head_dim)`` per layer (full S, the PaLM convention)."""
+    embedding lookup excluded; the head once per prediction depth, a tied head's too) + the
+    attention term ``6 x heads x S x (qk_head_dim + v_head_dim)`` per layer (full S, the PaLM
+    convention; Qwen3: ``qk_head_dim = v_head_dim = head_dim``)."""
     s = seq_length or m.seq_length
     matmul = sum(_active(p, m) for p in param_specs(m)
                  if p.name != "model.embed_tokens.weight" and not p.name.endswith("norm.weight"))
-    matmul += m.vocab_size * m.hidden_size * m.num_nextn_predict_layers
-    n_layers = m.num_hidden_layers + m.num_nextn_predict_layers
-    qk = m.qk_nope_head_dim + m.qk_rope_head_dim
-    attention = 6 * m.num_attention_heads * s * (qk + m.v_head_dim) * n_layers
+    if m.model_type in QWEN3_FAMILIES:
+        if m.tie_word_embeddings:  # the head's matmul uses the embedding matrix
+            matmul += m.vocab_size * m.hidden_size
+        qk = v = head_dim(m)
+        n_layers = m.num_hidden_layers
+    else:
+        matmul += m.vocab_size * m.hidden_size * m.num_nextn_predict_layers
+        n_layers = m.num_hidden_layers + m.num_nextn_predict_layers
+        qk, v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
+    attention = 6 * m.num_attention_heads * s * (qk + v) * n_layers
     return float(6 * matmul + attention)
 
 

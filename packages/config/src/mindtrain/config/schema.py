@@ -68,8 +68,9 @@ class TrainingConfig:
     deterministic: bool = False
     """Ask MindSpore for deterministic kernels (same results run after run)."""
     rampup_batch_size: Optional[list[int]] = None
-    """MindFormers' batch-size ramp-up [start_gbs, increment, rampup_samples]; not built in
-    mindtrain yet (a value is refused)."""
+    """MindFormers' batch-size ramp-up [start_global_batch_size, batch_size_increment,
+    rampup_samples]: the global batch grows by the increment every rampup_samples / levels
+    consumed samples up to global_batch_size (:mod:`mindtrain.config.rampup`)."""
     log_interval: int = 1
     """Print the step line every this many steps."""
     max_skipped_steps: int = 5
@@ -90,7 +91,10 @@ class ParallelismConfig:
     disable_gradient_division: bool = True
     """MindFormers: FSDP sums gradients instead of averaging (the loss is already scaled)."""
     dense_fsdp_shard_size: Optional[int] = None
-    """MindFormers: shard dense weights over this many ranks only (HSDP)."""
+    """HSDP: shard the dense (non-expert) weights over groups of this many data-parallel
+    ranks and replicate them across the groups (their gradients are reduced within a group,
+    then averaged across groups); null or data_parallel_shard is plain FSDP. Routed experts
+    keep the whole data-parallel group. Not with pipeline or context parallelism."""
     tensor_parallel: int = 1
     """Tensor-parallel degree; sequence parallelism is always on when this is > 1."""
     context_parallel: int = 1
@@ -268,10 +272,17 @@ class TrainDatasetConfig:
 
 @dataclass
 class ModelConfig:
+    """One flat model section for every family (``model_type``): ``deepseek_v3``
+    (DeepseekV3ForCausalLM), ``qwen3`` (Qwen3ForCausalLM) and ``qwen3_moe``
+    (Qwen3MoeForCausalLM). The defaults are DeepSeek-V3's; each family reads its own fields
+    (:data:`mindtrain.config.families.FAMILY_FIELDS`) and a field it does not read must keep
+    its default (a one-line error names it)."""
+
     model_type: str = "deepseek_v3"
-    """Registry key of the model family."""
+    """Registry key of the model family: deepseek_v3, qwen3 or qwen3_moe."""
     architectures: str = "DeepseekV3ForCausalLM"
-    """Model class (a string, not a list)."""
+    """Model class (a string, not a list): DeepseekV3ForCausalLM, Qwen3ForCausalLM or
+    Qwen3MoeForCausalLM."""
     seq_length: int = 4096
     """Training sequence length; must equal the dataset's seq_length."""
     vocab_size: int = 129280
@@ -283,6 +294,17 @@ class ModelConfig:
     num_hidden_layers: int = 61
     num_attention_heads: int = 128
     num_key_value_heads: int = 128
+    """Key/value heads. DeepSeek-V3 (MLA): equal to num_attention_heads. Qwen3: grouped-query
+    attention, a divisor of num_attention_heads (MindFormers: num_query_groups)."""
+    head_dim: Optional[int] = None
+    """Qwen3: size of every query, key and value head, independent of hidden_size /
+    num_attention_heads (Qwen3-8B: 128 with hidden 4096 and 32 heads); null means
+    hidden_size // num_attention_heads (MindFormers: kv_channels). DeepSeek-V3 does not read
+    it (its heads are qk_nope_head_dim + qk_rope_head_dim and v_head_dim)."""
+    qk_layernorm: bool = True
+    """RMSNorm over each query and key head: Qwen3's q_norm / k_norm over head_dim before
+    rope, DeepSeek-V3's MLA latent norms. Both families have it (HF Qwen3 has no switch), so
+    false is refused; MindFormers' name."""
     n_shared_experts: int = 1
     n_routed_experts: int = 256
     routed_scaling_factor: float = 2.5
@@ -298,8 +320,25 @@ class ModelConfig:
     """Groups each token may route into."""
     num_experts_per_tok: int = 8
     first_k_dense_replace: int = 3
-    """The first this many layers use a dense MLP instead of MoE."""
+    """DeepSeek-V3: the first this many layers use a dense MLP instead of MoE."""
     norm_topk_prob: bool = True
+    """Divide each token's top-k routing weights by their sum. HF Qwen3-MoE's default is
+    false (config.json files give it; from_pretrained reads it)."""
+    decoder_sparse_step: int = 1
+    """Qwen3-MoE: layer i is a MoE layer when (i + 1) % decoder_sparse_step == 0 and it is
+    not in mlp_only_layers (HF's rule); the others are dense (intermediate_size)."""
+    mlp_only_layers: list[int] = field(default_factory=list)
+    """Qwen3-MoE: layer ids (0-based) that use a dense MLP whatever decoder_sparse_step says.
+    MindFormers' moe_layer_freq (an int N: MoE where i % N == 0, or a 0/1 list) is read
+    into it."""
+    router_aux_loss_coef: float = 0.001
+    """Qwen3-MoE: weight of HF's load-balancing loss (load_balancing_loss_func: E x sum_e
+    f_e P_e over the micro-batch's tokens of all MoE layers together) in the loss, when
+    output_router_logits is true (MindFormers: moe_aux_loss_coeff)."""
+    output_router_logits: bool = False
+    """Qwen3-MoE: add router_aux_loss_coef x the load-balancing loss to the loss, as HF's
+    Qwen3MoeForCausalLM does when it outputs router logits (HF's default: false; the loss is
+    reported either way)."""
     hidden_act: str = "silu"
     max_position_embeddings: int = 163840
     initializer_range: float = 0.02
@@ -307,12 +346,18 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rope_scaling: Optional[dict[str, Any]] = None
     """YaRN settings: {type: yarn, factor, original_max_position_embeddings, beta_fast,
-    beta_slow, mscale, mscale_all_dim}."""
+    beta_slow, mscale, mscale_all_dim}. Qwen3 also takes {type: linear, factor} (HF's
+    rope_type names either key); null is plain rope."""
     rope_interleave: bool = True
     """The checkpoint stores rope dims interleaved (as DeepSeek-V3 does)."""
     attention_bias: bool = False
+    """Biases on the attention projections: DeepSeek-V3's q_a_proj, kv_a_proj_with_mqa and
+    o_proj; Qwen3's q_proj, k_proj, v_proj and o_proj (HF's attention_bias)."""
     attention_dropout: float = 0.0
     tie_word_embeddings: bool = False
+    """Qwen3: the output head uses the embedding matrix (no lm_head weight; HF's
+    tie_word_embeddings, MindFormers' untie_embeddings_and_output_weights negated).
+    DeepSeek-V3: false."""
     bos_token_id: int = 0
     eos_token_id: int = 1
     pad_token_id: Optional[int] = None
@@ -528,6 +573,28 @@ class LoraConfig:
 
 
 @dataclass
+class ValidationConfig:
+    """Evaluation on held-out data during training (torchtitan's validator; MindFormers'
+    PyNative trainer has none): the loss and perplexity of ``steps`` global batches every
+    ``freq`` steps, in every layout, logged and written to TensorBoard."""
+
+    enable: bool = False
+    """Evaluate every ``freq`` steps."""
+    freq: int = 100
+    """Steps between evaluations (after steps freq, 2 x freq, ...)."""
+    steps: int = 10
+    """Global batches per evaluation (each the training's global_batch_size); -1 runs every
+    sample of the eval data."""
+    split: str = "valid"
+    """The eval data when ``data_path`` is not set, in Megatron's names for the entries of
+    train_dataset's split and sizes [train, valid, test] (MindFormers' comments call them
+    [train, test, eval]): ``valid`` is the second entry, ``test`` the third."""
+    data_path: Optional[list[str]] = None
+    """Another dataset to evaluate on, as weight/prefix pairs like train_dataset's; all of its
+    documents are eval data."""
+
+
+@dataclass
 class MindTrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
@@ -537,6 +604,7 @@ class MindTrainConfig:
     train_dataset: TrainDatasetConfig = field(default_factory=TrainDatasetConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
     context: ContextConfig = field(default_factory=ContextConfig)
     compile: CompileConfig = field(default_factory=CompileConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)

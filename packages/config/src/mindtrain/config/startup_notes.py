@@ -84,6 +84,8 @@ RULES: list[_Rule] = [
      "(recompute.select_module names the regions); no communication is recomputed alone"),
     ("recompute", "exclude_op", _set, "operators are not kept out of recompute; whole modules recompute"),
     ("swap", "enable", _on_cpu, "on CPU activations already live in host memory (nothing to offload)"),
+    ("parallelism", "cpu_offload", _on_cpu,
+     "on CPU the FSDP shards and the optimizer state already live in host memory (nothing to offload)"),
     # swap.enable on Ascend/GPU is refused (mindtrain.config.validate.validate_device)
 ]
 

@@ -9,7 +9,9 @@ from typing import Optional
 from mindtrain.config.derived import (check_degrees, check_zero_strategy, num_accumulation_steps, resolve_parallelism,
                                       total_lr_steps, warmup_steps)
 from mindtrain.config.errors import ConfigError
+from mindtrain.config.families import FAMILY_NAMES, MODEL_TYPES, QWEN3_FAMILIES, head_dim, moe_layer_ids, unread_fields
 from mindtrain.config.fsdp_policy import reshard_after_forward
+from mindtrain.config.rampup import BatchRamp
 from mindtrain.config.pipeline import check_micro_batches, layer_counts, microbatch_note, resolve_schedule
 from mindtrain.config.recompute import layer_ids, recompute_plan
 from mindtrain.config.schema import (
@@ -20,7 +22,6 @@ from mindtrain.config.schema import (
     TrainDatasetConfig,
 )
 
-MODEL_TYPES = {"deepseek_v3": "DeepseekV3ForCausalLM"}
 LR_SCHEDULES = {
     # type -> fields (besides the common ones) that the schedule reads
     "ConstantWarmUpLR": set(),
@@ -112,6 +113,29 @@ def validate_model(m: ModelConfig, path: str = "model") -> None:
     if m.architectures != MODEL_TYPES[m.model_type]:
         raise ConfigError(f"{path}.architectures",
                           f"must be {MODEL_TYPES[m.model_type]!r} for model_type {m.model_type!r}, got {m.architectures!r}")
+    for name, owner in unread_fields(m):
+        raise ConfigError(f"{path}.{name}", f"is a {owner} setting, which a {m.model_type} model does not read; "
+                                            f"remove it (or set model_type){_INSTEAD.get((m.model_type, name), '')}")
+    if m.model_type in QWEN3_FAMILIES:
+        _validate_qwen3(m, path)
+    else:
+        _validate_deepseek_v3(m, path)
+    _validate_common(m, path)
+
+
+# what a field of another family is called in this one (appended to the unread-field error)
+_INSTEAD = {
+    ("qwen3_moe", "first_k_dense_replace"): "; Qwen3-MoE places dense layers with mlp_only_layers and "
+                                            "decoder_sparse_step",
+    ("qwen3_moe", "aux_loss_alpha"): "; Qwen3-MoE's load-balancing loss is router_aux_loss_coef with "
+                                     "output_router_logits",
+    ("qwen3_moe", "n_shared_experts"): "; Qwen3-MoE has no shared experts",
+    ("qwen3_moe", "routed_scaling_factor"): "; Qwen3-MoE does not scale its routing weights",
+    ("deepseek_v3", "tie_word_embeddings"): "; DeepSeek-V3 has its own lm_head",
+}
+
+
+def _validate_deepseek_v3(m: ModelConfig, path: str) -> None:
     for name in ("seq_length", "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
                  "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "kv_lora_rank",
                  "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim", "max_position_embeddings"):
@@ -152,6 +176,52 @@ def validate_model(m: ModelConfig, path: str = "model") -> None:
             raise ConfigError(f"{path}.rope_scaling.type", f"only 'yarn' is supported, got {kind!r}")
         if kind == "yarn" and float(m.rope_scaling.get("factor", 0)) <= 0:
             raise ConfigError(f"{path}.rope_scaling.factor", "must be > 0 for yarn scaling")
+
+
+def _validate_qwen3(m: ModelConfig, path: str) -> None:
+    """Qwen3 and Qwen3-MoE: grouped-query attention with q/k norms over head_dim, SwiGLU MLPs,
+    (Qwen3-MoE) softmax top-k routing over the experts of the layers HF's rule makes MoE."""
+    for name in ("seq_length", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                 "num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
+        _positive(getattr(m, name), f"{path}.{name}")
+    if m.num_attention_heads % m.num_key_value_heads:
+        raise ConfigError(f"{path}.num_key_value_heads", f"{m.num_key_value_heads} must divide num_attention_heads "
+                                                         f"({m.num_attention_heads}): each key/value head serves a "
+                                                         "group of query heads")
+    if m.head_dim is not None:
+        _positive(m.head_dim, f"{path}.head_dim")
+    d = head_dim(m)
+    if d < 2 or d % 2:
+        raise ConfigError(f"{path}.head_dim", f"must be even (rotary pairs), got {d}"
+                                              + ("" if m.head_dim else " (hidden_size // num_attention_heads)"))
+    if not m.qk_layernorm:
+        raise ConfigError(f"{path}.qk_layernorm", "false is not supported: Qwen3 normalises every query and key "
+                                                  "head (q_norm, k_norm; HF has no switch); set it to true")
+    if m.hidden_act != "silu":
+        raise ConfigError(f"{path}.hidden_act", f"only 'silu' is supported, got {m.hidden_act!r}")
+    if m.model_type == "qwen3_moe":
+        _positive(m.decoder_sparse_step, f"{path}.decoder_sparse_step")
+        for i, layer in enumerate(m.mlp_only_layers or ()):
+            if not 0 <= layer < m.num_hidden_layers:
+                raise ConfigError(f"{path}.mlp_only_layers[{i}]", f"must be a layer id in 0..{m.num_hidden_layers - 1}, "
+                                                                  f"got {layer}")
+        _non_negative(m.n_routed_experts, f"{path}.n_routed_experts")
+        if moe_layer_ids(m):
+            _positive(m.moe_intermediate_size, f"{path}.moe_intermediate_size")
+            _positive(m.num_experts_per_tok, f"{path}.num_experts_per_tok")
+            if m.num_experts_per_tok > m.n_routed_experts:
+                raise ConfigError(f"{path}.num_experts_per_tok", f"{m.num_experts_per_tok} exceeds n_routed_experts "
+                                                                 f"({m.n_routed_experts})")
+        _non_negative(m.router_aux_loss_coef, f"{path}.router_aux_loss_coef")
+    if m.rope_scaling is not None:
+        kind = m.rope_scaling.get("type", m.rope_scaling.get("rope_type"))
+        if kind not in ("yarn", "linear", "default", None):
+            raise ConfigError(f"{path}.rope_scaling.type", f"only 'linear' and 'yarn' scaling are supported, got {kind!r}")
+        if kind in ("yarn", "linear") and float(m.rope_scaling.get("factor") or 0) <= 0:
+            raise ConfigError(f"{path}.rope_scaling.factor", f"must be > 0 for {kind} scaling")
+
+
+def _validate_common(m: ModelConfig, path: str) -> None:
     for name in ("compute_dtype", "param_init_dtype"):
         if getattr(m, name) not in DTYPES:
             raise ConfigError(f"{path}.{name}", f"must be one of {', '.join(DTYPES)}, got {getattr(m, name)!r}")
@@ -161,8 +231,8 @@ def validate_model(m: ModelConfig, path: str = "model") -> None:
             raise ConfigError(f"{path}.{name}", f"must be one of {', '.join(DTYPES)}, got {value!r}")
     for name in ("attention_dropout", "hidden_dropout"):
         if getattr(m, name) != 0:
-            raise ConfigError(f"{path}.{name}", f"dropout is not built in mindtrain (DeepSeek-V3 pretrains "
-                                                f"without it); set it to 0.0, got {getattr(m, name)}")
+            raise ConfigError(f"{path}.{name}", f"dropout is not built in mindtrain ({FAMILY_NAMES[m.model_type]} "
+                                                f"pretrains without it); set it to 0.0, got {getattr(m, name)}")
     _non_negative(m.num_nextn_predict_layers, f"{path}.num_nextn_predict_layers")
     _non_negative(m.aux_loss_alpha, f"{path}.aux_loss_alpha")
     _non_negative(m.bias_update_speed, f"{path}.bias_update_speed")
@@ -180,6 +250,9 @@ def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
     if m.num_attention_heads % tp:
         raise ConfigError(f"{path}.tensor_parallel",
                           f"{tp} must divide model.num_attention_heads ({m.num_attention_heads})")
+    if m.model_type in QWEN3_FAMILIES and m.num_key_value_heads % tp:
+        raise ConfigError(f"{path}.tensor_parallel",
+                          f"{tp} must divide model.num_key_value_heads ({m.num_key_value_heads})")
     for name in ("vocab_size", "intermediate_size", "moe_intermediate_size", "seq_length"):
         if getattr(m, name) % tp:
             raise ConfigError(f"{path}.tensor_parallel", f"{tp} must divide model.{name} ({getattr(m, name)})")
@@ -263,6 +336,37 @@ def validate_dataset(d: TrainDatasetConfig, m: ModelConfig) -> None:
     _non_negative(d.num_parallel_workers, "train_dataset.num_parallel_workers")
 
 
+def validate_validation(cfg: MindTrainConfig) -> None:
+    """The ``validation`` section: a positive frequency, a batch count (or -1), and eval data
+    (a split with documents, or a data_path)."""
+    v = cfg.validation
+    _positive(v.freq, "validation.freq")
+    if v.steps != -1:
+        _positive(v.steps, "validation.steps")
+    if v.split not in ("valid", "test"):
+        raise ConfigError("validation.split", f"must be valid or test, got {v.split!r}")
+    if v.data_path is not None:
+        if not v.data_path:
+            raise ConfigError("validation.data_path", "is empty; give weight/prefix pairs, e.g. ['1', './data/eval_text_document'], "
+                              "or remove it to use the validation split")
+        parse_data_path(list(v.data_path), "validation.data_path")
+        if v.steps == -1 and len(v.data_path) > 1:
+            raise ConfigError("validation.steps", "-1 (all of the eval data) needs validation.data_path without "
+                              "weights (one prefix); with weighted prefixes give a number of global batches")
+        return
+    if not v.enable:
+        return
+    c = cfg.train_dataset.dataloader.config
+    if cfg.train_dataset.dataloader.type == "MindDataset" or c is None:
+        raise ConfigError("validation.data_path", "is required with a MindDataset loader: give the .bin/.idx eval data")
+    if c.split is not None:
+        index = 1 if v.split == "valid" else 2
+        weights = split_weights(c.split)
+        if len(weights) <= index or weights[index] <= 0:
+            raise ConfigError("validation.split", f"train_dataset.dataloader.config.split {c.split!r} gives the {v.split} "
+                              "split no documents; give it a share (e.g. \"98, 2, 0\") or set validation.data_path")
+
+
 def validate_config(cfg: MindTrainConfig, world_size: Optional[int] = None) -> None:
     """Check every rule; with ``world_size``, also the parallel layout and accumulation."""
     if cfg.context.mode != 1:
@@ -306,14 +410,21 @@ def validate_config(cfg: MindTrainConfig, world_size: Optional[int] = None) -> N
     validate_model(cfg.model)
     validate_parallelism(cfg.parallelism, cfg.model)
     validate_dataset(cfg.train_dataset, cfg.model)
+    validate_validation(cfg)
+    ramp = BatchRamp.from_config(cfg.training)
     validate_mindformers_sections(cfg)
     if cfg.context.device_target is not None:
         validate_device(cfg, cfg.context.device_target)
     if world_size is not None:
         dims = resolve_parallelism(cfg.parallelism, world_size)
         p = cfg.parallelism
-        check_micro_batches(resolve_schedule(p.pipeline_parallel_schedule, p.pipeline_parallel_interleave_num),
-                            dims.pp, num_accumulation_steps(cfg, dims))
+        schedule = resolve_schedule(p.pipeline_parallel_schedule, p.pipeline_parallel_interleave_num)
+        check_micro_batches(schedule, dims.pp, num_accumulation_steps(cfg, dims))
+        if ramp is not None:
+            per = dims.dp * cfg.training.local_batch_size
+            ramp.check_units(per, f"data_parallel_shard x local_batch_size = {dims.dp}x{cfg.training.local_batch_size}")
+            for size in ramp.sizes():
+                check_micro_batches(schedule, dims.pp, size // per)
 
 
 def validate_device(cfg: MindTrainConfig, device: str) -> None:
@@ -323,6 +434,9 @@ def validate_device(cfg: MindTrainConfig, device: str) -> None:
     if cfg.swap.enable and device.upper() != "CPU":
         raise ConfigError("swap.enable", f"activation offload to host is not built for {device}; set it to false "
                                          "and use recompute (recompute.mode: full or select) to save activation memory")
+    if cfg.parallelism.cpu_offload and device.upper() != "CPU":
+        raise ConfigError("parallelism.cpu_offload", f"offloading FSDP shards and optimizer state to host memory is not "
+                                                     f"built for {device}; set it to false")
 
 
 # ------------------------------------------------------------------ MindFormers' other sections
@@ -429,14 +543,8 @@ def validate_mindformers_sections(cfg: MindTrainConfig) -> None:
 # Fields that would change training and are not built: (field path, is it set?, what it is
 # (value -> text), what to do). One line each, "<field>: <what> is not supported yet; <what to do>".
 _NOT_BUILT = (
-    ("training.rampup_batch_size", lambda v: v is not None, lambda v: "batch-size ramp-up",
-     "remove it (or set null) and train with the fixed training.global_batch_size"),
     ("lora_config", lambda v: v is not None, lambda v: "LoRA fine-tuning",
      "remove the lora_config section to train every weight"),
-    ("parallelism.cpu_offload", bool, lambda v: "offloading FSDP shards to host memory", "set it to false"),
-    ("parallelism.dense_fsdp_shard_size", lambda v: v is not None,
-     lambda v: "sharding dense weights over a subgroup (HSDP)",
-     "remove it; FSDP shards over all data_parallel_shard ranks"),
     ("parallelism.context_parallel_method", lambda v: v != "colossal", repr,
      "set it to colossal (load-balanced causal chunks with all-gathered keys/values)"),
     ("parallelism.ulysses_degree_in_cp", lambda v: v is not None, lambda v: "Ulysses (hybrid) context parallelism",
@@ -458,7 +566,12 @@ def _refuse_unsupported(cfg: MindTrainConfig) -> None:
         raise ConfigError("parallelism.sequence_parallel", f"must be true when tensor_parallel > 1 "
                           f"({p.tensor_parallel}), as in MindFormers' PyNative trainer; set it to true")
     etp = p.expert_tensor_parallel
-    if etp is not None and etp != p.tensor_parallel:
+    if etp is not None and etp not in (1, p.tensor_parallel):
         raise ConfigError("parallelism.expert_tensor_parallel",
-                          f"must equal tensor_parallel ({p.tensor_parallel}) or be null: mindtrain's experts use "
-                          f"the tensor-parallel split, got {etp}")
+                          f"must be 1 (experts whole on every tensor-parallel rank, MindFormers' only value), "
+                          f"equal tensor_parallel ({p.tensor_parallel}, experts split like the dense MLPs) or be "
+                          f"null (the same), got {etp}")
+    if etp == 1 and p.tensor_parallel > 1 and p.expert_parallel > 1:
+        raise ConfigError("parallelism.expert_tensor_parallel",
+                          "1 with tensor_parallel > 1 and expert_parallel > 1 is not built (expert parallelism "
+                          "runs on tensor-split experts); set it to null, or expert_parallel to 1")

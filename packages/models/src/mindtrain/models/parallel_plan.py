@@ -6,6 +6,8 @@ Weights are HF-shaped ``[out, in]``; routed experts are stacked ``[E, out, in]``
 
 from __future__ import annotations
 
+import re
+
 from mindtrain.config.model_plan import is_expert, tp_split, unit_of, units as plan_units
 from mindtrain.config.plan import ParallelPlan, ParamPlan, Region, UnitPlan
 
@@ -22,6 +24,8 @@ def _split_field(name: str, style: str, dim: int | None, expert: bool) -> str | 
         return "model.moe_intermediate_size x n_shared_experts"
     if ".mlp." in name:
         return "model.intermediate_size"
+    if re.search(r"\.self_attn\.(k_proj|v_proj)\.", name):
+        return "model.num_key_value_heads"
     if ".self_attn." in name:
         return "model.num_attention_heads"
     return f"model ({name} dim {dim})"
@@ -33,15 +37,17 @@ def _regions(model) -> list[Region]:
     from mindtrain.models.attention import MLAttention
     from mindtrain.models.mlp import MLP
     from mindtrain.models.moe import MoE
+    from mindtrain.models.qwen3.attention import Qwen3Attention
+    from mindtrain.models.qwen3.moe import Qwen3MoE
 
     regions: list[Region] = [Region("model.embed_tokens", "embedding")]
     moe_paths: list[str] = []
     for path, cell in model.cells_and_names():
         if not path or any(path.startswith(m + ".") for m in moe_paths):
             continue  # a MoE block's shared experts run inside its own forward
-        if isinstance(cell, MLAttention):
+        if isinstance(cell, (MLAttention, Qwen3Attention)):
             regions.append(Region(path, "attention"))
-        elif isinstance(cell, MoE):
+        elif isinstance(cell, (MoE, Qwen3MoE)):
             moe_paths.append(path)
             regions.append(Region(path, "moe"))
         elif isinstance(cell, MLP):
@@ -106,6 +112,8 @@ def parallel_plan(model) -> ParallelPlan:
         )
         by_name[unit].params.append(name)
     shared = {}
+    if getattr(cfg, "tie_word_embeddings", False) and "lm_head.weight" not in params:  # Qwen3's tied head
+        shared["model.embed_tokens.weight"] = ["embedding", "head"]
     if n_mtp:
         shared = {"model.embed_tokens.weight": ["embedding"] + [f"mtp.{k}" for k in range(n_mtp)],
                   "lm_head.weight": ["head"] + [f"mtp.{k}" for k in range(n_mtp)]}

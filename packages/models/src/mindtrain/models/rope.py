@@ -1,4 +1,5 @@
-"""Rotary position embedding with YaRN scaling, applied to the rope slice of q and k only."""
+"""Rotary position embedding (plain, linear or YaRN scaling as HF computes them): DeepSeek-V3
+applies it to the rope slice of q and k only, Qwen3 to the whole head."""
 
 from __future__ import annotations
 
@@ -23,12 +24,17 @@ def _rope_kind(rope_scaling: Optional[dict[str, Any]]) -> str:
 
 def rope_inv_freq(dim: int, theta: float, rope_scaling: Optional[dict[str, Any]],
                   max_position_embeddings: int) -> tuple[np.ndarray, float]:
-    """Inverse frequencies [dim/2] (float32) and the cos/sin attention factor, as HF computes them."""
+    """Inverse frequencies [dim/2] (float32) and the cos/sin attention factor, as HF computes them
+    (``default``, ``linear``: the frequencies divided by ``factor``, ``yarn``)."""
     pos_freqs = theta ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
-    if _rope_kind(rope_scaling) != "yarn":
+    kind = _rope_kind(rope_scaling)
+    if kind == "linear":
+        return (1.0 / pos_freqs / np.float32(rope_scaling["factor"])).astype(np.float32), 1.0
+    if kind != "yarn":
         return (1.0 / pos_freqs).astype(np.float32), 1.0
     rs = rope_scaling
-    original = rs["original_max_position_embeddings"]
+    # HF: the pretraining length defaults to max_position_embeddings
+    original = rs.get("original_max_position_embeddings") or max_position_embeddings
     factor = rs.get("factor")
     if factor is None:
         factor = max_position_embeddings / original
@@ -72,7 +78,8 @@ def softmax_scale(qk_head_dim: int, rope_scaling: Optional[dict[str, Any]]) -> f
 
 
 class RotaryEmbedding(nn.Cell):
-    """Makes (cos, sin) of shape [B, S, dim] for given position ids; dim = qk_rope_head_dim."""
+    """Makes (cos, sin) of shape [B, S, dim] for given position ids; dim = qk_rope_head_dim
+    (DeepSeek-V3) or head_dim (Qwen3)."""
 
     def __init__(self, dim: int, theta: float, rope_scaling: Optional[dict[str, Any]],
                  max_position_embeddings: int):

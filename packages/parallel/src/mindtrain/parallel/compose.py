@@ -65,10 +65,17 @@ def parallelize(model, plan: ParallelPlan, mesh: DeviceMesh, config: MindTrainCo
                                 schedule=p.pipeline_parallel_schedule,
                                 layers_per_stage=p.pipeline_parallel_layers_per_stage,
                                 dp_sharding=p.data_parallel_shard_strategy if dims.dp_shard > 1 else None,
-                                chunks=p.pipeline_parallel_interleave_num)
+                                chunks=p.pipeline_parallel_interleave_num, split_experts=split_experts(config))
     if columns is None:
         columns = config.train_dataset.dataloader.column_names
     return ShardedLayout(model, plan, mesh, config, accumulation, columns)
+
+
+def split_experts(config: MindTrainConfig) -> bool:
+    """Whether tensor parallelism splits the routed experts: yes unless
+    ``parallelism.expert_tensor_parallel`` is 1 (MindFormers' only value: experts whole on
+    every TP rank)."""
+    return config.parallelism.expert_tensor_parallel != 1
 
 
 def model_forward(model, columns: Sequence[str]):
@@ -109,28 +116,36 @@ class ShardedLayout:
         zero3 = dims.dp > 1 and self.strategy == ZERO3
         # ZeRO-3 gathers per decoder layer / MTP module (units)
         if dims.tp > 1:
-            self.tp = apply_tensor_parallel(model, plan, mesh)
+            self.tp = apply_tensor_parallel(model, plan, mesh, split_experts=split_experts(config))
         if dims.ep > 1:
             self.ep = apply_expert_parallel(model, plan, mesh)
         dense = [(p.name, p) for p in model.trainable_params()]
-        scale = 1.0 / accumulation
+        self._scale = 1.0 / accumulation  # run_step sets it: 1 / that step's micro-batches
         forward = model_forward(model, self.columns)
 
         def scaled(*inputs):
             figures = forward(*inputs)
             # aux goes through value_and_grad as a plain tuple in StepFigures order
-            return figures.loss * scale, tuple(figures)
+            return figures.loss * self._scale, tuple(figures)
 
+        self._forward = forward
         if dims.dp > 1:
             units, shared = (), None
             if zero3:
                 units, shared = _zero3_units(model, plan)
             reshard, _ = reshard_after_forward(config.parallelism.reshard_after_forward_policy, self.strategy,
                                                dims.pp > 1)
+            hsdp = {}
+            if dims.dense_shard_size < dims.dp:
+                # HSDP: dense weights sharded within groups of dense_shard ranks, replicated across
+                # them; routed experts (not split by EP) keep the whole data-parallel group
+                experts = {n: "dp" for n, p in plan.params.items() if p.expert and n in dict(dense)}
+                hsdp = dict(dim="dense", replicate="dense_replica", param_groups=experts)
             self.fsdp = fully_shard(model, mesh, units=units, strategy=self.strategy, shared=shared,
-                                    reshard_after_forward=reshard)
+                                    reshard_after_forward=reshard, **hsdp)
             self.named_dense = self.fsdp.named_parameters()
             self._step = self.fsdp.value_and_grad(scaled, has_aux=True)
+            self._forward = self.fsdp.forward(forward)
         else:
             self.named_dense = dense
             grad_fn = ms.value_and_grad(scaled, None, [p for _, p in dense], has_aux=True)
@@ -151,17 +166,33 @@ class ShardedLayout:
         # a TP-replicated gradient is the same on every TP rank, and expert weights that stay
         # whole on several edp ranks (experts not divisible over edp) too: count each once
         self._replicas = [self.tp.replicas(n) if self.tp is not None else 1 for n in self.dense_names]
+        if self.fsdp is not None and self.fsdp.replicate is not None:  # HSDP: a shard on every replica
+            held = self.fsdp.slots
+            self._replicas = [r * (self.fsdp.replicate.size if held[n].group == self.fsdp.group else 1)
+                              for r, n in zip(self._replicas, self.dense_names)]
         if self.ep is not None:
             self._replicas += [self.ep.replicas] * len(self.expert_names)
 
     # ------------------------------------------------------------------ step
     def run_step(self, batches: Sequence[Mapping[str, Any]]) -> list[StepFigures]:
         """Forward + backward of one optimizer step's micro-batches (dicts of arrays by
-        column); returns each micro-batch's figures (floats, this rank's)."""
+        column); returns each micro-batch's figures (floats, this rank's). The gradient is of
+        the mean over ``batches``, however many there are (a batch-size ramp changes them)."""
+        self._scale = 1.0 / len(batches)
         figures = []
         for b in batches:
             _, aux = self._step(*[Tensor(np.ascontiguousarray(b[c])) for c in self.columns])
             figures.append(StepFigures(*(float(t.asnumpy()) for t in aux)))
+        return figures
+
+    def evaluate(self, batches: Sequence[Mapping[str, Any]]) -> list[StepFigures]:
+        """Forward only of each micro-batch; its figures (floats, this rank's). Call it
+        between steps: the expert load these forwards count is dropped."""
+        figures = []
+        for b in batches:
+            out = self._forward(*[Tensor(np.ascontiguousarray(b[c])) for c in self.columns])
+            figures.append(StepFigures(*(float(t.asnumpy()) for t in out)))
+        self.model.take_expert_load()
         return figures
 
     def gradients(self) -> list[Tensor]:

@@ -114,7 +114,7 @@ class FSDP:
     def __init__(self, model: nn.Cell, group: Group, units: Sequence[str] = (),
                  strategy: str = ZERO3, shared: Optional[Mapping[str, Sequence[str]]] = None,
                  reduce_op: str = "avg", param_groups: Optional[Mapping[str, Group]] = None,
-                 reshard_after_forward: bool = True):
+                 reshard_after_forward: bool = True, replicate: Optional[Group] = None):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
         if reduce_op not in ("avg", "sum"):
@@ -124,6 +124,10 @@ class FSDP:
         self.strategy = strategy
         self.reduce_op = reduce_op
         self.reshard_after_forward = reshard_after_forward
+        self.replicate = replicate if replicate is not None and replicate.size > 1 else None
+        """HSDP: the ranks that hold the same shards of the parameters sharded over ``group``
+        (not those of ``param_groups``); their reduced gradient shards are averaged (summed
+        with ``reduce_op`` "sum") over it."""
         """ZeRO-3: free a unit's gathered weights after its forward (and gather them again for
         its backward); ``False`` keeps them from the forward to the end of the backward."""
         self.peak_gathered_bytes = 0
@@ -249,6 +253,24 @@ class FSDP:
             return value
 
         return step
+
+    def forward(self, fn: Callable) -> Callable:
+        """Wrap ``fn(*args)`` to run forward only (an evaluation): under ZeRO-3 the weights
+        outside the units are gathered for the call and every unit's freed after it; no
+        gradient is made or touched."""
+
+        def call(*args):
+            if self.strategy != ZERO3:
+                return fn(*args)
+            self._materialize(self.root)
+            try:
+                return fn(*args)  # outside a grad function nothing is recorded
+            finally:
+                self._release(self.root)
+                for bucket in self.units:  # without reshard_after_forward a unit stays gathered
+                    self._release(bucket)
+
+        return call
 
     def reduce_gradients(self) -> None:
         """ZeRO-1: reduce the step's summed local gradients (no-op for the other strategies)."""
@@ -434,9 +456,19 @@ class FSDP:
                     g = xp.cat([g, xp.zeros((s.local_rows * n - s.rows,) + s.rest, g.dtype)])
                 cols.append(g.reshape(n, -1))
             mine = xp.reduce_scatter(xp.cat(cols, axis=1), grp, self.reduce_op)
+            if self.replicate is not None and grp == self.group:
+                mine = self._across_replicas(mine)
             for i, s, off in _columns(slots, idx):
                 out[i] = xp.result(mine[off:off + s.shard_numel].reshape((s.local_rows,) + s.rest))
         return out
+
+    def _across_replicas(self, flat):
+        """HSDP: a group's reduced flat gradient shards reduced again over the replicas."""
+        host = isinstance(flat, np.ndarray)
+        total = C.all_reduce(Tensor(np.ascontiguousarray(flat)) if host else flat, self.replicate)
+        if self.reduce_op == "avg":
+            total = total / float(self.replicate.size)
+        return total.asnumpy() if host else total
 
     def _accumulate(self, slots: list[_Slot], grads: list[Tensor]) -> None:
         for s in slots:
@@ -557,7 +589,8 @@ def _nbytes(t: Optional[Tensor]) -> int:
 def fully_shard(model: nn.Cell, mesh_or_group, units: Sequence[str] = (),
                 strategy: str = ZERO3, shared: Optional[Mapping[str, Sequence[str]]] = None,
                 reduce_op: str = "avg", dim: str = "dp",
-                param_groups: Optional[Mapping[str, Any]] = None, reshard_after_forward: bool = True) -> FSDP:
+                param_groups: Optional[Mapping[str, Any]] = None, reshard_after_forward: bool = True,
+                replicate: Any = None) -> FSDP:
     """Shard ``model``'s trainable parameters over the mesh's ``dim`` group (or a Group).
 
     ``units``: sub-Cell paths (as in ``model.cells_and_names()``, e.g. a plan unit's ``path``)
@@ -571,6 +604,8 @@ def fully_shard(model: nn.Cell, mesh_or_group, units: Sequence[str] = (),
     ``reshard_after_forward`` (ZeRO-3): ``True`` frees each unit's weights after its forward
     and gathers them again for its backward (less memory, twice the all-gathers); ``False``
     keeps them gathered until the unit's backward (MindFormers' ``"never"`` policy).
+    ``replicate`` (a Group or mesh dimension name; HSDP): ranks holding the same shards of the
+    parameters sharded over ``dim``; their gradients are reduced over it too.
     """
     mesh = mesh_or_group if isinstance(mesh_or_group, DeviceMesh) else None
     group = mesh.group(dim) if mesh is not None else mesh_or_group
@@ -581,4 +616,8 @@ def fully_shard(model: nn.Cell, mesh_or_group, units: Sequence[str] = (),
                 raise ValueError("fully_shard: param_groups by dimension name need a DeviceMesh")
             g = mesh.group(g)
         overrides[name] = g
-    return FSDP(model, group, units, strategy, shared, reduce_op, overrides, reshard_after_forward)
+    if isinstance(replicate, str):
+        if mesh is None:
+            raise ValueError("fully_shard: replicate by dimension name needs a DeviceMesh")
+        replicate = mesh.group(replicate)
+    return FSDP(model, group, units, strategy, shared, reduce_op, overrides, reshard_after_forward, replicate)

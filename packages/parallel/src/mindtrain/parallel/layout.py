@@ -47,6 +47,11 @@ class Layout(Protocol):
         """Forward and backward of one optimizer step's micro-batches (dicts of arrays by
         column); the figures (floats) of this rank: one per micro-batch, or their mean."""
 
+    def evaluate(self, batches: Sequence[Mapping[str, Any]]) -> list[StepFigures]:
+        """Forward only (no gradients, no weight change) of micro-batches as :meth:`run_step`
+        takes them; their figures as :meth:`run_step` returns them. Called between steps
+        (after :meth:`finish_step`); it counts no expert load and makes no gradient."""
+
     def gradients(self) -> list[Tensor]:
         """The gradient of the global batch's mean loss, reduced over the mesh, aligned with
         :attr:`named_params`."""

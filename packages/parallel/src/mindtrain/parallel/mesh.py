@@ -16,8 +16,11 @@ from typing import Optional, Union
 from mindtrain.config import ConfigError, ParallelDims, ParallelismConfig, resolve_parallelism
 from mindtrain.parallel.group import Group
 
-DIMS = ("pp", "dp", "cp", "tp", "dp_cp", "ep", "edp", "world")
-"""Group names a mesh answers to. ``dp`` is the data-parallel-shard (FSDP) dimension."""
+DIMS = ("pp", "dp", "cp", "tp", "dp_cp", "ep", "edp", "dense", "dense_replica", "world")
+"""Group names a mesh answers to. ``dp`` is the data-parallel-shard (FSDP) dimension;
+``dense`` the consecutive dp ranks that shard the dense weights under HSDP
+(``dense_shard`` of them; all of dp without HSDP) and ``dense_replica`` the dp ranks holding
+the same dense shard."""
 
 _ALIASES = {"dp_shard": "dp", "fsdp": "dp"}
 
@@ -57,8 +60,9 @@ class DeviceMesh:
         dp_i = (r // (d.tp * d.cp)) % d.dp_shard
         pp_i = r // (d.tp * d.cp * d.dp_shard)
         dc = dp_i * d.cp + cp_i
+        s = d.dense_shard_size
         return {"pp": pp_i, "dp": dp_i, "cp": cp_i, "tp": tp_i, "dp_cp": dc,
-                "ep": dc % d.ep, "edp": dc // d.ep, "world": r}
+                "ep": dc % d.ep, "edp": dc // d.ep, "dense": dp_i % s, "dense_replica": dp_i // s, "world": r}
 
     def rank(self, dim: str) -> int:
         """This rank's index within its ``dim`` group."""
@@ -68,7 +72,8 @@ class DeviceMesh:
         """Number of ranks in a ``dim`` group."""
         d = self.dims
         return {"pp": d.pp, "dp": d.dp_shard, "cp": d.cp, "tp": d.tp, "dp_cp": d.dp_shard * d.cp,
-                "ep": d.ep, "edp": d.dp_shard * d.cp // d.ep, "world": d.world_size}[_dim(dim)]
+                "ep": d.ep, "edp": d.dp_shard * d.cp // d.ep, "dense": d.dense_shard_size,
+                "dense_replica": d.dp_shard // d.dense_shard_size, "world": d.world_size}[_dim(dim)]
 
     def group_ranks(self, dim: str, rank: Optional[int] = None) -> tuple[int, ...]:
         """Global ranks of the ``dim`` group that contains ``rank`` (default: this rank)."""
@@ -88,6 +93,11 @@ class DeviceMesh:
             return tuple(at(c["pp"], dc, i) for i in range(d.tp))
         if dim == "dp":
             return tuple(at(c["pp"], i * d.cp + c["cp"], c["tp"]) for i in range(d.dp_shard))
+        if dim in ("dense", "dense_replica"):
+            s = d.dense_shard_size
+            dps = ([c["dense_replica"] * s + j for j in range(s)] if dim == "dense"
+                   else [k * s + c["dense"] for k in range(d.dp_shard // s)])
+            return tuple(at(c["pp"], i * d.cp + c["cp"], c["tp"]) for i in dps)
         if dim == "cp":
             return tuple(at(c["pp"], c["dp"] * d.cp + i, c["tp"]) for i in range(d.cp))
         if dim == "dp_cp":

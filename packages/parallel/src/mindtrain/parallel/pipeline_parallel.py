@@ -135,7 +135,7 @@ class PipelineSchedule:
 
     def __init__(self, model, plan: Mapping[str, Any], mesh: DeviceMesh, seq_length: int,
                  schedule: str = "1f1b", layers_per_stage: Any = None,
-                 dp_sharding: Optional[str] = None, chunks: int = 1):
+                 dp_sharding: Optional[str] = None, chunks: int = 1, split_experts: bool = True):
         if dp_sharding not in (None, "optim", "optim_grads", "optim_grads_params"):
             raise ConfigError("parallelism.data_parallel_shard_strategy",
                               f"{dp_sharding!r} is not a sharding strategy; use optim, optim_grads or "
@@ -164,7 +164,7 @@ class PipelineSchedule:
         self.parts = [[u for c in range(chunks) for u in self.virtual_parts[c * self.num_stages + r]]
                       for r in range(self.num_stages)]
         """Unit names per rank of the ``pp`` group (its chunks in order)."""
-        self.tp = apply_tensor_parallel(model, plan, mesh)
+        self.tp = apply_tensor_parallel(model, plan, mesh, split_experts)
         self.ep = apply_expert_parallel(model, plan, mesh)
         apply_context_parallel(model, self.cp, seq_length)
         self.chunks = [ModelStage(model, plan, self.virtual_parts[c * self.num_stages + self.stage_index])
@@ -312,6 +312,42 @@ class PipelineSchedule:
         result = self._finish(acc, figures, load, m)
         self.last_timing = {"step_s": time.perf_counter() - start, "busy_s": busy}
         return result
+
+    def evaluate(self, batches: Sequence[Mapping[str, Any]]) -> list[StepFigures]:
+        """Forward only of ``batches`` (no gradients, no weight change): each micro-batch goes
+        through the virtual stages in order, its activations sent ahead as in training.
+        Returns one :class:`~mindtrain.config.StepFigures`, the mean over the micro-batches
+        reduced over the mesh as :meth:`run_step`'s. Under ZeRO-3 the stage's weights are
+        gathered for the call and freed after it."""
+        if self._zero3:
+            self.fsdp.gather_params()
+        try:
+            mbs = [self.split(b) for b in batches]
+            b, s_local = mbs[0]["input_ids"].shape
+            act_shape = (b, s_local // self.tp.size, self.stage.hidden_size)
+            n_virtual = self.num_stages * self.num_chunks
+            figures, pending = [], []
+            for mb in mbs:
+                for v in range(n_virtual):
+                    chunk, rank = divmod(v, self.num_stages)
+                    if rank != self.stage_index:
+                        continue
+                    h = None if v == 0 else C.recv(act_shape, ms.float32, (v - 1) % self.num_stages, self.pp)
+                    with ms._no_grad():
+                        out, _, fig, _ = self.chunks[chunk].forward(h, mb)
+                    figures.append(fig)
+                    if v < n_virtual - 1:
+                        pending.append(C.isend(out, (v + 1) % self.num_stages, self.pp))
+            for work in pending:
+                work.wait()
+        finally:
+            if self._zero3:
+                self.fsdp.free_params()
+        # each virtual stage's figures are its share of a micro-batch: sum them, average over
+        # micro-batches, add up the CP and stage shares, average over dp
+        fig = C.all_reduce(ops.stack(figures).sum(0) / float(len(mbs)), self.mesh.group("dp_cp"))
+        fig = C.all_reduce(fig, self.pp)
+        return [StepFigures.from_named(METRICS, (fig.asnumpy().astype(np.float64) / self.dp.size).tolist())]
 
     def _reduce_micro(self, grads: list) -> list:
         """ZeRO-2/3: one micro-batch's stage gradients summed over CP and averaged over

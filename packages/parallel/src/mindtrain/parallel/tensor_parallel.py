@@ -103,15 +103,22 @@ class _VocabParallelCE(nn.Cell):
 class TensorParallel:
     """What :func:`apply_tensor_parallel` did to a model, and the gradient rule it needs."""
 
-    def __init__(self, model: nn.Cell, plan: dict, mesh: DeviceMesh):
+    def __init__(self, model: nn.Cell, plan: dict, mesh: DeviceMesh, split_experts: bool = True):
         self.model = model
         self.plan = plan
         self.mesh = mesh
         self.group = mesh.group("tp")
         self.size = self.group.size
         self.index = self.group.index
-        self.replicated = {n for n, p in plan["params"].items() if p["tp"] == "replicated"}
-        self.sharded = {n: (p["tp"], p["tp_dim"]) for n, p in plan["params"].items() if p["tp"] != "replicated"}
+        self.split_experts = split_experts
+        """False (``expert_tensor_parallel: 1``): routed experts stay whole on every TP rank
+        and each rank runs them on its own sequence shard."""
+
+        def whole(p) -> bool:
+            return p["tp"] == "replicated" or (p.get("expert", False) and not split_experts)
+
+        self.replicated = {n for n, p in plan["params"].items() if whole(p)}
+        self.sharded = {n: (p["tp"], p["tp_dim"]) for n, p in plan["params"].items() if not whole(p)}
 
     def sync_grads(self, names: Sequence[str], grads: Sequence[Tensor]) -> list[Tensor]:
         """Sum the partial gradients of replicated parameters over the TP group.
@@ -147,7 +154,7 @@ class TensorParallel:
         return C.all_gather(Tensor(np.ascontiguousarray(local)), self.group, dim).asnumpy()
 
 
-def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> TensorParallel:
+def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh, split_experts: bool = True) -> TensorParallel:
     """Shard ``model`` in place over ``mesh``'s TP group, with sequence parallelism.
 
     The plan's regions say which cells are what (``role``): "attention" cells have
@@ -160,9 +167,12 @@ def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> Tenso
     ConfigError when heads, intermediate sizes or the vocabulary do not divide by TP, or
     (at the first forward) the sequence length. A wrapped cell's forward (possibly compiled
     pieces) runs between the collectives.
+    ``split_experts=False`` (MindFormers' ``expert_tensor_parallel: 1``): the routed experts
+    are not split; each TP rank runs them whole on its own sequence shard (their gradients
+    are summed over TP like any replicated weight's, their token counts too).
     Returns a :class:`TensorParallel`; a TP degree of 1 changes nothing.
     """
-    tp = TensorParallel(model, plan, mesh)
+    tp = TensorParallel(model, plan, mesh, split_experts)
     if tp.size == 1:
         return tp
     size, index, group = tp.size, tp.index, tp.group
@@ -171,7 +181,7 @@ def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> Tenso
 
     # 1. check every split before touching anything
     for name, info in plan["params"].items():
-        if info["tp"] == "replicated":
+        if name not in tp.sharded:
             continue
         dim = info["tp_dim"]
         field = info.get("split_field") or {"vocab": "model.vocab_size"}.get(info["tp"], f"model ({name} dim {dim})")
@@ -183,7 +193,7 @@ def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> Tenso
     # 2. shard the weights; Linear cells learn their local output size
     vocab_start = {}
     for name, info in plan["params"].items():
-        if info["tp"] == "replicated":
+        if name not in tp.sharded:
             continue
         p = params[name]
         _shard(p, info["tp_dim"], size, index)
@@ -206,7 +216,7 @@ def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> Tenso
     for path, role in _regions(plan, cells):
         cell = cells[path]
         if role == "moe":
-            _override(cell, _moe_forward(cell, group))
+            _override(cell, _moe_forward(cell, group) if split_experts else _moe_forward_local(cell, group))
         elif role == "attention":
             cell.num_heads = cell.num_heads // size
             _override(cell, _attention_forward(cell, sp_gather, sp_scatter))
@@ -327,6 +337,31 @@ def _moe_forward(cell, group: Group):
         y = F.reduce_scatter(y, group, SEQ_DIM)
         # under context parallelism as well, the per-sequence statistics span the CP group too
         balance = _sp_balance_loss(scores, topk_idx, b, s, n_experts, group,
+                                   getattr(cell, "sequence_reduce", None))
+        return y, counts, balance
+
+    return construct
+
+
+def _moe_forward_local(cell, group: Group):
+    """The MoE block with whole experts (``expert_tensor_parallel: 1``): route and run the
+    experts on this rank's sequence shard; only the TP-split shared experts gather the
+    sequence and reduce-scatter their partial output. The token counts are summed over TP
+    (the whole sequence's, as with split experts)."""
+    n_experts = cell.n_experts
+
+    def construct(x):
+        b, s_local, h = x.shape
+        flat = x.reshape(b * s_local, h)
+        topk_idx, topk_weight, scores = cell.gate(flat)
+        y, counts = cell.experts(flat, topk_idx, topk_weight)
+        y = y.reshape(b, s_local, h)
+        counts = C.all_reduce(counts.astype(ms.float32), group).astype(counts.dtype)
+        if getattr(cell, "n_shared", True):
+            shared = cell.shared_output(F.all_gather(x, group, SEQ_DIM))
+            if shared is not None:
+                y = y + F.reduce_scatter(shared, group, SEQ_DIM)
+        balance = _sp_balance_loss(scores, topk_idx, b, s_local * group.size, n_experts, group,
                                    getattr(cell, "sequence_reduce", None))
         return y, counts, balance
 

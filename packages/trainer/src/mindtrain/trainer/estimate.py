@@ -53,6 +53,7 @@ README (section "Memory estimate") and ``benchmarks/bench_scale.py``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import re
 import sys
@@ -117,8 +118,10 @@ def _local_rows(p: ParamSpec, dims: ParallelDims) -> tuple[int, int]:
 
 
 def _shard_numel(p: ParamSpec, dims: ParallelDims) -> int:
+    """FSDP's dim-0 shard of ``p``'s TP piece: over the HSDP shard group for dense weights
+    (dense_fsdp_shard_size), over all of dp_shard for routed experts."""
     rows, rest = _local_rows(p, dims)
-    return -(-rows // dims.dp_shard) * rest
+    return -(-rows // (dims.dp_shard if p.expert else dims.dense_shard_size)) * rest
 
 
 RUNTIME_BYTES = {"CPU": 429_000_000}
@@ -191,6 +194,8 @@ def stage_bytes(cfg: MindTrainConfig, dims: ParallelDims, stage: int, units: lis
     shared = {"model.embed_tokens.weight", "lm_head.weight"} if m.num_nextn_predict_layers else set()
     uses_mtp = any(u.startswith("mtp.") for u in units)
     params = [p for p in table if p.unit in mine or (pipeline and uses_mtp and p.name in shared)]
+    if cfg.parallelism.expert_tensor_parallel == 1:  # routed experts whole on every TP rank
+        params = [dataclasses.replace(p, tp="replicated", tp_dim=None) if p.expert else p for p in params]
     experts = [p for p in params if p.expert and dims.ep > 1]
     dense = [p for p in params if not (p.expert and dims.ep > 1)]
     fsdp = dims.dp_shard > 1

@@ -98,7 +98,7 @@ class StepHooks:
                 self.out(line)
         if self.tensorboard is not None:
             m = self.cfg.model
-            self.tensorboard.write(step, dict(rec, global_batch_size=self.cfg.training.global_batch_size),
+            self.tensorboard.write(step, dict(rec, global_batch_size=rec.get("global_batch_size", self.cfg.training.global_batch_size)),
                                    mtp=mtp_fields(rec["mtp_loss"], m.num_nextn_predict_layers,
                                                   m.mtp_loss_scaling_factor),
                                    moe=self.moe, train_state=self._record)

@@ -57,7 +57,12 @@ class TensorBoardWriter:
 
     def write(self, step: int, rec: dict, mtp: Sequence[tuple[str, float]] = (), moe: bool = False,
               train_state=None) -> None:
-        """The scalars of one step record (see :meth:`Trainer.train_step`)."""
+        """The scalars of one step record (see :meth:`Trainer.train_step`); an evaluation's
+        (``validation_loss``) whenever the record has one, under Megatron's names (hyphens for spaces)."""
+        if "validation_loss" in rec:
+            self._writer.add_scalar("lm-loss-validation", float(rec["validation_loss"]), global_step=step)
+            self._writer.add_scalar("lm-loss-validation-ppl", float(rec["validation_ppl"]), global_step=step)
+            self._writer.flush()
         if not self.due(step):
             return
         scalars = {"loss": rec["loss"], "learning-rate": rec["lr"], "grad-norm": rec["grad_norm"],

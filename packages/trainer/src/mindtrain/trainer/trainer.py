@@ -20,6 +20,7 @@ from mindtrain.config import (
     num_accumulation_steps,
     resolve_parallelism,
 )
+from mindtrain.config.rampup import BatchRamp
 from mindtrain.trainer import checkpoint as ckpt
 from mindtrain.trainer.hang_watch import HangWatch
 from mindtrain.trainer.health import NonFiniteError, SkipDecision  # noqa: F401 (NonFiniteError: re-exported)
@@ -32,6 +33,7 @@ from mindtrain.trainer.preemption import REASONS, Preemption
 from mindtrain.trainer.runtime import Runtime, apply_context
 from mindtrain.trainer.share import build_share
 from mindtrain.trainer.step_hooks import StepHooks
+from mindtrain.trainer.validation import Validator, format_validation_line
 
 def _max_rss_mb() -> float:
     # MindSpore's memory counters read 0 on CPU; the process's peak RSS is what a user sees.
@@ -61,6 +63,11 @@ class Trainer:
             self.out(f"mindtrain: {note}")
         self.dims = resolve_parallelism(cfg.parallelism, runtime.world_size)
         self.accum = num_accumulation_steps(cfg, self.dims)
+        """Micro-batches per step at the full global batch (a ramp's steps may run fewer)."""
+        self.ramp = BatchRamp.from_config(cfg.training)
+        if self.ramp is not None:
+            self.ramp.check_units(self.dims.dp * cfg.training.local_batch_size,
+                                  f"data_parallel_shard x local_batch_size = {self.dims.dp}x{cfg.training.local_batch_size}")
         self.hooks = StepHooks(cfg, runtime.rank, runtime.device, cfg.training.steps, self.accum, log=out, out=self.out)
         self.skips = SkipDecision.from_config(cfg, log=out)
         from mindtrain.config.fsdp_policy import reshard_after_forward
@@ -131,6 +138,8 @@ class Trainer:
         self.hooks.bind(self.model, self.optimizer, self.step)
         self._device_norms = DeviceNorms(self.layout.shards(), runtime.all_gather_bytes,
                                          lambda v: runtime.all_sum(v, np.float64))
+        self.validator = Validator.from_config(cfg, self._data_rank(), self.dims.dp,
+                                               lambda v: runtime.all_sum(v, np.float64), runtime.world_size)
         self.metrics: Optional[MetricsWriter] = None
         if self.rt.rank == 0:
             run_dir = new_run_dir(cfg.monitor.metrics_dir)
@@ -158,12 +167,21 @@ class Trainer:
         return float(flops_per_token(self.cfg.model, self.cfg.model.seq_length))
 
     # ------------------------------------------------------------------ step
+    def global_batch_size(self) -> int:
+        """The next step's global batch: training.global_batch_size, or the ramp's size after
+        the samples consumed so far (training.rampup_batch_size)."""
+        if self.ramp is None:
+            return self.cfg.training.global_batch_size
+        return self.ramp.global_batch_at(self.consumed_samples)
+
     def train_step(self) -> dict:
         """One optimizer step (all micro-batches); returns the step's metrics."""
         start = time.perf_counter()
         if self._batches is None:
             self._batches = iter(self.loader)
-        micro = self.layout.run_step([next(self._batches) for _ in range(self.accum)])
+        global_batch = self.global_batch_size()
+        accum = global_batch // (self.dims.dp * self.cfg.training.local_batch_size)
+        micro = self.layout.run_step([next(self._batches) for _ in range(accum)])
         local = np.mean(np.array(micro, np.float64), axis=0)
         world = self.rt.world_size
         # every rank's figures in one all-reduce (each rank fills its own slot: a gather);
@@ -199,9 +217,9 @@ class Trainer:
             self.model.update_expert_bias(total_load)
         self.layout.finish_step()
         self.step += 1
-        self.consumed_samples += self.cfg.training.global_batch_size
+        self.consumed_samples += global_batch
         elapsed = time.perf_counter() - start
-        tokens_per_device = self.accum * self.cfg.training.local_batch_size * self.cfg.model.seq_length
+        tokens_per_device = accum * self.cfg.training.local_batch_size * self.cfg.model.seq_length
         return {"step": self.step, "loss": step_figures.lm_loss,
                 "load_balancing_loss": step_figures.load_balancing_loss,
                 "mtp_loss": step_figures.mtp_loss, "total_loss": step_figures.loss, "lr": lr, "grad_norm": grad_norm,
@@ -210,7 +228,7 @@ class Trainer:
                 "throughput_flops": self.flops_per_token * tokens_per_device / elapsed,
                 "max_rss_mb": _max_rss_mb(), "param_bytes": self.layout.memory_bytes(),
                 "optimizer_bytes": self.optimizer.state_bytes(), "skipped": skipped, "skipped_total": self.skips.skipped_total,
-                "consumed_samples": self.consumed_samples,
+                "consumed_samples": self.consumed_samples, "global_batch_size": global_batch,
                 "local_losses": micro_losses, "device_losses": device_losses}
 
     # ------------------------------------------------------------------ loop
@@ -237,6 +255,9 @@ class Trainer:
                     self.step, self.total_steps, rec["loss"], rec["per_step_time_ms"], rec["lr"], rec["grad_norm"],
                     rec["throughput_flops"], load_balancing_loss=rec["load_balancing_loss"] if has_moe else None,
                     mtp=mtp_fields(rec["mtp_loss"], m.num_nextn_predict_layers, m.mtp_loss_scaling_factor)))
+            if self.validator is not None and self.validator.due(self.step):
+                rec.update(self.validator.run(self.layout))
+                self.out(format_validation_line(self.step, self.total_steps, rec))
             self.hooks.step_end(rec)  # train_state lines, TensorBoard, callbacks, profiler
             if self.metrics is not None:
                 self.metrics.write({k: v for k, v in rec.items() if k not in ("local_losses",)})

@@ -1,0 +1,111 @@
+"""Qwen3-MoE's sparse block: a softmax top-k router over routed experts (no shared experts, no
+correction bias), and HF's load-balancing loss."""
+
+from __future__ import annotations
+
+from mindspore import ops
+
+from mindtrain.models.blocks import Block
+from mindtrain.models.experts import RoutedExperts
+from mindtrain.models.router import _RANK_LIMIT, _topk_indices_by_rank
+from mindtrain.models.softmax import Softmax
+from mindtrain.models.weights import Init, new_weight
+
+
+class SoftmaxTopkRouter(Block):
+    """HF Qwen3MoeTopKRouter: ``weight [E, H]``; ``construct(x [T, H])`` -> (topk_idx [T, K]
+    int32, topk_weight [T, K], probs [T, E]): softmax over the experts' logits, the K largest
+    probabilities as the routing weights, divided by their sum when ``norm_topk_prob``."""
+
+    PIECES = ("forward",)
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.n_experts = cfg.n_routed_experts
+        self.top_k = cfg.num_experts_per_tok
+        self.norm_topk_prob = bool(cfg.norm_topk_prob)
+        self.weight = new_weight((self.n_experts, cfg.hidden_size), Init("normal", cfg.initializer_range), "weight")
+        self.matmul = ops.MatMul(transpose_b=True)
+        self.softmax = Softmax()
+        # a list while the model's record_routing(True) is on (eager only)
+        self.recorded = None
+
+    def piece_weights(self, name: str) -> tuple:
+        return (self.weight,)
+
+    def construct(self, x):
+        out = self.run("forward", x)
+        if self.recorded is not None:
+            self.recorded.append(out[0])
+        return out
+
+    def forward(self, x, weight):
+        """Routing of ``x`` [T, H] with the router ``weight``."""
+        probs = self.softmax(self.matmul(x, weight))
+        if self.n_experts <= _RANK_LIMIT:
+            topk_idx = _topk_indices_by_rank(probs, self.top_k)
+        else:
+            _, topk_idx = ops.topk(probs, self.top_k)
+        topk_idx = ops.stop_gradient(topk_idx)
+        weights = ops.gather_elements(probs, 1, topk_idx)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(-1, keepdims=True)
+        return topk_idx, weights, probs
+
+
+def balance_terms(counts, probs):
+    """A MoE layer's share of HF's load-balancing loss: [2, E] = (tokens routed to each expert
+    (no gradient), the sum of each expert's routing probability over the tokens)."""
+    e = probs.shape[-1]
+    return ops.concat((ops.stop_gradient(counts).astype(probs.dtype).reshape(1, e), probs.sum(0).reshape(1, e)), 0)
+
+
+def load_balancing_loss(balances: list, top_k: int):
+    """HF's ``load_balancing_loss_func`` (Switch Transformer eq. 4-6 as transformers 5.x
+    computes it for Qwen3-MoE) from the MoE layers' :func:`balance_terms`: the tokens of all
+    layers together, ``E * sum_e f_e P_e`` with ``f_e`` = assignments to e / rows and ``P_e``
+    = mean routing probability of e (rows = tokens x layers; no padding mask)."""
+    total = balances[0]
+    for b in balances[1:]:
+        total = total + b
+    counts, probs = total[0], total[1]
+    rows = counts.sum() / top_k
+    return counts.shape[0] * ((counts / rows) * (probs / rows)).sum()
+
+
+class Qwen3MoE(Block):
+    """HF Qwen3MoeSparseMoeBlock: ``gate`` (:class:`SoftmaxTopkRouter`) and ``experts``
+    (:class:`~mindtrain.models.experts.RoutedExperts`, stacked; files hold HF's per-expert
+    ``experts.{e}.gate_proj.weight`` ...). ``construct(x [B,S,H])`` -> (y [B,S,H], tokens per
+    expert [E], :func:`balance_terms` [2, E])."""
+
+    def __init__(self, cfg, block: int = 32):
+        super().__init__()
+        self.n_experts = cfg.n_routed_experts
+        self.gate = SoftmaxTopkRouter(cfg)
+        self.experts = RoutedExperts(cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size,
+                                     init_std=cfg.initializer_range, block=block)
+        self.sequence_reduce = None  # no context-parallel hook: the balance is over the micro-batch
+
+    def piece_weights(self, name: str) -> tuple:
+        return self.gate.piece_weights("forward") + self.experts.piece_weights("forward")
+
+    def construct(self, x):
+        """Through the sub-cells (each may be compiled, or wrapped by a layout)."""
+        b, s, h = x.shape
+        flat = x.reshape(b * s, h)
+        topk_idx, topk_weight, probs = self.gate(flat)
+        y, counts = self.experts(flat, topk_idx, topk_weight)
+        return y.reshape(b, s, h), counts, balance_terms(counts, probs)
+
+    def forward(self, x, *w):
+        """:meth:`construct`'s math on the weights ``w`` (:meth:`piece_weights`' order), as
+        one piece of a layer compiled whole."""
+        b, s, h = x.shape
+        flat = x.reshape(b * s, h)
+        topk_idx, topk_weight, probs = self.gate.forward(flat, w[0])
+        y, counts = self.experts.forward(flat, topk_idx, topk_weight, w[1], w[2], w[3])
+        return y.reshape(b, s, h), counts, balance_terms(counts, probs)
+
+
+__all__ = ["Qwen3MoE", "SoftmaxTopkRouter", "balance_terms", "load_balancing_loss"]
