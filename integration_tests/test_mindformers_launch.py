@@ -1,10 +1,14 @@
 """A MindFormers user's config and launch line, unchanged but for data path and sizes.
 
-Two files: ``configs/mindformers_ds3_tiny.yaml``, which uses every section and field that
+Three files: ``configs/mindformers_ds3_tiny.yaml``, which uses every section and field that
 MindFormers' own PyNative DeepSeek-V3 YAMLs use, in MindFormers' names; and MindFormers'
 own ``configs/deepseek3/pretrain_deepseek3_1b_8p_pynative.yaml`` as published (commit
 27f7683, in packages/config/tests/fixtures/mindformers: no dataset seed, ``params_dtype:
-bfloat16``). A copy of each with only the data path, the sizes and the step count changed
+bfloat16``); and MindFormers' PyNative template ``train_config.yaml`` (Qwen3, commit 167a50d,
+``tests/st/test_ut/test_pynative/test_config/train_config.yaml``), with its placeholder
+callbacks removed, ``device_target`` set to CPU and the quick start's dataset block added
+(the template has none: MindFormers' loader needs ``datasets_type``, ``sizes`` and ``config``).
+A copy of each with only the data path, the sizes and the step count changed
 trains under msrun with 2 workers, launched with the real ``run_mindformer.py`` flags
 ``--run_mode train --use_parallel True --output_dir D``. Every worker's log shows the step
 lines; start-up notes come once, from rank 0.
@@ -35,11 +39,25 @@ CONFIGS = {
                    "num_attention_heads": 2, "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8,
                    "v_head_dim": 16, "qk_nope_head_dim": 16, "moe_intermediate_size": 32,
                    "moe_shared_expert_intermediate_size": 32}),
+    # MindFormers' PyNative template (Qwen3, dense); its model shrunk to CPU test size
+    "template": (os.path.join(ROOT, "packages", "config", "tests", "fixtures", "mindformers",
+                              "train_config.yaml"),
+                 {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}),
 }
+# the quick start's dataset block, for a file that has none (the template)
+QUICKSTART_LOADER = {"datasets_type": "GPTDataset",
+                     "config": {"seq_length": 64, "split": "1, 0, 0", "eod": 1, "pad": -1,
+                                "create_attention_mask": False, "create_compressed_eod_mask": False}}
 STEPS = 4
-STEP = re.compile(rf"^\{{ step:\[ {{0,4}}(\d+)/ {{0,4}}{STEPS}\], loss: +(\d+\.\d{{6}}), per_step_time: +\d+ms, "
-                  r"load_balancing_loss: +\d+\.\d{6}, mtp_1_loss: +\d+\.\d{6}, lr: \d\.\d{6}e[-+]\d\d, "
-                  r"grad_norm: +(\d+\.\d{6}), throughput: +\d+\.\d+T \}$")
+MOE_FIELDS = r"load_balancing_loss: +\d+\.\d{6}, mtp_1_loss: +\d+\.\d{6}, "
+
+
+def step_line(name):
+    """The seed's step line; a dense Qwen3 has no balance or MTP loss to print."""
+    extra = "" if name == "template" else MOE_FIELDS
+    return re.compile(rf"^\{{ step:\[ {{0,4}}(\d+)/ {{0,4}}{STEPS}\], loss: +(\d+\.\d{{6}}), per_step_time: +\d+ms, "
+                      + extra + r"lr: \d\.\d{6}e[-+]\d\d, grad_norm: +(\d+\.\d{6}), throughput: +\d+\.\d+T \}$")
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
@@ -49,6 +67,10 @@ def run(request, tmp_path_factory):
     path, sizes = CONFIGS[request.param]
     with open(path, encoding="utf-8") as f:
         raw = yaml.safe_load(f)
+    if request.param == "template":
+        raw.pop("callbacks")  # placeholders (callbackA / callbackB)
+        raw["context"]["device_target"] = "CPU"
+        raw["train_dataset"]["dataloader"].update(QUICKSTART_LOADER)
     # only the data path and the sizes change
     raw["train_dataset"]["dataloader"]["config"]["data_path"] = ["1", prefix]
     raw["train_dataset"]["dataloader"]["config"]["seq_length"] = 64
@@ -56,7 +78,8 @@ def run(request, tmp_path_factory):
     raw["model"]["seq_length"] = 64
     raw["model"].update(sizes)
     raw["training"]["steps"] = STEPS
-    raw["training"]["global_batch_size"] = 2
+    if request.param != "template":  # the template's batch (2 per rank, 4 in all) fits 2 workers
+        raw["training"]["global_batch_size"] = 2
     config = os.path.join(tmp, "my_ds3.yaml")
     with open(config, "w", encoding="utf-8") as f:
         yaml.safe_dump(raw, f, sort_keys=False)
@@ -75,6 +98,7 @@ def run(request, tmp_path_factory):
 
 
 def test_every_worker_prints_the_seed_format_steps(run):
+    STEP = step_line(run[0])
     for rank, lines in run[1].items():
         steps = [STEP.match(line) for line in lines if line.startswith("{ step:")]
         assert len(steps) == STEPS and all(steps), (rank, lines[-20:])
@@ -84,9 +108,11 @@ def test_every_worker_prints_the_seed_format_steps(run):
 
 def test_startup_notes_once_from_rank_zero(run):
     name, logs = run
-    flash = [line for line in logs[0] if line.startswith("mindtrain: ") and "use_flash_attention" in line]
-    assert len(flash) == 1, logs[0][:40]
-    assert not [line for line in logs[1] if line.startswith("mindtrain: ") and "use_flash_attention" in line]
+    # every file's context has a field without effect on CPU; the note comes once, from rank 0
+    field = "max_device_memory" if name == "template" else "use_flash_attention"
+    notes = [line for line in logs[0] if line.startswith("mindtrain: ") and field in line]
+    assert len(notes) == 1, logs[0][:40]
+    assert not [line for line in logs[1] if line.startswith("mindtrain: ") and field in line]
     # the config's recompute section acts (#16): no start-up note about it
     assert not [line for line in logs[0] if line.startswith("mindtrain: ") and "recompute" in line]
     # params_dtype: bfloat16 (the published file) is float32 on CPU, said once
