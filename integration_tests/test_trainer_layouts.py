@@ -89,7 +89,7 @@ RESUMES = {
 }
 
 
-def _args(tmp: str, name: str, extra=()) -> list[str]:
+def _args(tmp: str, name: str, extra=(), config: str = TINY) -> list[str]:
     prefix = os.path.join(tmp, "data", "pydoc_text_document")
     # two decoder layers (the dense one and a MoE one) and the MoE MTP module: every kind of block
     items = [f"training.steps={STEPS}", "training.global_batch_size=4", "model.seq_length=32",
@@ -101,22 +101,23 @@ def _args(tmp: str, name: str, extra=()) -> list[str]:
              f"validation.data_path=['1', '{prefix}']",
              f"checkpoint.save_path={os.path.join(tmp, name, 'ckpt')}",
              f"monitor.metrics_dir={os.path.join(tmp, name, 'metrics')}", *extra]
-    return ["--config", TINY, "--mode", "1"] + [a for item in items for a in ("--override", item)]
+    return ["--config", config, "--mode", "1"] + [a for item in items for a in ("--override", item)]
 
 
 class _Job:
     """One run of run_mindformer.py (a plain process, or msrun with ``workers``) started in
     the background; :meth:`result` waits for it and reads its metrics file."""
 
-    def __init__(self, tmp: str, name: str, workers: int, extra=(), port: int = 8380):
-        self.tmp, self.name = tmp, name
+    def __init__(self, tmp: str, name: str, workers: int, extra=(), port: int = 8380, config: str = TINY,
+                 figures: tuple = FIGURES):
+        self.tmp, self.name, self.figures = tmp, name, figures
         os.makedirs(os.path.join(tmp, name), exist_ok=True)
         if workers == 1:
-            cmd = [sys.executable, ENTRY, *_args(tmp, name, extra)]
+            cmd = [sys.executable, ENTRY, *_args(tmp, name, extra, config)]
         else:
             cmd = ["msrun", f"--worker_num={workers}", f"--local_worker_num={workers}",
                    f"--master_port={free_port(port)}", "--join=True", f"--log_dir={os.path.join(tmp, name, 'log')}",
-                   ENTRY, *_args(tmp, name, extra)]
+                   ENTRY, *_args(tmp, name, extra, config)]
         self.console = os.path.join(tmp, name, "console.log")
         with open(self.console, "w") as out:  # a file, not a pipe: nobody reads it while the job runs
             self.proc = subprocess.Popen(cmd, cwd=tmp, env=worker_env(), stdout=out, stderr=subprocess.STDOUT,
@@ -137,7 +138,7 @@ class _Job:
             (metrics,) = glob.glob(os.path.join(tmp, name, "metrics", "run_*", "metrics.jsonl"))
             rows = [json.loads(line) for line in open(metrics)]
             self._result = {"steps": [r["step"] for r in rows],
-                            "figures": np.array([[r[k] for k in FIGURES] for r in rows]),
+                            "figures": np.array([[r[k] for k in self.figures] for r in rows]),
                             "ckpt": os.path.join(tmp, name, "ckpt"), "rows": rows}
         return self._result
 

@@ -59,7 +59,7 @@ CASES = [
     ("cp-seq", ["parallelism.context_parallel=3"], None, None, "parallelism.context_parallel: model.seq_length (256) must be divisible by 2 x context_parallel = 6"),
     ("pp-layers", ["parallelism.pipeline_parallel=2", "parallelism.pipeline_layers_per_stage=[1, 1]"], None, None, "parallelism.pipeline_parallel_layers_per_stage: [1, 1]: layer counts must be >= 0 and sum to"),
     ("pp-schedule", ["parallelism.pipeline_schedule=interleaved"], None, None, "parallelism.pipeline_parallel_schedule: must be one of 1f1b, interleaved_1f1b, gpipe"),
-    ("optimizer-type", ["optimizer.type=Lion"], None, None, "optimizer.type: only 'AdamW' is supported"),
+    ("optimizer-type", ["optimizer.type=Lion"], None, None, "optimizer.type: must be 'AdamW' or 'Muon'"),
     ("betas", ["optimizer.betas=[0.9, 1.5]"], None, None, "optimizer.betas: must be two numbers in [0, 1)"),
     ("lr-type", ["lr_scheduler.type=OneCycle"], None, None, "lr_scheduler.type: unknown schedule 'OneCycle'"),
     ("lr-field-unused", ["lr_scheduler.power=2"], None, None, "lr_scheduler.power: is not used by ConstantWarmUpLR"),

@@ -156,17 +156,49 @@ class ParallelismConfig:
 @dataclass
 class OptimizerConfig:
     type: str = "AdamW"
-    """Optimizer; "AdamW" (decoupled weight decay, no decay on norms and biases)."""
+    """Optimizer; "AdamW" (decoupled weight decay, no decay on norms and biases) or "Muon"
+    (Newton-Schulz-orthogonalised momentum for 2-D weights and per-expert matrices, AdamW for
+    the rest)."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    """Adam beta1, beta2."""
+    """Adam beta1, beta2 (type Muon uses adamw_betas instead)."""
     eps: float = 1.0e-8
-    """Adam epsilon."""
+    """Adam epsilon; with type Muon, the epsilon of the Newton-Schulz input normalisation
+    X / (||X||_F + eps) (MindFormers passes it there; the AdamW part uses adamw_eps)."""
     weight_decay: float = 0.01
     """Decoupled weight decay."""
     weight_decay_include: Optional[list[str]] = None
     """Parameter-name patterns that get weight decay even if they would not."""
     weight_decay_exclude: Optional[list[str]] = None
     """Parameter-name patterns that get no weight decay."""
+    momentum: float = 0.95
+    """Muon: momentum of the update buffer (m = momentum * m + grad)."""
+    nesterov: bool = True
+    """Muon: Newton-Schulz input grad + momentum * m (Nesterov) instead of m."""
+    ns_steps: int = 5
+    """Muon: Newton-Schulz iterations with a flat ns_coefficients [a, b, c]; a schedule
+    [[[a, b, c], n], ...] sets its own count (sum of n) and this is ignored, as in MindFormers."""
+    ns_coefficients: list[Any] = field(default_factory=lambda: [3.4445, -4.7750, 2.0315])
+    """Muon: Newton-Schulz coefficients, a flat [a, b, c] used for every step or MindFormers'
+    schedule [[[a, b, c], n], ...] (each triple for n consecutive steps)."""
+    matched_adamw_rms: float = 0.2
+    """Muon: update RMS matched to AdamW's: the orthogonalised update is scaled by
+    matched_adamw_rms * sqrt(max(rows, cols)) (Moonlight)."""
+    adamw_betas: list[float] = field(default_factory=lambda: [0.95, 0.95])
+    """Muon: beta1, beta2 of the AdamW that updates the non-Muon parameters."""
+    adamw_eps: float = 1.0e-8
+    """Muon: epsilon of the AdamW that updates the non-Muon parameters."""
+    adamw_include: Optional[list[str]] = None
+    """Muon: glob patterns of 2-D/3-D weights updated by AdamW instead of Muon, matched
+    against the MindFormers name and mindtrain's; null: ["*word_embeddings*", "*output_layer*"]
+    (the embedding and the LM head)."""
+    use_fused_adamw: bool = False
+    """Muon: accepted for MindFormers configs; mindtrain's AdamW is always one fused kernel
+    per parameter (ops.AdamWeightDecay with bias correction folded in), so it changes nothing."""
+    qk_clip_enabled: bool = False
+    """Muon: QK-clip (rescale query/key weights when attention logits exceed
+    qk_clip_threshold). Not built: true is refused."""
+    qk_clip_threshold: float = 100.0
+    """Muon: the attention-logit threshold of QK-clip."""
 
 
 @dataclass

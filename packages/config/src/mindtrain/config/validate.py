@@ -266,6 +266,11 @@ def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
     if cp > 1 and tp > 1 and (m.seq_length // cp) % tp:
         raise ConfigError(f"{path}.tensor_parallel",
                           f"{tp} must divide the per-rank sequence seq_length / context_parallel = {m.seq_length // cp}")
+    if p.pipeline_parallel > 1 and m.model_type == "qwen3_moe" and moe_layer_ids(m):
+        raise ConfigError(f"{path}.pipeline_parallel",
+                          f"{p.pipeline_parallel}: Qwen3-MoE's load-balancing loss (HF's) is one product over every "
+                          f"MoE layer's tokens, which pipeline stages do not exchange yet; set pipeline_parallel: 1 "
+                          f"(FSDP, TP, EP and CP train Qwen3-MoE)")
     validate_pipeline(p, m)
 
 
@@ -367,6 +372,51 @@ def validate_validation(cfg: MindTrainConfig) -> None:
                               "split no documents; give it a share (e.g. \"98, 2, 0\") or set validation.data_path")
 
 
+def ns_schedule(o) -> list[tuple[float, float, float]]:
+    """Muon's Newton-Schulz coefficients per step from ``optimizer.ns_coefficients``: a flat
+    ``[a, b, c]`` repeated ``ns_steps`` times, or MindFormers' schedule ``[[[a, b, c], n], ...]``
+    (each triple ``n`` times; ``ns_steps`` is then ignored, as MindFormers does)."""
+    where = "optimizer.ns_coefficients"
+    c = o.ns_coefficients
+    number = (int, float)
+    if not isinstance(c, list) or not c:
+        raise ConfigError(where, f"must be [a, b, c] or [[[a, b, c], n], ...], got {c!r}")
+    if all(isinstance(v, number) and not isinstance(v, bool) for v in c):
+        if len(c) != 3:
+            raise ConfigError(where, f"a flat form must be 3 numbers [a, b, c], got {c!r}")
+        if isinstance(o.ns_steps, bool) or not isinstance(o.ns_steps, int) or o.ns_steps < 1:
+            raise ConfigError("optimizer.ns_steps", f"must be a positive integer, got {o.ns_steps!r}")
+        return [tuple(float(v) for v in c)] * o.ns_steps
+    out: list[tuple[float, float, float]] = []
+    for i, seg in enumerate(c):
+        ok = (isinstance(seg, list) and len(seg) == 2 and isinstance(seg[0], list) and len(seg[0]) == 3
+              and all(isinstance(v, number) and not isinstance(v, bool) for v in seg[0])
+              and isinstance(seg[1], int) and not isinstance(seg[1], bool) and seg[1] >= 1)
+        if not ok:
+            raise ConfigError(f"{where}[{i}]", f"must be [[a, b, c], n] with n a positive integer, got {seg!r}")
+        out += [tuple(float(v) for v in seg[0])] * seg[1]
+    return out
+
+
+def _validate_muon(o) -> None:
+    if not 0 <= o.momentum < 1:
+        raise ConfigError("optimizer.momentum", f"must be in [0, 1), got {o.momentum}")
+    ns_schedule(o)
+    if o.matched_adamw_rms <= 0:
+        raise ConfigError("optimizer.matched_adamw_rms", f"must be > 0, got {o.matched_adamw_rms}")
+    if len(o.adamw_betas) != 2 or not all(0 <= b < 1 for b in o.adamw_betas):
+        raise ConfigError("optimizer.adamw_betas", f"must be two numbers in [0, 1), got {o.adamw_betas}")
+    if o.adamw_eps <= 0:
+        raise ConfigError("optimizer.adamw_eps", f"must be > 0, got {o.adamw_eps}")
+    if o.adamw_include is not None and not all(isinstance(p, str) and p for p in o.adamw_include):
+        raise ConfigError("optimizer.adamw_include", f"must be a list of glob strings, got {o.adamw_include!r}")
+    if o.qk_clip_threshold <= 0:
+        raise ConfigError("optimizer.qk_clip_threshold", f"must be > 0, got {o.qk_clip_threshold}")
+    if o.qk_clip_enabled:
+        raise ConfigError("optimizer.qk_clip_enabled", "QK-clip is not built in mindtrain (it needs the attention's "
+                          "max logits per head); set it to false")
+
+
 def validate_config(cfg: MindTrainConfig, world_size: Optional[int] = None) -> None:
     """Check every rule; with ``world_size``, also the parallel layout and accumulation."""
     if cfg.context.mode != 1:
@@ -382,8 +432,10 @@ def validate_config(cfg: MindTrainConfig, world_size: Optional[int] = None) -> N
     if ck.layout not in ("mindtrain", "mindformers"):
         raise ConfigError("checkpoint.layout", f"must be 'mindtrain' or 'mindformers', got {ck.layout!r}")
     o = cfg.optimizer
-    if o.type != "AdamW":
-        raise ConfigError("optimizer.type", f"only 'AdamW' is supported, got {o.type!r}")
+    if o.type not in ("AdamW", "Muon"):
+        raise ConfigError("optimizer.type", f"must be 'AdamW' or 'Muon', got {o.type!r}")
+    if o.type == "Muon":
+        _validate_muon(o)
     if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
         raise ConfigError("optimizer.betas", f"must be two numbers in [0, 1), got {o.betas}")
     if o.eps <= 0:

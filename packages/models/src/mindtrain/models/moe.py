@@ -56,6 +56,25 @@ class MoE(Block):
         a layout that runs the routed part itself, e.g. tensor parallelism)."""
         return self.shared_experts(x) if self.n_shared else None
 
+    def sharded_balance(self, scores, topk_idx, counts, batch: int, seq: int, sum_counts, sum_scores):
+        """The balance loss when this rank routed one shard of every sequence (tensor
+        parallelism's sequence shards): ``scores`` [T, E] and ``topk_idx`` [T, K] of the local
+        ``T = batch x S_local`` tokens, ``seq`` the whole sequence's length. ``sum_counts``
+        sums a statistic over the shards (no gradient), ``sum_scores`` sums one whose gradient
+        stays this rank's (forward all-reduce, backward identity). ``counts`` (the experts'
+        token counts, already whole) is not needed: DeepSeek-V3's balance is per sequence.
+        With the context-parallel hook the result is this CP rank's share."""
+        n_experts = self.n_experts
+        t, k = topk_idx.shape
+        s_local = t // batch
+        chosen = ops.one_hot(topk_idx, n_experts, Tensor(1.0, scores.dtype), Tensor(0.0, scores.dtype))
+        per_seq = ops.stop_gradient(sum_counts(chosen.reshape(batch, s_local * k, n_experts).sum(1)))
+        if self.sequence_reduce is not None:
+            per_seq, seq = self.sequence_reduce(per_seq, seq)
+        f = ops.stop_gradient(per_seq) * (n_experts / (k * seq))
+        p = sum_scores((scores / scores.sum(-1, keepdims=True)).reshape(batch, s_local, n_experts).sum(1)) / seq
+        return (f * p).sum(-1).mean()
+
     def piece_weights(self, name: str) -> tuple:
         shared = self.shared_experts.piece_weights("forward") if self.n_shared else ()
         return self.gate.piece_weights("forward") + self.experts.piece_weights("forward") + shared

@@ -52,7 +52,8 @@ def _regions(model) -> list[Region]:
             regions.append(Region(path, "moe"))
         elif isinstance(cell, MLP):
             regions.append(Region(path, "mlp"))
-    regions.append(Region("lm_head", "head"))
+    if getattr(model, "lm_head", None) is not None:  # a tied head (Qwen3) multiplies by the embedding
+        regions.append(Region("lm_head", "head"))
     return regions
 
 

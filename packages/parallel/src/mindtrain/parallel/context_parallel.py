@@ -2,11 +2,11 @@
 
 The sequence is cut into ``2 * cp`` chunks; CP rank ``i`` holds chunks ``i`` and
 ``2 * cp - 1 - i`` so every rank gets the same share of the causal attention work. Attention
-stays exact over the whole sequence: each MLA layer all-gathers the compressed latent
-(``kv_lora_rank`` normalised latent + ``qk_rope_head_dim`` roped key per token, the only
-per-token state K and V are made from) and rebuilds the keys and values of the whole
-sequence locally. The sequence-wise MoE balance loss sums its per-sequence routing counts
-over the group, and every loss is this rank's share (token sums divided by the whole
+stays exact over the whole sequence: each attention layer all-gathers its per-token key/value
+state (MLA: the compressed latent, ``kv_lora_rank`` normalised latent + ``qk_rope_head_dim``
+roped key per token, from which it rebuilds the keys and values of the whole sequence
+locally; grouped-query attention: its ``num_key_value_heads`` keys and values). A MoE balance loss sums its routing counts over the group (DeepSeek-V3's
+per sequence, Qwen3-MoE's over the micro-batch), and every loss is this rank's share (token sums divided by the whole
 micro-batch's token count), so the shares of the CP ranks add up to the single-process loss
 and their gradients add up to its gradient.
 
@@ -97,19 +97,34 @@ def split_batch(batch: Mapping[str, Any], cp: int = 1, rank: int = 0, num_heads:
 
 
 class _KVExchange:
-    """All-gathers the local MLA latent and roped key over the CP group, in sequence order."""
+    """All-gathers an attention layer's per-token key/value state over the CP group, in
+    sequence order, in one collective. Called with any number of pieces whose sequence axis
+    is their second-to-last (MLA: the latent ``[B, S, kv_lora]`` and the roped key
+    ``[B, 1, S, rope]``; grouped-query attention: keys and values ``[B, Nkv, S, d]``); returns
+    them with the whole sequence on that axis."""
 
     def __init__(self, group: Group, seq_length: int):
         self.group = group
         self.perm = Tensor(_gathered_order(seq_length, group.size))
 
-    def __call__(self, kv_lat, k_rot):
-        b, s, r = kv_lat.shape[0], kv_lat.shape[1], k_rot.shape[-1]
-        # one collective for both pieces: [B, S_local, kv_lora + rope]
-        local = ops.concat((kv_lat, k_rot.reshape(b, s, r)), -1)
-        whole = ops.gather(F.all_gather(local, self.group, 1), self.perm, 1)
-        n = whole.shape[1]
-        return whole[..., :-r], whole[..., -r:].reshape(b, 1, n, r)
+    def __call__(self, *pieces):
+        flat, shapes = [], []
+        for x in pieces:  # sequence first, everything else as columns
+            axes = (x.ndim - 2,) + tuple(i for i in range(x.ndim) if i != x.ndim - 2)
+            t = ops.transpose(x, axes) if x.ndim > 2 else x
+            shapes.append((axes, t.shape))
+            flat.append(t.reshape(t.shape[0], -1))
+        local = flat[0] if len(flat) == 1 else ops.concat(flat, 1)
+        whole = ops.gather(F.all_gather(local, self.group, 0), self.perm, 0)
+        n = whole.shape[0]
+        out, start = [], 0
+        for (axes, shape), f in zip(shapes, flat):
+            width = f.shape[1]
+            t = whole[:, start:start + width].reshape((n,) + tuple(shape[1:]))
+            start += width
+            back = tuple(axes.index(i) for i in range(len(axes)))
+            out.append(ops.transpose(t, back) if len(axes) > 2 else t)
+        return tuple(out)
 
 
 class _SequenceReduce:

@@ -215,10 +215,12 @@ def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh, split_ex
     # forward gathers for its shared experts, which the plan lists in no region of their own)
     for path, role in _regions(plan, cells):
         cell = cells[path]
-        if role == "moe":
+        if role == "moe":  # the cell: gate, experts, shared_output(x), sharded_balance(...)
             _override(cell, _moe_forward(cell, group) if split_experts else _moe_forward_local(cell, group))
         elif role == "attention":
             cell.num_heads = cell.num_heads // size
+            if hasattr(cell, "num_kv_heads"):  # grouped-query attention: its key/value heads split too
+                cell.num_kv_heads = cell.num_kv_heads // size
             _override(cell, _attention_forward(cell, sp_gather, sp_scatter))
         elif role == "mlp":
             _override(cell, _region_forward(cell, sp_gather, sp_scatter))
@@ -229,6 +231,8 @@ def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh, split_ex
         emb, attr = _owner(cells, emb_path)
         _override(emb, _embedding_forward(emb, getattr(emb, attr), vocab_start[emb_path], group))
     head = next((n for n in vocab_start if plan["params"][n].get("role") == "head"), None)
+    if head is None and emb_path is not None and "head" in plan.get("shared", {}).get(emb_path, ()):
+        head = emb_path  # tied embeddings: the head multiplies by this rank's vocabulary rows
     if head is not None:
         _vocab_parallel_loss(cells, _VocabParallelCE(group, vocab_start[head]), sp_gather)
     return tp
@@ -317,8 +321,7 @@ def _region_forward(cell, sp_gather, sp_scatter):
 def _moe_forward(cell, group: Group):
     """The MoE block on sequence shards: route local tokens, gather tokens and choices
     along the sequence, run the TP-sharded experts, reduce-scatter the partial output.
-    The sequence-wise balance loss sums its per-sequence statistics over the TP group."""
-    n_experts = cell.n_experts
+    The cell's balance term sums its statistics over the TP group (:func:`_balance`)."""
 
     def construct(x):
         b, s_local, h = x.shape
@@ -335,10 +338,7 @@ def _moe_forward(cell, group: Group):
         if shared is not None:
             y = y + shared
         y = F.reduce_scatter(y, group, SEQ_DIM)
-        # under context parallelism as well, the per-sequence statistics span the CP group too
-        balance = _sp_balance_loss(scores, topk_idx, b, s, n_experts, group,
-                                   getattr(cell, "sequence_reduce", None))
-        return y, counts, balance
+        return y, counts, _balance(cell, scores, topk_idx, counts, b, s, group)
 
     return construct
 
@@ -348,7 +348,6 @@ def _moe_forward_local(cell, group: Group):
     experts on this rank's sequence shard; only the TP-split shared experts gather the
     sequence and reduce-scatter their partial output. The token counts are summed over TP
     (the whole sequence's, as with split experts)."""
-    n_experts = cell.n_experts
 
     def construct(x):
         b, s_local, h = x.shape
@@ -361,30 +360,16 @@ def _moe_forward_local(cell, group: Group):
             shared = cell.shared_output(F.all_gather(x, group, SEQ_DIM))
             if shared is not None:
                 y = y + F.reduce_scatter(shared, group, SEQ_DIM)
-        balance = _sp_balance_loss(scores, topk_idx, b, s_local * group.size, n_experts, group,
-                                   getattr(cell, "sequence_reduce", None))
-        return y, counts, balance
+        return y, counts, _balance(cell, scores, topk_idx, counts, b, s_local * group.size, group)
 
     return construct
 
 
-def _sp_balance_loss(scores, topk_idx, batch: int, seq: int, n_experts: int, group: Group,
-                     sequence_reduce=None):
-    """DeepSeek-V3's sequence-wise balance loss from sequence shards: the per-sequence
-    choice counts and score sums are summed over the TP group. ``sequence_reduce`` is the
-    context-parallel hook (see ``mindtrain.models.moe.sequence_balance_loss``): with it the
-    counts span the whole sequence and the result is this CP rank's share of the loss."""
-    t, k = topk_idx.shape
-    s_local = t // batch
-    chosen = ops.one_hot(topk_idx, n_experts, Tensor(1.0, scores.dtype), Tensor(0.0, scores.dtype))
-    f_local = chosen.reshape(batch, s_local * k, n_experts).sum(1)
-    counts = ops.stop_gradient(C.all_reduce(f_local, group))
-    if sequence_reduce is not None:
-        counts, seq = sequence_reduce(counts, seq)
-    f = ops.stop_gradient(counts) * (n_experts / (k * seq))
-    p_local = (scores / scores.sum(-1, keepdims=True)).reshape(batch, s_local, n_experts).sum(1)
-    p = F.reduce_from_group(p_local, group) / seq
-    return (f * p).sum(-1).mean()
+def _balance(cell, scores, topk_idx, counts, batch: int, seq: int, group: Group):
+    """The MoE cell's balance term from this rank's sequence shard (the cell's own
+    ``sharded_balance``: the model owns the formula, the layout gives it the sums over TP)."""
+    return cell.sharded_balance(scores, topk_idx, counts, batch, seq,
+                                lambda x: C.all_reduce(x, group), lambda x: F.reduce_from_group(x, group))
 
 
 def param_bytes(model: nn.Cell) -> int:

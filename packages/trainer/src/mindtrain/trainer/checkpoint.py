@@ -552,10 +552,10 @@ class Checkpointer:
             # MindFormers' optimizer step, else its common.json's (the step the counters say)
             local = {"step": resume.reader.read_full("step") if "step" in resume.reader.names()
                      else np.array(state["step"], np.int64)}
-            for kind in ("exp_avg", "exp_avg_sq"):
-                moment = [sharded_replace(sh, f"{kind}.{sh.name}") for sh in shards]
-                for sh, a in zip(shards, read_pieces(resume.reader, moment, [t for _, t in named_params])):
-                    local[f"{kind}.{sh.name}"] = a
+            for kind, idx, _ in optimizer.moment_sets():  # AdamW's moments, Muon's momentum buffers
+                moment = [sharded_replace(shards[i], f"{kind}.{shards[i].name}") for i in idx]
+                for sh, a in zip(moment, read_pieces(resume.reader, moment, [named_params[i][1] for i in idx])):
+                    local[sh.name] = a
             optimizer.load_state_dict(local)
             return self._restore_position(state, folder, loader, total_steps)
         state = resume.state if resume.state is not None else load_json(folder)
@@ -681,8 +681,8 @@ class Checkpointer:
             pieces.append((sharded.Piece("model", name, shape, (0,) * len(shape), shape, "float32"),
                            sharded.Lazy(name, shape, np.dtype(np.float32), p.asnumpy)))
         if optimizer is not None:
-            pieces += pieces_of(shards, optimizer.exp_avg, "opt", "exp_avg.")
-            pieces += pieces_of(shards, optimizer.exp_avg_sq, "opt", "exp_avg_sq.")
+            for kind, idx, tensors in optimizer.moment_sets():  # AdamW's moments, Muon's momentum buffers
+                pieces += pieces_of([shards[i] for i in idx], tensors, "opt", f"{kind}.")
             step_count = np.array(optimizer.step_count, np.int64)
             pieces.append((sharded.Piece("opt", "step", (), (), (), "int64"),
                            sharded.Lazy("step", (), step_count.dtype, lambda: step_count)))

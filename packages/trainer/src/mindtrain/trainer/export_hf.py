@@ -22,7 +22,7 @@ from mindtrain.trainer import mindformers_checkpoint as mf
 from mindtrain.trainer import sharded
 
 MAX_SHARD_BYTES = 2 * 1024 ** 3
-_OPTIMIZER = ("exp_avg.", "exp_avg_sq.")
+_OPTIMIZER = ("exp_avg.", "exp_avg_sq.", "muon_m.")  # AdamW moments, Muon momentum buffers
 
 
 def export_hf(folder: str, out: str, max_shard_bytes: int = MAX_SHARD_BYTES) -> list[str]:

@@ -49,7 +49,10 @@ METADATA_FILE = sharded.METADATA_FILE
 FOLDER = re.compile(r"^iteration_(\d{8,})$")
 _FILE = re.compile(r"^(?:(?P<prefix>.+)-)?(?P<kind>model|opt)-(?P<rank>\d{7})-(?P<world>\d{7})\.safetensors$")
 # MindFormers' AdamW names its moments after the model parameter: adam_m.<name>, adam_v.<name>
-MOMENTS = {"adam_m": "exp_avg", "adam_v": "exp_avg_sq"}
+MOMENTS = {"adam_m": "exp_avg", "adam_v": "exp_avg_sq", "muon_m": "muon_m"}
+# MindFormers' Muon keeps muon_m.<name> (its momentum buffer) for the parameters it updates
+# and adam_m / adam_v for the others; AdamW keeps adam_m / adam_v for every parameter
+ADAM_MOMENTS = ("adam_m", "adam_v")
 STEP = "global_step"  # MindFormers' optimizer step, shape [1]
 file_name = sharded.file_name
 damaged_message = sharded.damaged_message
@@ -294,11 +297,12 @@ class MindFormersBoxes:
         return any(n == "step" or n.startswith(tuple(f"{o}." for o in MOMENTS.values())) for n in self.global_shapes)
 
     def check_moments(self, params: Sequence[str]) -> None:
-        """Both AdamW moments of every parameter are in the files; else one line naming the first lacking."""
-        for ours in MOMENTS.values():
+        """Both AdamW moments (or Muon's momentum buffer) of every parameter are in the files;
+        else one line naming the first lacking."""
+        for theirs in ADAM_MOMENTS:
+            ours = MOMENTS[theirs]
             for n in params:
-                if f"{ours}.{n}" not in self._where:
-                    theirs = next(t for t, o in MOMENTS.items() if o == ours)
+                if f"{ours}.{n}" not in self._where and f"muon_m.{n}" not in self._where:
                     raise UserError(f"checkpoint.load_path: the optimizer files of {self.folder} hold no "
                                     f"'{theirs}.{self.expected[n].theirs}'; they do not match this model (set "
                                     "checkpoint.no_load_optim: true to load the weights only)")

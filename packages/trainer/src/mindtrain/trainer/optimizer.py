@@ -68,6 +68,12 @@ class AdamW:
                 g = g.astype(p.dtype)
             self._kernel(p, m, v, lr_t, self.beta1, self.beta2, eps_t, wd_t if decay else 0.0, g)
 
+    def moment_sets(self) -> list[tuple[str, list[int], list[Parameter]]]:
+        """(checkpoint prefix, parameter indices, state tensors aligned with them): what a
+        checkpoint saves and resumes per parameter (MindFormers: ``adam_m`` / ``adam_v``)."""
+        every = list(range(len(self.params)))
+        return [("exp_avg", every, self.exp_avg), ("exp_avg_sq", every, self.exp_avg_sq)]
+
     def state_bytes(self) -> int:
         """Bytes of the moments this optimizer holds (this rank's shards)."""
         return int(sum(t.size * t.itemsize for t in self.exp_avg + self.exp_avg_sq))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
+from mindtrain.config import families
 from mindtrain.trainer.callbacks import CallbackHandler, TrainerState, build_callbacks
 from mindtrain.trainer.health import HealthCheck
 from mindtrain.trainer.log_line import mtp_fields
@@ -28,7 +29,7 @@ class StepHooks:
         self.out = out
         self.total_steps = total_steps
         m = cfg.model
-        self.moe = m.first_k_dense_replace < m.num_hidden_layers or m.num_nextn_predict_layers > 0
+        self.moe = families.has_moe(m)
         self.train_state = TrainStateMonitor.from_config(cfg.monitor.train_state)
         self.health = HealthCheck.from_config(cfg.monitor.health_checkpoint, log=log, rank=rank)
         self.callbacks = CallbackHandler(build_callbacks(cfg.callbacks))

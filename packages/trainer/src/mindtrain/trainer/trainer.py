@@ -20,6 +20,7 @@ from mindtrain.config import (
     num_accumulation_steps,
     resolve_parallelism,
 )
+from mindtrain.config import families
 from mindtrain.config.rampup import BatchRamp
 from mindtrain.trainer import checkpoint as ckpt
 from mindtrain.trainer.hang_watch import HangWatch
@@ -28,7 +29,7 @@ from mindtrain.trainer.log_line import format_step_line, mtp_fields
 from mindtrain.trainer.lr_schedule import LRSchedule
 from mindtrain.trainer.metrics import MetricsWriter, new_run_dir
 from mindtrain.trainer.monitor import DeviceNorms
-from mindtrain.trainer.optimizer import AdamW
+from mindtrain.trainer.muon import build_optimizer
 from mindtrain.trainer.preemption import REASONS, Preemption
 from mindtrain.trainer.runtime import Runtime, apply_context
 from mindtrain.trainer.share import build_share
@@ -131,7 +132,8 @@ class Trainer:
         resume = share.resume
         self.params = self.layout.named_params
         self.schedule = LRSchedule.from_config(cfg)
-        self.optimizer = AdamW.from_config(self.params, cfg.optimizer, lr=self.schedule(1))
+        self.optimizer = build_optimizer(self.params, cfg.optimizer, lr=self.schedule(1), layout=self.layout,
+                                         model=cfg.model)
         self.flops_per_token = self._flops_per_token()
         if resume is not None:
             self._load_state(resume)
@@ -236,7 +238,7 @@ class Trainer:
         """Run until training.steps; returns the per-step metrics (on every rank)."""
         cfg = self.cfg
         m = cfg.model
-        has_moe = m.first_k_dense_replace < m.num_hidden_layers or m.num_nextn_predict_layers > 0
+        has_moe = families.has_moe(m)
         history = []
         save_every = cfg.checkpoint.save_interleaved_steps
         # SIGTERM/SIGINT (or msrun gone): every rank stops after the same step, saved

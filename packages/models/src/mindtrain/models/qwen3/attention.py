@@ -38,7 +38,7 @@ class Qwen3Attention(Block):
 
     ``kv_exchange`` (None by default) is a context-parallel hook as in MLA: a callable taking
     this rank's roped keys and values ``[B, Nkv, S, head_dim]`` and returning those of the
-    whole sequence (no layout sets it for Qwen3 yet).
+    whole sequence (the context-parallel layout sets it).
     """
 
     matmul_dtype = None
@@ -84,7 +84,7 @@ class Qwen3Attention(Block):
 
     def construct(self, x, cos, sin, mask_add):
         q, k, v = self.run("project", x, cos, sin)
-        if self.kv_exchange is not None:
+        if self.kv_exchange is not None:  # context parallelism: the whole sequence's keys and values
             k, v = self.kv_exchange(k, v)
         if overridden(self.core_attention):  # the core runs eager (in blocks of rows): the pieces around it
             return self.run("output", self.grouped_core(q, k, v, mask_add))

@@ -53,11 +53,25 @@ class SoftmaxTopkRouter(Block):
         return topk_idx, weights, probs
 
 
-def balance_terms(counts, probs):
+def balance_terms(counts, probs, sequence_reduce=None):
     """A MoE layer's share of HF's load-balancing loss: [2, E] = (tokens routed to each expert
-    (no gradient), the sum of each expert's routing probability over the tokens)."""
-    e = probs.shape[-1]
-    return ops.concat((ops.stop_gradient(counts).astype(probs.dtype).reshape(1, e), probs.sum(0).reshape(1, e)), 0)
+    (no gradient), the sum of each expert's routing probability over the tokens).
+
+    ``sequence_reduce`` (context parallelism: this rank holds part of every sequence) sums the
+    counts over the ranks sharing the sequences; the probabilities stay this rank's. The
+    loss is linear in the probabilities once the counts are fixed, so each rank's
+    :func:`load_balancing_loss` is then its share, and the shares add up to the loss of the
+    whole micro-batch."""
+    return _terms(counts, probs.sum(0), sequence_reduce)
+
+
+def _terms(counts, prob_sums, sequence_reduce=None):
+    e = prob_sums.shape[-1]
+    counts = ops.stop_gradient(counts).astype(prob_sums.dtype).reshape(1, e)
+    if sequence_reduce is not None:
+        counts, _ = sequence_reduce(counts, 1)
+        counts = ops.stop_gradient(counts)
+    return ops.concat((counts, prob_sums.reshape(1, e)), 0)
 
 
 def load_balancing_loss(balances: list, top_k: int):
@@ -85,7 +99,19 @@ class Qwen3MoE(Block):
         self.gate = SoftmaxTopkRouter(cfg)
         self.experts = RoutedExperts(cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size,
                                      init_std=cfg.initializer_range, block=block)
-        self.sequence_reduce = None  # no context-parallel hook: the balance is over the micro-batch
+        self.sequence_reduce = None  # context parallelism: sums the routing counts over the CP group
+
+    def shared_output(self, x):
+        """None: Qwen3-MoE has no shared experts (for a layout that runs the routed part itself)."""
+        return None
+
+    def sharded_balance(self, probs, topk_idx, counts, batch: int, seq: int, sum_counts, sum_scores):
+        """:func:`balance_terms` when this rank routed one shard of every sequence (tensor
+        parallelism's sequence shards): ``counts`` [E] are the experts' token counts of the
+        whole sequences (the layout made them whole); the local ``probs`` [T, E] are summed
+        over the shards by ``sum_scores`` (forward all-reduce, backward identity: each rank's
+        gradient stays its own tokens'). ``sum_counts`` is not needed."""
+        return _terms(counts, sum_scores(probs.sum(0)), self.sequence_reduce)
 
     def piece_weights(self, name: str) -> tuple:
         return self.gate.piece_weights("forward") + self.experts.piece_weights("forward")
@@ -96,7 +122,7 @@ class Qwen3MoE(Block):
         flat = x.reshape(b * s, h)
         topk_idx, topk_weight, probs = self.gate(flat)
         y, counts = self.experts(flat, topk_idx, topk_weight)
-        return y.reshape(b, s, h), counts, balance_terms(counts, probs)
+        return y.reshape(b, s, h), counts, balance_terms(counts, probs, self.sequence_reduce)
 
     def forward(self, x, *w):
         """:meth:`construct`'s math on the weights ``w`` (:meth:`piece_weights`' order), as

@@ -1,0 +1,233 @@
+"""Muon (``optimizer.type: Muon``) as MindFormers' PyNative Muon computes it.
+
+Per Muon parameter (every 2-D weight, every stacked ``[E, rows, cols]`` expert weight, save
+those ``adamw_include`` names)::
+
+    m      = momentum * m + g                       (MindFormers' buffer; torch keeps (1 - momentum) * m)
+    x      = g + momentum * m   (nesterov)  or  m
+    x      = NS(x)   per matrix (per expert), MLA's fused matrices per logical part
+    p      = p * (1 - lr * weight_decay) - lr * matched_adamw_rms * sqrt(max(rows, cols)) * x
+
+``NS`` is the Newton-Schulz iteration with the coefficient schedule (X / (||X||_F + eps), then
+per step ``A = X X^T; X = a X + (b A + c A A) X``, on the wide orientation). Everything else
+(norms, biases, the embedding and the LM head by default) is updated by :class:`AdamW` with
+``adamw_betas`` / ``adamw_eps``.
+
+Distributed: the optimizer holds this rank's pieces (FSDP dim-0 shards with padding, TP
+slices, EP experts). Newton-Schulz needs whole matrices, so when any Muon parameter is split
+the Newton-Schulz inputs are gathered whole with the layout's own ``to_full`` (a collective
+over the mesh), every rank runs Newton-Schulz on the whole matrices, and keeps its own piece
+with ``to_local`` (no communication; padding rows zero). Same as MindFormers' default
+``comm_strategy: allgather`` and Moonlight's Distributed Muon.
+"""
+
+from __future__ import annotations
+
+import math
+from fnmatch import fnmatch
+from typing import Any, Optional, Sequence
+
+import numpy as np
+from mindspore import Parameter, Tensor, ops
+
+from mindtrain.config import OptimizerConfig
+from mindtrain.trainer.optimizer import AdamW, wants_decay
+
+DEFAULT_ADAMW_INCLUDE = ("*word_embeddings*", "*output_layer*")
+MOMENTUM = "muon_m"
+
+
+def newton_schulz(x: Tensor, schedule: Sequence[tuple[float, float, float]], eps: float) -> Tensor:
+    """Newton-Schulz orthogonalisation of the last two dims of ``x`` ([rows, cols] or
+    [batch, rows, cols]; each matrix on its own), as MindFormers' ``newton_schulz``."""
+    tall = x.shape[-2] > x.shape[-1]
+    if tall:
+        x = x.swapaxes(-2, -1)
+    norm = ops.sqrt((x * x).sum(axis=(-2, -1), keepdims=True))
+    x = x / (norm + eps)
+    for a, b, c in schedule:
+        gram = ops.matmul(x, x.swapaxes(-2, -1))
+        poly = b * gram + c * ops.matmul(gram, gram)
+        x = a * x + ops.matmul(poly, x)
+    if tall:
+        x = x.swapaxes(-2, -1)
+    return x
+
+
+def _periodic(part_a: int, part_b: int, groups: int) -> list[np.ndarray]:
+    """Rows of a ``[A, B] * groups`` layout: every group's first ``part_a``, then its ``part_b``."""
+    base = np.arange(groups)[:, None] * (part_a + part_b)
+    return [(base + np.arange(part_a)).reshape(-1), (base + part_a + np.arange(part_b)).reshape(-1)]
+
+
+def muon_parts(name: str, rows: int, model: Any, mla: bool) -> Optional[list[np.ndarray]]:
+    """The logical matrices (row indices) MindFormers orthogonalises separately inside one
+    of mindtrain's MLA weights (its ``make_model_muon_fns`` schema, on mindtrain's unfused
+    tensors): None when the weight is one matrix. MindFormers' fused ``linear_fc1`` (gate,
+    up) and ``linear_qkv`` (q, kv) are separate tensors here already."""
+    if model is None or not mla:
+        return None
+    heads, nope, rope, v = (model.num_attention_heads, model.qk_nope_head_dim, model.qk_rope_head_dim,
+                            model.v_head_dim)
+    if name.endswith("self_attn.q_b_proj.weight") or (name.endswith("self_attn.q_proj.weight")):
+        parts = _periodic(nope, rope, heads)
+    elif name.endswith("self_attn.kv_b_proj.weight"):
+        parts = _periodic(nope, v, heads)
+    elif name.endswith("self_attn.kv_a_proj_with_mqa.weight"):
+        parts = [np.arange(model.kv_lora_rank), model.kv_lora_rank + np.arange(rope)]
+    else:
+        return None
+    return parts if sum(len(p) for p in parts) == rows else None
+
+
+def _mindformers_name(name: str, shape: Sequence[int], model: Any) -> Optional[str]:
+    if model is None:
+        return None
+    try:
+        from mindtrain.trainer import mindformers_names
+
+        return mindformers_names.placement(name, tuple(shape), model).theirs
+    except Exception:  # a name the map does not know (Qwen3, say): only ours is matched
+        return None
+
+
+class Muon:
+    """Muon for the matrices, AdamW for the rest; the interface of :class:`AdamW`.
+
+    ``layout`` (a :class:`mindtrain.parallel.Layout`) gives each piece's place in its full
+    array (``shards``) and the gather (``to_full`` / ``to_local``); None: the parameters are
+    whole. ``model`` (``cfg.model``) names MindFormers' tensors for ``adamw_include`` and
+    sizes MLA's logical parts.
+    """
+
+    def __init__(self, named_params: Sequence[tuple[str, Parameter]], cfg: OptimizerConfig, lr: float,
+                 layout: Any = None, model: Any = None):
+        from mindtrain.config.validate import ns_schedule
+
+        self.names = [n for n, _ in named_params]
+        self.params = [p for _, p in named_params]
+        self.lr = float(lr)
+        self.weight_decay = float(cfg.weight_decay)
+        self.momentum = float(cfg.momentum)
+        self.nesterov = bool(cfg.nesterov)
+        self.schedule = ns_schedule(cfg)
+        self.eps = float(cfg.eps)
+        self.rms = float(cfg.matched_adamw_rms)
+        self.layout = layout
+        shards = layout.shards() if layout is not None else None
+        self.global_shapes = ([tuple(s.global_shape) for s in shards] if shards is not None
+                              else [tuple(p.shape) for p in self.params])
+        include = tuple(cfg.adamw_include) if cfg.adamw_include is not None else DEFAULT_ADAMW_INCLUDE
+        mla = any(n.endswith("kv_a_proj_with_mqa.weight") for n in self.names)
+
+        def on_adamw(name: str, shape: tuple) -> bool:
+            if len(shape) not in (2, 3):
+                return True
+            theirs = _mindformers_name(name, shape, model)
+            return any(fnmatch(name, g) or (theirs is not None and fnmatch(theirs, g)) for g in include)
+
+        self.use_muon = [not on_adamw(n, s) for n, s in zip(self.names, self.global_shapes)]
+        self.muon_idx = [i for i, u in enumerate(self.use_muon) if u]
+        self.adamw_idx = [i for i, u in enumerate(self.use_muon) if not u]
+        self.parts = {i: muon_parts(self.names[i], self.global_shapes[i][-2], model, mla) for i in self.muon_idx}
+        self.decay = [wants_decay(n, p) for n, p in named_params]
+        named_adamw = [named_params[i] for i in self.adamw_idx]
+        self.adamw = AdamW(named_adamw, lr=lr, betas=cfg.adamw_betas, eps=cfg.adamw_eps,
+                           weight_decay=cfg.weight_decay,
+                           no_decay={n for n, p in named_adamw if not wants_decay(n, p)})
+        self.muon_m = [Parameter(Tensor(np.zeros(self.params[i].shape, np.float32)),
+                                 name=f"{MOMENTUM}.{self.params[i].name}", requires_grad=False)
+                       for i in self.muon_idx]
+        # whole matrices here, or pieces to gather (every rank of a layout decides alike)
+        self.gather = shards is not None and any(
+            tuple(shards[i].shape) != self.global_shapes[i] or tuple(self.params[i].shape) != self.global_shapes[i]
+            for i in self.muon_idx)
+        self.step_count = 0
+
+    @classmethod
+    def from_config(cls, named_params, cfg: OptimizerConfig, lr: float, layout: Any = None,
+                    model: Any = None) -> "Muon":
+        return cls(named_params, cfg, lr, layout=layout, model=model)
+
+    # ------------------------------------------------------------------ update
+    def _orthogonalise(self, i: int, x: Tensor) -> Tensor:
+        """lr-free update of Muon parameter ``i`` from its whole Newton-Schulz input."""
+        parts = self.parts[i]
+        if parts is None:
+            rows, cols = x.shape[-2:]
+            return newton_schulz(x, self.schedule, self.eps) * (self.rms * math.sqrt(max(rows, cols)))
+        cols = x.shape[-1]
+        order = np.concatenate(parts)
+        inverse = Tensor(np.argsort(order).astype(np.int32))
+        pieces = []
+        for rows in parts:
+            piece = ops.gather(x, Tensor(rows.astype(np.int32)), x.ndim - 2)
+            scale = self.rms * math.sqrt(max(len(rows), cols))
+            pieces.append(newton_schulz(piece, self.schedule, self.eps) * scale)
+        return ops.gather(ops.cat(pieces, x.ndim - 2), inverse, x.ndim - 2)
+
+    def step(self, grads: Sequence[Tensor], lr: Optional[float] = None) -> None:
+        """One update with ``grads`` (aligned with the parameters); ``lr`` overrides self.lr."""
+        if lr is not None:
+            self.lr = float(lr)
+        self.step_count += 1
+        mu = self.momentum
+        inputs = {}
+        for i, m in zip(self.muon_idx, self.muon_m):
+            g = grads[i].astype(m.dtype) if grads[i].dtype != m.dtype else grads[i]
+            next_m = m * mu + g
+            ops.assign(m, next_m)
+            inputs[i] = g + next_m * mu if self.nesterov else next_m
+        if self.gather:
+            # the layout's gather takes every parameter; the AdamW ones ride along unused
+            full = self.layout.to_full([inputs.get(i, grads[i]) for i in range(len(self.params))])
+            updates = {self.names[i]: self._orthogonalise(i, Tensor(full[self.names[i]])).asnumpy()
+                       for i in self.muon_idx}
+            zero = np.float32(0)
+            local = self.layout.to_local({n: updates[n] if n in updates else np.broadcast_to(zero, s)
+                                          for n, s in zip(self.names, self.global_shapes)})
+            local_updates = {i: local[i] for i in self.muon_idx}
+        else:
+            local_updates = {i: self._orthogonalise(i, inputs[i]) for i in self.muon_idx}
+        for i in self.muon_idx:
+            p = self.params[i]
+            keep = 1.0 - self.lr * self.weight_decay if self.decay[i] else 1.0
+            u = local_updates[i]
+            ops.assign(p, p * keep - (u if u.dtype == p.dtype else u.astype(p.dtype)) * self.lr)
+        self.adamw.step([grads[i] for i in self.adamw_idx], lr=self.lr)
+
+    # ------------------------------------------------------------------ state
+    def moment_sets(self) -> list[tuple[str, list[int], list[Parameter]]]:
+        """(checkpoint prefix, parameter indices, state tensors aligned with them): AdamW's
+        moments of its parameters, Muon's momentum buffers (MindFormers: ``muon_m.<name>``)."""
+        return [("exp_avg", self.adamw_idx, self.adamw.exp_avg), ("exp_avg_sq", self.adamw_idx, self.adamw.exp_avg_sq),
+                (MOMENTUM, self.muon_idx, self.muon_m)]
+
+    def state_bytes(self) -> int:
+        return self.adamw.state_bytes() + int(sum(t.size * t.itemsize for t in self.muon_m))
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """``exp_avg.<n>`` / ``exp_avg_sq.<n>`` of the AdamW parameters, ``muon_m.<n>`` of the
+        Muon ones, and ``step``."""
+        out = self.adamw.state_dict()
+        out["step"] = np.array(self.step_count, np.int64)
+        for i, m in zip(self.muon_idx, self.muon_m):
+            out[f"{MOMENTUM}.{self.names[i]}"] = m.asnumpy().copy()
+        return out
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        missing = [f"{MOMENTUM}.{self.names[i]}" for i in self.muon_idx if f"{MOMENTUM}.{self.names[i]}" not in state]
+        if missing:
+            raise KeyError(f"optimizer state lacks {missing[0]} (and {len(missing) - 1} more): not a Muon state")
+        self.adamw.load_state_dict(state)
+        self.step_count = self.adamw.step_count
+        for i, m in zip(self.muon_idx, self.muon_m):
+            m.set_data(Tensor(np.ascontiguousarray(state[f"{MOMENTUM}.{self.names[i]}"], np.float32)))
+
+
+def build_optimizer(named_params: Sequence[tuple[str, Parameter]], cfg: OptimizerConfig, lr: float,
+                    layout: Any = None, model: Any = None):
+    """The optimizer ``optimizer.type`` names: :class:`AdamW` or :class:`Muon`."""
+    if cfg.type == "Muon":
+        return Muon.from_config(named_params, cfg, lr, layout=layout, model=model)
+    return AdamW.from_config(named_params, cfg, lr)
