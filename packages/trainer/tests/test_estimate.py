@@ -255,3 +255,41 @@ def test_parse_bytes():
     assert parse_bytes("512 MB") == 512 * 2 ** 20
     assert parse_bytes("1.5TB") == int(1.5 * 2 ** 40)
     assert parse_bytes(1024) == 1024
+
+
+def test_qwen3_layers_follow_the_family():
+    """Qwen3-MoE's layers by HF's rule (mlp_only_layers: layer 0 dense), its grouped-query
+    attention (the core's scores over the local heads, keys and values per key/value head),
+    no shared experts."""
+    from mindtrain.config import families
+    from mindtrain.trainer.estimate import _Shapes, layer_module
+
+    cfg = load_config(os.path.join(ROOT, "configs", "pynative_qwen3_moe_tiny.yaml"))
+    m = cfg.model
+    dims = resolve_parallelism(cfg.parallelism, 1)
+    s, n, kv, d = m.seq_length, m.num_attention_heads, m.num_key_value_heads, families.head_dim(m)
+    z = _Shapes(b=1, s=s, sk=s, tl=s, ta=s, heads=n, inter=m.intermediate_size, moe_inter=m.moe_intermediate_size, c=4)
+    paths = [{sub.path: sub.own for sub in layer_module(m, i, z, dims).walk()} for i in range(3)]
+    assert "mlp.experts" not in paths[0] and "mlp.experts" in paths[1] and "mlp.experts" in paths[2]
+    assert not any("shared_experts" in p for p in paths[1])
+    assert paths[1]["self_attn.core_attention"] == 2 * n * s * s * 4
+    # q, k, v and their transposes, the output, norms and rope: k and v have kv heads, not n
+    assert paths[1]["self_attn"] < 20 * s * n * d * 4 and kv < n
+
+
+def test_muon_holds_one_buffer_per_matrix():
+    """optimizer.type Muon: one float32 buffer per Muon matrix, AdamW's two for the rest
+    (norms, and the embedding and head, which MindFormers' default adamw_include names)."""
+    from mindtrain.config.model_plan import param_specs
+    from mindtrain.trainer.muon import uses_muon
+
+    cfg = load_config(TINY, TWO_LAYERS + ["optimizer.type=Muon"])
+    specs = param_specs(cfg.model)
+    muon = {p.name for p in specs if uses_muon(p.name, p.shape, cfg.optimizer, cfg.model)}
+    assert "model.embed_tokens.weight" not in muon and "lm_head.weight" not in muon
+    assert "model.layers.1.mlp.experts.gate_proj" in muon and "model.norm.weight" not in muon
+    want = 4 * sum(p.numel * (1 if p.name in muon else 2) for p in specs)
+    (stage,) = estimate(cfg, 1, device="CPU").stages
+    assert stage.optimizer == want
+    adamw = estimate(load_config(TINY, TWO_LAYERS), 1, device="CPU").stages[0].optimizer
+    assert stage.optimizer < 0.6 * adamw

@@ -63,6 +63,7 @@ from typing import Optional, Sequence
 from mindtrain.config import (ZERO3, ConfigError, MindTrainConfig, ModelConfig, ParallelDims, UserError, module_matches,
                               num_accumulation_steps, recompute_plan, resolve_parallelism)
 from mindtrain.config import recompute as recompute_rules
+from mindtrain.config import families
 from mindtrain.config.model_plan import ParamSpec, flops_per_token, param_specs
 from mindtrain.config.model_plan import units as model_units
 from mindtrain.config.pipeline import partition_units
@@ -206,6 +207,18 @@ def stage_bytes(cfg: MindTrainConfig, dims: ParallelDims, stage: int, units: lis
     zero3 = fsdp and strategy == ZERO3
     out.params = F32 * ((0 if zero3 else full) + (shards if fsdp else 0) + expert_numel)
     out.optimizer = 2 * F32 * (shards + expert_numel)
+    muon_full = 0  # Muon: one buffer per matrix (AdamW's two for the rest); the update's gather
+    if cfg.optimizer.type == "Muon":
+        from mindtrain.trainer.muon import uses_muon
+
+        held = [_shard_numel(p, dims) if fsdp and not (p.expert and dims.ep > 1) else _local_numel(p, dims)
+                for p in params]
+        muon = [uses_muon(p.name, p.shape, cfg.optimizer, m) for p in params]
+        out.optimizer = F32 * sum(n * (1 if u else 2) for n, u in zip(held, muon))
+        if any(u and h != p.numel for p, h, u in zip(params, held, muon)):
+            # a split Muon matrix: the update gathers every parameter whole on the host, then
+            # the whole Newton-Schulz updates of the matrices (mindtrain.trainer.muon)
+            muon_full = F32 * (sum(p.numel for p in params) + sum(p.numel for p, u in zip(params, muon) if u))
     # routed experts (EP): one MoE layer's local experts are gathered over edp while they
     # run (forward, and again in their backward, which also makes their full gradients)
     edp = dims.dp_shard * dims.cp // dims.ep
@@ -251,7 +264,7 @@ def stage_bytes(cfg: MindTrainConfig, dims: ParallelDims, stage: int, units: lis
     # (numpy's memory, beside MindSpore's pool; it counts where the device is the host)
     given_pieces = [_shard_numel(p, dims) if fsdp and not (p.expert and dims.ep > 1) else _local_numel(p, dims)
                     for p in params]
-    out.host_transient = 4 * F32 * max(given_pieces, default=0)
+    out.host_transient = max(4 * F32 * max(given_pieces, default=0), muon_full)
     # the save: each rank writes its own pieces, each made when its turn comes (the largest
     # is the buffer; in the mindformers layout two pieces of one fused tensor make one);
     # checkpoint.async_save first copies every piece this rank writes to the host
@@ -307,7 +320,31 @@ def _rms(rows: int, d: int) -> int:
     return 4 * rows * d * F32
 
 
-def _attention(m: ModelConfig, z: _Shapes) -> Module:
+def _gqa_attention(m: ModelConfig, z: _Shapes, dims: ParallelDims) -> Module:
+    """Qwen3's grouped-query attention (``mindtrain.models.qwen3.attention``): q/k/v
+    projections, per-head RMSNorm on q and k, rope (a rotate-half matmul and two products),
+    the heads transposed, the core over ``num_key_value_heads`` groups, the output projection."""
+    h, n, c, t = m.hidden_size, z.heads, z.c, z.ta
+    kv = max(m.num_key_value_heads // dims.tp, 1)
+    d = families.head_dim(m)
+    own = t * h * c if (z.tl != z.ta or c != F32) else 0   # the gathered (or cast) input
+    own += t * (n + 2 * kv) * d * c                         # q, k, v
+    own += _rms(t * n, d) + _rms(t * kv, d)                 # q_norm, k_norm (float32)
+    own += 4 * t * (n + kv) * d * F32                       # rotated, x cos, rotated sin, roped
+    own += t * (n + 2 * kv) * d * c                         # transposed heads (the core's inputs)
+    if z.sk != z.s:                                         # context parallelism: the whole sequence's k, v
+        own += z.b * z.sk * 2 * kv * d * c
+    own += t * n * d * c                                    # attention output (o_proj input)
+    if c != F32:                                            # weights cast for the matmuls
+        own += (h * (n + 2 * kv) * d + n * d * h) * c
+    scores = z.b * n * z.s * z.sk
+    core = Module("self_attn.core_attention", 2 * scores * F32 + (scores * c if c != F32 else 0))
+    return Module("self_attn", own, [core])
+
+
+def _attention(m: ModelConfig, z: _Shapes, dims: ParallelDims) -> Module:
+    if m.model_type in families.QWEN3_FAMILIES:
+        return _gqa_attention(m, z, dims)
     h, n, c = m.hidden_size, z.heads, z.c
     dn, dr, dv = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
     kl, ql = m.kv_lora_rank, m.q_lora_rank
@@ -360,7 +397,7 @@ def _moe(m: ModelConfig, z: _Shapes, dims: ParallelDims) -> Module:
         own += 6 * slots * z.moe_inter * c                # gate, silu, up, product, scale, weighted
         experts = Module("mlp.experts", own)
     children = [router, experts]
-    if m.n_shared_experts:
+    if m.n_shared_experts and m.model_type not in families.QWEN3_FAMILIES:
         children.append(_mlp("mlp.shared_experts", z.ta, h, z.moe_inter * m.n_shared_experts, c, False))
     own = z.ta * h * c if z.ta != z.tl else 0             # tokens gathered over TP
     return Module("mlp", own, children)
@@ -370,9 +407,9 @@ def layer_module(m: ModelConfig, i: int, z: _Shapes, dims: ParallelDims) -> Modu
     """Layer ``i``'s kept tensors as a module tree (paths as the model's cells name them)."""
     h = m.hidden_size
     tl = z.tl
-    children = [Module("input_layernorm", _rms(tl, h)), _attention(m, z),
+    children = [Module("input_layernorm", _rms(tl, h)), _attention(m, z, dims),
                 Module("post_attention_layernorm", _rms(tl, h))]
-    if i < m.first_k_dense_replace:
+    if i not in families.moe_layer_ids(m):
         children.append(_mlp("mlp", z.ta, h, z.inter, z.c, z.ta != z.tl))
     else:
         children.append(_moe(m, z, dims))
@@ -512,6 +549,8 @@ class Estimate:
     compile_enabled: bool = True
     saves: bool = True
     """checkpoint.enable_save: the run saves (its save peak is reported)."""
+    optimizer: str = "AdamW"
+    """optimizer.type (Muon: one buffer per matrix, and the update gathers on the host)."""
 
     @property
     def compiled(self) -> bool:
@@ -584,7 +623,8 @@ def estimate(cfg: MindTrainConfig, world_size: int, device: str = "Ascend",
     return Estimate(dims=dims, strategy=p.data_parallel_shard_strategy, accumulation=accum, compute_dtype=dtype,
                     device=device, stages=stages, flops_per_token=fpt, flops_per_step=step,
                     device_memory=device_memory, recompute_mode=str(cfg.recompute.mode),
-                    compile_enabled=bool(cfg.compile.enable), saves=bool(cfg.checkpoint.enable_save))
+                    compile_enabled=bool(cfg.compile.enable), saves=bool(cfg.checkpoint.enable_save),
+                    optimizer=str(cfg.optimizer.type))
 
 
 # ------------------------------------------------------------------ report
@@ -610,9 +650,11 @@ def report(est: Estimate, config_name: str) -> list[str]:
     lines.append(head)
     rows = [("runtime (MindSpore, host)", "runtime"), ("parameters (fp32, resident)", "params"),
             ("gathered weights (transient)", "gathered"), ("gradients (fp32, peak)", "grads"),
-            ("optimizer (AdamW, 2 x fp32)", "optimizer"),
+            ("optimizer (Muon 1x, AdamW 2x fp32)" if est.optimizer == "Muon" else "optimizer (AdamW, 2 x fp32)",
+             "optimizer"),
             (f"activations / micro-batch ({est.recompute_mode})", "activations"),
-            ("pipeline micro-batches in flight", "in_flight"), ("grad norm (host, float64)", "host_transient"),
+            ("pipeline micro-batches in flight", "in_flight"), ("grad norm, Muon's gather (host)" if est.optimizer == "Muon" else "grad norm (host, float64)",
+             "host_transient"),
             ("total: training peak", "total"), ("save buffer", "save_buffer"),
             ("save peak", "save_peak")]
     host = est.device.upper() == "CPU"

@@ -91,6 +91,17 @@ def _mindformers_name(name: str, shape: Sequence[int], model: Any) -> Optional[s
         return None
 
 
+def uses_muon(name: str, shape: Sequence[int], cfg: OptimizerConfig, model: Any = None) -> bool:
+    """Whether Muon (not AdamW) updates parameter ``name`` of full shape ``shape``: a 2-D
+    matrix or stacked ``[E, rows, cols]`` experts that no ``adamw_include`` glob names (in
+    mindtrain's name or MindFormers')."""
+    if len(shape) not in (2, 3):
+        return False
+    include = tuple(cfg.adamw_include) if cfg.adamw_include is not None else DEFAULT_ADAMW_INCLUDE
+    theirs = _mindformers_name(name, tuple(shape), model)
+    return not any(fnmatch(name, g) or (theirs is not None and fnmatch(theirs, g)) for g in include)
+
+
 class Muon:
     """Muon for the matrices, AdamW for the rest; the interface of :class:`AdamW`.
 
@@ -117,16 +128,8 @@ class Muon:
         shards = layout.shards() if layout is not None else None
         self.global_shapes = ([tuple(s.global_shape) for s in shards] if shards is not None
                               else [tuple(p.shape) for p in self.params])
-        include = tuple(cfg.adamw_include) if cfg.adamw_include is not None else DEFAULT_ADAMW_INCLUDE
         mla = any(n.endswith("kv_a_proj_with_mqa.weight") for n in self.names)
-
-        def on_adamw(name: str, shape: tuple) -> bool:
-            if len(shape) not in (2, 3):
-                return True
-            theirs = _mindformers_name(name, shape, model)
-            return any(fnmatch(name, g) or (theirs is not None and fnmatch(theirs, g)) for g in include)
-
-        self.use_muon = [not on_adamw(n, s) for n, s in zip(self.names, self.global_shapes)]
+        self.use_muon = [uses_muon(n, s, cfg, model) for n, s in zip(self.names, self.global_shapes)]
         self.muon_idx = [i for i, u in enumerate(self.use_muon) if u]
         self.adamw_idx = [i for i, u in enumerate(self.use_muon) if not u]
         self.parts = {i: muon_parts(self.names[i], self.global_shapes[i][-2], model, mla) for i in self.muon_idx}
