@@ -28,7 +28,7 @@ from mindtrain.config.plan import ParallelPlan
 from mindtrain.parallel.expert_parallel import apply_expert_parallel, global_expert_load
 from mindtrain.parallel.fsdp import fully_shard
 from mindtrain.parallel.layout import (Layout, Shard, full_arrays, grad_norm, load_pieces, local_arrays,
-                                      shards_of)
+                                      own_full_arrays, own_local_arrays, shards_of)
 from mindtrain.parallel.mesh import DeviceMesh
 from mindtrain.parallel.pipeline_parallel import PipelineSchedule, relax_receive_timeout
 from mindtrain.parallel.tensor_parallel import apply_tensor_parallel
@@ -236,6 +236,14 @@ class ShardedLayout:
     def to_local(self, full: Mapping[str, Any]) -> list[Tensor]:
         """This rank's pieces of full-shape arrays, aligned with :attr:`named_params`."""
         return local_arrays(self.fsdp, self.tp, self.ep, self.dense_names, self.expert_names, full)
+
+    def gather_own(self, named: Sequence[tuple[str, Tensor]]) -> dict[str, np.ndarray]:
+        """See :meth:`mindtrain.parallel.layout.Layout.gather_own`."""
+        return own_full_arrays(self.fsdp, self.tp, self.ep, self.expert_names, named)
+
+    def scatter_own(self, full: Mapping[str, Any]) -> list[Tensor]:
+        """See :meth:`mindtrain.parallel.layout.Layout.scatter_own`."""
+        return own_local_arrays(self.fsdp, self.tp, self.ep, self.expert_names, full)
 
     def shards(self) -> list[Shard]:
         """Where each of :attr:`named_params` sits in its full array."""

@@ -76,6 +76,17 @@ class Layout(Protocol):
         """This rank's pieces of full-shape arrays, aligned with :attr:`named_params` (the
         inverse of :meth:`to_full`, no communication)."""
 
+    def gather_own(self, named: Sequence[tuple[str, Tensor]]) -> dict[str, np.ndarray]:
+        """Full arrays of some of this rank's own parameters (``(name, tensor laid out like
+        it)`` pairs, the same names in the same order on every rank of its stage): a
+        collective over the groups holding their pieces, never across pipeline stages; it
+        holds only those parameters' full arrays (an optimizer that needs whole matrices
+        gathers a bounded batch at a time)."""
+
+    def scatter_own(self, full: Mapping[str, Any]) -> list[Tensor]:
+        """This rank's pieces of full arrays of its own parameters, in ``full``'s order (the
+        inverse of :meth:`gather_own`, no communication)."""
+
     def memory_bytes(self) -> int:
         """Bytes of parameters resident on this rank between steps."""
 
@@ -239,6 +250,42 @@ def full_arrays(fsdp, tp, ep, dense_names: Sequence[str], expert_names: Sequence
     for name, t in zip(expert_names, tensors[n_dense:]):
         out[name] = ep.full_value(name, t)
     return out
+
+
+def own_full_arrays(fsdp, tp, ep, expert_names: Sequence[str], named: Sequence[tuple[str, Tensor]]
+                    ) -> dict[str, np.ndarray]:
+    """Full arrays of some of this rank's own parameters: ``named`` pairs a subset of the
+    parameter names (the same subset, in the same order, on every rank of the groups that
+    hold their pieces) with tensors laid out like those parameters. A collective over those
+    groups only (FSDP, TP, EP), never across pipeline stages; memory is the subset's."""
+    experts = set(expert_names)
+    dense = [(n, t) for n, t in named if n not in experts]
+    if fsdp is not None and dense:
+        arrays = fsdp.gather_full([t for _, t in dense], [n for n, _ in dense])
+    else:
+        arrays = [t.asnumpy().copy() for _, t in dense]
+    out = {n: (tp.full_param(n, a) if tp is not None else a) for (n, _), a in zip(dense, arrays)}
+    for n, t in named:
+        if n in experts:
+            out[n] = ep.full_value(n, t)
+    return {n: out[n] for n, _ in named}
+
+
+def own_local_arrays(fsdp, tp, ep, expert_names: Sequence[str], full: Mapping[str, Any]) -> list[Tensor]:
+    """This rank's pieces of the full arrays ``full`` (some of its own parameters, by name),
+    in ``full``'s order: the inverse of :func:`own_full_arrays` (no communication)."""
+    experts = set(expert_names)
+    names = list(full)
+    dense = [n for n in names if n not in experts]
+    arrays = [tp.local_param(n, full[n]) if tp is not None else np.asarray(full[n]) for n in dense]
+    if fsdp is not None and dense:
+        local = dict(zip(dense, fsdp.shard_full(arrays, dense)))
+    else:
+        local = {n: Tensor(np.ascontiguousarray(a)) for n, a in zip(dense, arrays)}
+    for n in names:
+        if n in experts:
+            local[n] = Tensor(ep.local_value(n, full[n]))
+    return [local[n] for n in names]
 
 
 def local_arrays(fsdp, tp, ep, dense_names: Sequence[str], expert_names: Sequence[str],

@@ -45,8 +45,8 @@ from mindtrain.parallel import collectives as C
 from mindtrain.parallel.context_parallel import apply_context_parallel, split_batch
 from mindtrain.parallel.expert_parallel import apply_expert_parallel
 from mindtrain.parallel.fsdp import FSDP
-from mindtrain.parallel.layout import (Shard, full_arrays, grad_norm, load_pieces, local_arrays,
-                                      shards_of)
+from mindtrain.parallel.layout import (Shard, full_arrays, grad_norm, load_pieces, local_arrays, own_full_arrays,
+                                      own_local_arrays, shards_of)
 from mindtrain.parallel.mesh import DeviceMesh, Group
 from mindtrain.parallel.tensor_parallel import apply_tensor_parallel
 from mindtrain.parallel.pipeline_schedule import op_messages, resolve_schedule, stage_ops
@@ -441,6 +441,14 @@ class PipelineSchedule:
     def to_local(self, full: Mapping[str, Any]) -> list[Tensor]:
         """This rank's pieces of full arrays, aligned with :attr:`params` (no communication)."""
         return local_arrays(self.fsdp, self.tp, self.ep, self.dense_names, self.expert_names, full)
+
+    def gather_own(self, named: Sequence[tuple[str, Tensor]]) -> dict[str, np.ndarray]:
+        """See :meth:`mindtrain.parallel.layout.Layout.gather_own` (this stage's parameters)."""
+        return own_full_arrays(self.fsdp, self.tp, self.ep, self.expert_names, named)
+
+    def scatter_own(self, full: Mapping[str, Any]) -> list[Tensor]:
+        """See :meth:`mindtrain.parallel.layout.Layout.scatter_own`."""
+        return own_local_arrays(self.fsdp, self.tp, self.ep, self.expert_names, full)
 
     def shards(self) -> list[Shard]:
         """Where each of :attr:`params` sits in its full array."""

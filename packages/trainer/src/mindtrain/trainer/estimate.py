@@ -216,9 +216,12 @@ def stage_bytes(cfg: MindTrainConfig, dims: ParallelDims, stage: int, units: lis
         muon = [uses_muon(p.name, p.shape, cfg.optimizer, m) for p in params]
         out.optimizer = F32 * sum(n * (1 if u else 2) for n, u in zip(held, muon))
         if any(u and h != p.numel for p, h, u in zip(params, held, muon)):
-            # a split Muon matrix: the update gathers every parameter whole on the host, then
-            # the whole Newton-Schulz updates of the matrices (mindtrain.trainer.muon)
-            muon_full = F32 * (sum(p.numel for p in params) + sum(p.numel for p, u in zip(params, muon) if u))
+            # a split Muon matrix: the update gathers whole matrices on the host a batch at a
+            # time, then holds their whole Newton-Schulz updates (mindtrain.trainer.muon)
+            from mindtrain.trainer.muon import GATHER_BYTES
+
+            sizes = [F32 * p.numel for p, u in zip(params, muon) if u]
+            muon_full = 2 * min(sum(sizes), max(GATHER_BYTES, max(sizes)))
     # routed experts (EP): one MoE layer's local experts are gathered over edp while they
     # run (forward, and again in their backward, which also makes their full gradients)
     edp = dims.dp_shard * dims.cp // dims.ep

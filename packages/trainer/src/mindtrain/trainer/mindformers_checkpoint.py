@@ -17,9 +17,10 @@ Layout under ``save_path``::
 Every rank writes the boxes of MindFormers' tensors that its pieces of mindtrain's tensors
 make (:func:`to_pieces`, through :mod:`mindtrain.trainer.mindformers_names`): a renamed
 tensor's piece is a box as it is, the gate and up pieces of the same rows one box of
-``linear_fc1`` together, a piece of ``q_a_proj`` a box of ``linear_qkv`` of its own. Nothing is
-gathered. A file holds one box per tensor, so a rank with two boxes of one tensor
-(``linear_qkv``'s two FSDP-cut parts) writes a second file (MindFormers names files by index
+``linear_fc1`` together, a piece of ``q_a_proj`` a box of ``linear_qkv`` of its own, a piece of
+Qwen3's q/k/v a box of ``linear_qkv`` per query-group block it crosses (a rank's whole groups
+joined into one). Nothing is gathered. A file holds one box per tensor, so a rank with two
+boxes of one tensor (``linear_qkv``'s FSDP-cut parts) writes a second file (MindFormers names files by index
 and count, ``{prefix}-model-{j * world + rank}-{n * world}``, as its balanced save does).
 :class:`MindFormersBoxes` reads it back, and what MindFormers wrote, box by box
 under mindtrain's names (:class:`mindtrain.trainer.sharded.ShardedReader` reads the files). A
@@ -129,6 +130,11 @@ def to_pieces(pieces: Sequence[tuple[Piece, Lazy]], cfg: Any = None) -> list[tup
             theirs = pl.theirs[:-len("expert_bias")] + names.TOKENS_PER_EXPERT
             out.append((Piece("model", theirs, p.global_shape, p.offset, p.shape, "float32"),
                         Lazy(theirs, p.shape, np.dtype(np.float32), lambda s=p.shape: np.zeros(s, np.float32))))
+        elif (cfg is not None and p.kind == "model" and names.is_qwen3(cfg) and pl.theirs.endswith(names.ROUTER)
+              and p.offset[1] == 0):  # Qwen3-MoE has no expert bias: the router's rows give the experts
+            theirs = pl.theirs[:-len("router.weight")] + names.TOKENS_PER_EXPERT
+            out.append((Piece("model", theirs, p.global_shape[:1], p.offset[:1], p.shape[:1], "float32"),
+                        Lazy(theirs, p.shape[:1], np.dtype(np.float32), lambda s=p.shape[:1]: np.zeros(s, np.float32))))
     for (kind, theirs), parts in regions.items():
         for offset, shape, get in _boxes(parts):
             pl, p, lazy = parts[0]
@@ -138,12 +144,21 @@ def to_pieces(pieces: Sequence[tuple[Piece, Lazy]], cfg: Any = None) -> list[tup
 
 def _boxes(parts: list[tuple[Placement, Piece, Lazy]]) -> list[tuple[tuple, tuple, Callable[[], np.ndarray]]]:
     """(offset, shape, make) of the boxes of one MindFormers tensor that a rank's pieces of its
-    parts make: every-other-row parts paired with their partner, then blocks adjacent along
-    the parts' axis joined."""
+    parts make: every-other-row parts paired with their partner, a part in blocks (Qwen3's
+    q/k/v in ``linear_qkv``) cut into a box per block it crosses, then boxes adjacent along the
+    parts' axis joined (a rank's whole query groups: one box)."""
     dim = parts[0][0].dim
     boxes: list[tuple[tuple, tuple, Callable[[], np.ndarray]]] = []
     interleaved: dict[tuple, dict[int, tuple]] = {}
     for pl, p, lazy in parts:
+        if pl.block != 1:
+            runs = pl.runs(p.offset, p.shape)
+            whole = _shared(lambda pl=pl, g=lazy.get: pl.to_theirs(np.asarray(g())), len(runs))
+            for offset, shape in runs:
+                cut = tuple(slice(o - b, o - b + n) for o, b, n in zip(offset, p.offset, shape))
+                box_offset, extent = pl.box(offset, shape)
+                boxes.append((box_offset, extent, lambda w=whole, cut=tuple(cut[a] for a in pl.perm): w()[cut]))
+            continue
         offset, extent = pl.box(p.offset, p.shape)
         make = (lambda pl=pl, g=lazy.get: pl.to_theirs(np.asarray(g())))
         if pl.stride == 1:
@@ -177,6 +192,23 @@ def _boxes(parts: list[tuple[Placement, Piece, Lazy]]) -> list[tuple[tuple, tupl
                 continue
         joined.append((offset, shape, make))
     return joined
+
+
+def _shared(make: Callable[[], np.ndarray], uses: int) -> Callable[[], np.ndarray]:
+    """``make`` called once for ``uses`` calls: the array is kept until the last of them (a
+    piece cut into several boxes is fetched once, and not held after its boxes are written)."""
+    held: dict[str, Any] = {"left": uses}
+
+    def get() -> np.ndarray:
+        if "a" not in held:
+            held["a"] = make()
+        a = held["a"]
+        held["left"] -= 1
+        if held["left"] <= 0:
+            del held["a"]
+        return a
+
+    return get
 
 
 def checkpoint_files(weights: dict[str, np.ndarray], optimizer_state: Optional[dict[str, np.ndarray]],
@@ -337,8 +369,13 @@ class MindFormersBoxes:
         if name == "step":
             return np.asarray(self.reader.read_full(STEP), np.int64).reshape(())
         pl = self._where[name]
+        if pl.block != 1:  # one read per block the box crosses (Qwen3's q/k/v in linear_qkv)
+            return np.concatenate([self._read(pl, o, s) for o, s in pl.runs(offset, shape)], axis=pl.axis)
+        return self._read(pl, offset, shape)
+
+    def _read(self, pl: Placement, offset: Sequence[int], shape: Sequence[int]) -> np.ndarray:
         box_offset, box_shape = pl.box(offset, shape)
-        return pl.from_theirs(self.reader.read(pl.theirs, box_offset, box_shape))
+        return pl.from_theirs(self.reader.read(pl.theirs, box_offset, box_shape), offset)
 
     def read_full(self, name: str) -> np.ndarray:
         shape = self.global_shapes[name]

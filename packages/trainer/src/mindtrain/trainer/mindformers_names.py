@@ -1,4 +1,5 @@
-"""mindtrain's parameter names <-> MindFormers' PyNative DeepSeek-V3 names (numpy only).
+"""mindtrain's parameter names <-> MindFormers' PyNative DeepSeek-V3 and Qwen3 / Qwen3-MoE
+names (numpy only); the model config's ``model_type`` picks the map.
 
 mindtrain names its parameters as Hugging Face does, with routed experts stacked
 (``model.layers.N.mlp.experts.gate_proj [E, I, H]``). MindFormers'
@@ -28,25 +29,61 @@ Megatron style, with fused tensors::
     model.layers.{L+k}.shared_head.norm                 mtp.layers.k.final_layernorm
     model.layers.{L+k}.<layer part>                     mtp.layers.k.transformer_layer.<layer part>
 
+Qwen3 and Qwen3-MoE (``model_type`` qwen3 / qwen3_moe): MindFormers'
+``PyNativeQwen3ForCausalLM`` (models/qwen3/modeling_qwen3_train_pynative.py, the same
+``GPTModel`` with ``qk_layernorm``; Qwen3-MoE's layers are its ``MoELayer``, without expert
+bias or shared experts). With G query groups (``num_key_value_heads``), n_rep = heads / G
+query heads per group and head size d::
+
+    mindtrain (network)                                 MindFormers PyNative
+    model.embed_tokens.weight / model.norm.weight       embedding.word_embeddings.weight / decoder.final_layernorm.weight
+    lm_head.weight (absent when tie_word_embeddings)    output_layer.weight (absent when tied)
+    model.layers.N.input_layernorm.weight               decoder.layers.N.input_layernorm.weight
+    model.layers.N.post_attention_layernorm.weight      decoder.layers.N.pre_mlp_layernorm.weight
+    ...self_attn.q_proj / k_proj / v_proj .weight     \
+          [G*n_rep*d, H] / [G*d, H] / [G*d, H]          > ...self_attention.linear_qkv.weight [G*(n_rep+2)*d, H]:
+    (and .bias [rows] under attention_bias)          /     per group g, q rows of g's n_rep heads, k rows of
+                                                           head g, v rows of head g (.bias alike)
+    ...self_attn.o_proj.weight (.bias)                  ...self_attention.linear_proj.weight (.bias)
+    ...self_attn.q_norm / k_norm .weight [d]            ...self_attention.q_layernorm / k_layernorm .weight
+    ...mlp.gate_proj + up_proj / down_proj (dense)      ...mlp.linear_fc1 (rows interleaved) / linear_fc2, as above
+    ...mlp.gate.weight [E, H]                           ...mlp.router.weight
+    (none)                                              ...mlp.tokens_per_expert [E] (a buffer, zeros)
+    ...mlp.experts.gate_proj / up_proj / down_proj      ...mlp.experts.weight1 / weight2, as above
+
+That is the split MindFormers' ``SelfAttention`` makes (pynative/transformers/attention.py:
+``linear_qkv``'s output reshaped to (..., G, (n_rep+2)*d), split (n_rep*d, d, d)) and the
+layout its HF converter writes (models/qwen3/utils.py ``QKVConvertOp``, checkpoint/converter/
+convert_op.py; its ``ConcatConvertOp`` interleaves ``linear_fc1``'s rows as the PyNative
+``MLP`` reads them). MindFormers' Qwen3 turns ``attention_bias`` into ``add_qkv_bias`` only, so
+its checkpoints hold no ``linear_proj.bias``: mindtrain's ``o_proj.bias`` takes the name
+MindFormers gives that bias under ``add_bias_linear``.
+
 Each of mindtrain's tensors has one :class:`Placement` in a MindFormers tensor: its axes
 (transposed for the expert weights), then along one axis a block (the rows of ``linear_qkv``,
-a half of ``weight1``) or every other row (``linear_fc1``). A box of mindtrain's tensor (a
-rank's piece) is thus a box of MindFormers' tensor (every other row of one for
-``linear_fc1``, where the gate and up pieces of the same rows make one box together), so a
-rank writes and reads MindFormers' tensors piece by piece. Every transform only moves
-values, so the AdamW moments of a parameter map exactly as the parameter does. Sizes come
-from the model config (``mindtrain.config.ModelConfig``).
+a half of ``weight1``), every other row (``linear_fc1``) or blocks at a period (Qwen3's q, k
+and v in ``linear_qkv``: blocks of n_rep*d, d and d rows every (n_rep+2)*d). A box of
+mindtrain's tensor (a rank's piece) is thus a box of MindFormers' tensor (every other row of
+one for ``linear_fc1``, where the gate and up pieces of the same rows make one box together),
+or, for Qwen3's q/k/v, one box per group block the piece crosses (:meth:`Placement.runs`): a
+tensor-parallel slice (whole groups: q by heads, k and v by key/value heads) gives one box of
+each of q, k and v per group, which join into one box of ``linear_qkv`` (the rank's groups);
+an FSDP cut at any row gives several, which the writer puts in further files as it does
+DeepSeek-V3's two ``linear_qkv`` parts. So a rank writes and reads MindFormers' tensors piece
+by piece. Every transform only moves values, so the AdamW moments of a parameter map exactly
+as the parameter does. Sizes come from the model config (``mindtrain.config.ModelConfig``).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from mindtrain.config import UserError
+from mindtrain.config.families import FAMILY_NAMES, QWEN3_FAMILIES, head_dim
 
 # MindFormers' MoE layer keeps a per-expert token count as a parameter (no gradient); mindtrain
 # has none. It is written as zeros (MindFormers zeroes it after each step) and dropped on read.
@@ -77,12 +114,49 @@ _LAYER = [
     ("mlp.experts.up_proj", "mlp.experts.weight1", "up_t"),
     ("mlp.experts.down_proj", "mlp.experts.weight2", "t"),
 ]
+# Qwen3 / Qwen3-MoE (PyNativeQwen3ForCausalLM's GPTModel: SelfAttention with q/k layernorm,
+# MLP, MoELayer without expert bias or shared experts); "gq" / "gk" / "gv": q/k/v rows in
+# linear_qkv's per-query-group blocks
+_QWEN3_LAYER = [
+    ("input_layernorm.weight", "input_layernorm.weight", "same"),
+    ("post_attention_layernorm.weight", "pre_mlp_layernorm.weight", "same"),
+    ("self_attn.q_proj.weight", "self_attention.linear_qkv.weight", "gq"),
+    ("self_attn.k_proj.weight", "self_attention.linear_qkv.weight", "gk"),
+    ("self_attn.v_proj.weight", "self_attention.linear_qkv.weight", "gv"),
+    ("self_attn.q_proj.bias", "self_attention.linear_qkv.bias", "gq"),
+    ("self_attn.k_proj.bias", "self_attention.linear_qkv.bias", "gk"),
+    ("self_attn.v_proj.bias", "self_attention.linear_qkv.bias", "gv"),
+    ("self_attn.o_proj.weight", "self_attention.linear_proj.weight", "same"),
+    ("self_attn.o_proj.bias", "self_attention.linear_proj.bias", "same"),
+    ("self_attn.q_norm.weight", "self_attention.q_layernorm.weight", "same"),
+    ("self_attn.k_norm.weight", "self_attention.k_layernorm.weight", "same"),
+    ("mlp.gate_proj.weight", "mlp.linear_fc1.weight", "gate"),
+    ("mlp.up_proj.weight", "mlp.linear_fc1.weight", "up"),
+    ("mlp.down_proj.weight", "mlp.linear_fc2.weight", "same"),
+    ("mlp.gate.weight", ROUTER, "same"),
+    ("mlp.experts.gate_proj", "mlp.experts.weight1", "gate_t"),
+    ("mlp.experts.up_proj", "mlp.experts.weight1", "up_t"),
+    ("mlp.experts.down_proj", "mlp.experts.weight2", "t"),
+]
 _MTP = [("enorm.weight", "enorm.weight"), ("hnorm.weight", "hnorm.weight"),
         ("eh_proj.weight", "eh_proj.weight"), ("shared_head.norm.weight", "final_layernorm.weight")]
 _TOP = [("model.embed_tokens.weight", "embedding.word_embeddings.weight"),
         ("model.norm.weight", "decoder.final_layernorm.weight"), ("lm_head.weight", "output_layer.weight")]
 _OURS_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _THEIRS_LAYER = re.compile(r"^(decoder\.layers\.(\d+)|mtp\.layers\.(\d+))\.(.+)$")
+
+
+def is_qwen3(cfg: Any) -> bool:
+    """Whether the model config is of the Qwen3 family (model_type qwen3 / qwen3_moe)."""
+    return getattr(cfg, "model_type", "deepseek_v3") in QWEN3_FAMILIES
+
+
+def _family(cfg: Any) -> str:
+    return FAMILY_NAMES.get(getattr(cfg, "model_type", "deepseek_v3"), "DeepSeek-V3")
+
+
+def _layer_map(cfg: Any) -> list[tuple[str, str, str]]:
+    return _QWEN3_LAYER if is_qwen3(cfg) else _LAYER
 
 
 def uses_mindformers_names(names) -> bool:
@@ -102,11 +176,19 @@ def _kv_rows(cfg) -> int:
     return cfg.kv_lora_rank + cfg.qk_rope_head_dim
 
 
+def _groups(cfg) -> tuple[int, int, int]:
+    """Qwen3's (query groups = key/value heads, query heads per group, head size)."""
+    groups = int(cfg.num_key_value_heads)
+    return groups, int(cfg.num_attention_heads) // groups, head_dim(cfg)
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where one of mindtrain's tensors sits in MindFormers' tensor ``theirs`` (of full shape
     ``shape``): axis k of ``theirs`` is axis ``perm[k]`` of mindtrain's, and along axis
-    ``dim`` mindtrain's index i is index ``start + stride * i`` of ``theirs``."""
+    ``dim`` mindtrain's index i is index ``start + stride * (i // block) + i % block`` of
+    ``theirs`` (``start + stride * i`` for the default ``block`` 1): blocks of ``block`` rows
+    every ``stride`` rows (Qwen3's ``linear_qkv``, one block per query group)."""
 
     theirs: str
     shape: tuple[int, ...]
@@ -114,16 +196,48 @@ class Placement:
     dim: int = 0
     start: int = 0
     stride: int = 1
+    block: int = 1
 
     def renamed(self, theirs: str) -> "Placement":
         """The same placement in another tensor (a moment of the parameter)."""
-        return Placement(theirs, self.shape, self.perm, self.dim, self.start, self.stride)
+        return Placement(theirs, self.shape, self.perm, self.dim, self.start, self.stride, self.block)
+
+    @property
+    def axis(self) -> int:
+        """mindtrain's axis that runs along ``dim`` of ``theirs``."""
+        return self.perm[self.dim]
+
+    def index(self, i):
+        """``theirs``' index along ``dim`` of mindtrain's index (or index array) ``i``."""
+        return self.start + self.stride * (i // self.block) + i % self.block
+
+    def runs(self, offset: Sequence[int], shape: Sequence[int]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+        """mindtrain's box ``offset``/``shape`` cut where it crosses from one block into the
+        next (``block`` > 1), as (offset, shape) boxes in order along :attr:`axis`: each is one
+        box of ``theirs``. One run, the box itself, for ``block`` 1."""
+        offset, shape = tuple(int(x) for x in offset), tuple(int(x) for x in shape)
+        a = self.axis
+        lo, hi = offset[a], offset[a] + shape[a]
+        if self.block == 1 or hi <= lo:
+            return [(offset, shape)]
+        out = []
+        while lo < hi:
+            end = min(hi, (lo // self.block + 1) * self.block)
+            out.append((offset[:a] + (lo,) + offset[a + 1:], shape[:a] + (end - lo,) + shape[a + 1:]))
+            lo = end
+        return out
 
     def box(self, offset: Sequence[int], shape: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The box of ``theirs`` that spans mindtrain's box (along ``dim`` with stride 2 it also
-        spans the other part's rows in between)."""
+        spans the other part's rows in between, as it does across blocks: one of
+        :meth:`runs` is a box of ``theirs`` of its own)."""
         off = [int(offset[a]) for a in self.perm]
         ext = [int(shape[a]) for a in self.perm]
+        if self.block != 1:
+            lo, n = off[self.dim], ext[self.dim]
+            off[self.dim] = self.index(lo)
+            ext[self.dim] = self.index(lo + n - 1) + 1 - off[self.dim] if n else 0
+            return tuple(off), tuple(ext)
         off[self.dim] = self.start + self.stride * off[self.dim]
         ext[self.dim] = self.stride * (ext[self.dim] - 1) + 1 if ext[self.dim] else 0
         return tuple(off), tuple(ext)
@@ -132,13 +246,29 @@ class Placement:
         """mindtrain's values in ``theirs``' axis order (stride aside)."""
         return np.transpose(a, self.perm) if self.perm != tuple(range(len(self.perm))) else a
 
-    def from_theirs(self, a: np.ndarray) -> np.ndarray:
-        """mindtrain's values from the box :meth:`box` read of ``theirs``."""
-        if self.stride != 1:
+    def from_theirs(self, a: np.ndarray, offset: Optional[Sequence[int]] = None) -> np.ndarray:
+        """mindtrain's values from the box :meth:`box` read of ``theirs`` (for ``block`` > 1,
+        the box of mindtrain's box at ``offset``, which fixes the rows it picks)."""
+        if self.block != 1:
+            lo = int(offset[self.axis]) if offset is not None else 0
+            rows = self.index(np.arange(lo, lo + self._count(a.shape[self.dim], lo))) - self.index(lo)
+            a = np.take(a, rows, axis=self.dim)
+        elif self.stride != 1:
             a = a[(slice(None),) * self.dim + (slice(None, None, self.stride),)]
         if self.perm != tuple(range(len(self.perm))):
             a = np.transpose(a, np.argsort(self.perm))
         return np.ascontiguousarray(a)
+
+    def _count(self, span: int, lo: int) -> int:
+        """How many of mindtrain's rows from ``lo`` on a span of ``span`` rows of ``theirs``
+        (from ``index(lo)`` to the last of them) holds."""
+        n = 0
+        while True:
+            step = min(self.block - (lo + n) % self.block, span)
+            n += step
+            span -= step + self.stride - self.block  # this run, then the other parts' rows up to the next block
+            if span <= 0:
+                return n
 
 
 def _prefix(index: int, cfg) -> tuple[str, bool]:
@@ -160,12 +290,15 @@ def placement(name: str, shape: Sequence[int], cfg: Any) -> Placement:
     if m:
         prefix, mtp = _prefix(int(m.group(1)), cfg)
         part = m.group(2)
+        if mtp and is_qwen3(cfg):
+            raise UserError(f"checkpoint.layout: mindformers: no MindFormers name for parameter '{name}' "
+                            f"({_family(cfg)} has {cfg.num_hidden_layers} layers)")
         if mtp:
             for ours, theirs in _MTP:
                 if part == ours:
                     return Placement(prefix + theirs, shape, ident)
             prefix += "transformer_layer."
-        for ours, theirs, how in _LAYER:
+        for ours, theirs, how in _layer_map(cfg):
             if part == ours:
                 return _placed(prefix + theirs, how, shape, cfg)
     raise UserError(f"checkpoint.layout: mindformers: no MindFormers name for parameter '{name}'")
@@ -184,6 +317,12 @@ def _placed(theirs: str, how: str, shape: tuple[int, ...], cfg: Any) -> Placemen
         return Placement(theirs, (e, h, 2 * i), (0, 2, 1), dim=2, start=i * int(how == "up_t"))
     if how == "t":  # [E, H, I] -> [E, I, H]
         return Placement(theirs, (shape[0], shape[2], shape[1]), (0, 2, 1))
+    if how in ("gq", "gk", "gv"):  # per query group g: its n_rep q heads, k head g, v head g
+        groups, rep, d = _groups(cfg)
+        block = rep * d if how == "gq" else d
+        start = {"gq": 0, "gk": rep * d, "gv": (rep + 1) * d}[how]
+        return Placement(theirs, (groups * (rep + 2) * d,) + shape[1:], ident, start=start, stride=(rep + 2) * d,
+                         block=block)
     return Placement(theirs, shape, ident)
 
 
@@ -198,9 +337,12 @@ def parts(theirs: str, shape: Sequence[int], cfg: Any) -> list[tuple[str, tuple[
         return [(top[theirs], shape, Placement(theirs, shape, ident))]
     m = _THEIRS_LAYER.match(theirs)
     if not m:
-        raise UserError(f"checkpoint.load_path: '{theirs}' is no parameter of MindFormers' DeepSeek-V3 that "
+        raise UserError(f"checkpoint.load_path: '{theirs}' is no parameter of MindFormers' {_family(cfg)} that "
                         "mindtrain knows; the checkpoint is of another model")
     rest = m.group(4)
+    if m.group(2) is None and is_qwen3(cfg):
+        raise UserError(f"checkpoint.load_path: '{theirs}' is a multi-token prediction module, which "
+                        f"{_family(cfg)} has none of; the checkpoint is of another model")
     if m.group(2) is not None:
         ours = f"model.layers.{int(m.group(2))}."
     else:
@@ -218,7 +360,7 @@ def parts(theirs: str, shape: Sequence[int], cfg: Any) -> list[tuple[str, tuple[
     if rest == "mlp." + TOKENS_PER_EXPERT:
         return []
     out = []
-    for o, t, how in _LAYER:
+    for o, t, how in _layer_map(cfg):
         if t != rest or (how == "q" and o.endswith("q_a_proj.weight") != bool(cfg.q_lora_rank)):
             continue
         mine = _our_shape(how, shape, cfg)
@@ -241,6 +383,9 @@ def _our_shape(how: str, shape: tuple[int, ...], cfg: Any) -> tuple[int, ...]:
         return (shape[0], shape[2] // 2, shape[1])
     if how == "t":
         return (shape[0], shape[2], shape[1])
+    if how in ("gq", "gk", "gv"):
+        groups, rep, d = _groups(cfg)
+        return (groups * (rep if how == "gq" else 1) * d,) + shape[1:]
     return shape
 
 
@@ -258,6 +403,8 @@ def to_mindformers(tensors: dict[str, np.ndarray], cfg: Any, buffers: bool = Fal
         offset, extent = pl.box((0,) * a.ndim, a.shape)
         index = tuple(slice(o, o + n, pl.stride if d == pl.dim else 1)
                       for d, (o, n) in enumerate(zip(offset, extent)))
+        if pl.block != 1:
+            index = (slice(None),) * pl.dim + (pl.index(np.arange(a.shape[pl.axis])),)
         out[pl.theirs][index] = pl.to_theirs(a)
         filled.setdefault(pl.theirs, []).append(name)
     for theirs, names in filled.items():
@@ -279,5 +426,5 @@ def from_mindformers(tensors: dict[str, np.ndarray], cfg: Any) -> dict[str, np.n
         a = np.asarray(a)
         for ours, shape, pl in parts(theirs, a.shape, cfg):
             offset, extent = pl.box((0,) * len(shape), shape)
-            out[ours] = pl.from_theirs(a[tuple(slice(o, o + n) for o, n in zip(offset, extent))])
+            out[ours] = pl.from_theirs(a[tuple(slice(o, o + n) for o, n in zip(offset, extent))], (0,) * len(shape))
     return out

@@ -15,9 +15,10 @@ per step ``A = X X^T; X = a X + (b A + c A A) X``, on the wide orientation). Eve
 
 Distributed: the optimizer holds this rank's pieces (FSDP dim-0 shards with padding, TP
 slices, EP experts). Newton-Schulz needs whole matrices, so when any Muon parameter is split
-the Newton-Schulz inputs are gathered whole with the layout's own ``to_full`` (a collective
-over the mesh), every rank runs Newton-Schulz on the whole matrices, and keeps its own piece
-with ``to_local`` (no communication; padding rows zero). Same as MindFormers' default
+the Newton-Schulz inputs are gathered whole with the layout's ``gather_own``, a batch of at
+most :data:`GATHER_BYTES` at a time (a collective over the groups that hold the pieces, never
+across pipeline stages), every rank runs Newton-Schulz on the whole matrices, and keeps its own
+piece with ``scatter_own`` (no communication; padding rows zero). Same as MindFormers' default
 ``comm_strategy: allgather`` and Moonlight's Distributed Muon.
 """
 
@@ -35,6 +36,8 @@ from mindtrain.trainer.optimizer import AdamW, wants_decay
 
 DEFAULT_ADAMW_INCLUDE = ("*word_embeddings*", "*output_layer*")
 MOMENTUM = "muon_m"
+# whole float32 arrays one gather of the distributed update holds at most (a larger matrix alone)
+GATHER_BYTES = 64 * 2 ** 20
 
 
 def newton_schulz(x: Tensor, schedule: Sequence[tuple[float, float, float]], eps: float) -> Tensor:
@@ -106,7 +109,7 @@ class Muon:
     """Muon for the matrices, AdamW for the rest; the interface of :class:`AdamW`.
 
     ``layout`` (a :class:`mindtrain.parallel.Layout`) gives each piece's place in its full
-    array (``shards``) and the gather (``to_full`` / ``to_local``); None: the parameters are
+    array (``shards``) and the gather (``gather_own`` / ``scatter_own``); None: the parameters are
     whole. ``model`` (``cfg.model``) names MindFormers' tensors for ``adamw_include`` and
     sizes MLA's logical parts.
     """
@@ -145,6 +148,17 @@ class Muon:
         self.gather = shards is not None and any(
             tuple(shards[i].shape) != self.global_shapes[i] or tuple(self.params[i].shape) != self.global_shapes[i]
             for i in self.muon_idx)
+        # the gathers' batches: Muon matrices in order, up to GATHER_BYTES of whole arrays each
+        # (a larger matrix alone); every rank of a stage makes the same batches
+        self.batches: list[list[int]] = []
+        size = 0
+        for i in self.muon_idx:
+            n = 4 * int(np.prod(self.global_shapes[i]))
+            if not self.batches or size + n > GATHER_BYTES:
+                self.batches.append([])
+                size = 0
+            self.batches[-1].append(i)
+            size += n
         self.step_count = 0
 
     @classmethod
@@ -182,14 +196,14 @@ class Muon:
             ops.assign(m, next_m)
             inputs[i] = g + next_m * mu if self.nesterov else next_m
         if self.gather:
-            # the layout's gather takes every parameter; the AdamW ones ride along unused
-            full = self.layout.to_full([inputs.get(i, grads[i]) for i in range(len(self.params))])
-            updates = {self.names[i]: self._orthogonalise(i, Tensor(full[self.names[i]])).asnumpy()
-                       for i in self.muon_idx}
-            zero = np.float32(0)
-            local = self.layout.to_local({n: updates[n] if n in updates else np.broadcast_to(zero, s)
-                                          for n, s in zip(self.names, self.global_shapes)})
-            local_updates = {i: local[i] for i in self.muon_idx}
+            # whole matrices a bounded batch at a time, gathered over the groups holding their
+            # pieces (never the whole model, never across pipeline stages)
+            local_updates = {}
+            for batch in self.batches:
+                full = self.layout.gather_own([(self.names[i], inputs[i]) for i in batch])
+                updates = {self.names[i]: self._orthogonalise(i, Tensor(full.pop(self.names[i]))).asnumpy()
+                           for i in batch}
+                local_updates.update(zip(batch, self.layout.scatter_own(updates)))
         else:
             local_updates = {i: self._orthogonalise(i, inputs[i]) for i in self.muon_idx}
         for i in self.muon_idx:
