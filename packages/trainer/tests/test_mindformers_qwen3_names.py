@@ -353,6 +353,18 @@ def test_trainer_saves_and_resumes_exactly_in_the_mindformers_layout(tiny_data, 
     assert "adam_v.decoder.layers.0.mlp.linear_fc1.weight" in optim
     ours, _ = mf.network_tensors(model, optim, config().model)
     assert set(ours) == {p.name for p in param_specs(config().model)}
+    # mindtrain-export-hf reads the folder through the same map
+    from safetensors.numpy import load_file
+
+    from mindtrain.trainer.export_hf import export_hf
+
+    hf = {}
+    for path in export_hf(str(folder), str(tmp_path / "hf")):
+        hf.update(load_file(path if os.path.isabs(path) else str(tmp_path / "hf" / path)))
+    np.testing.assert_array_equal(hf["model.layers.0.self_attn.k_proj.weight"],
+                                  ours["model.layers.0.self_attn.k_proj.weight"])
+    np.testing.assert_array_equal(hf["model.layers.1.mlp.experts.3.up_proj.weight"],
+                                  ours["model.layers.1.mlp.experts.up_proj"][3])
 
     (rec,) = Trainer(config(f"checkpoint.load_path={folder}"), Runtime(device="CPU"), out=lambda _: None).train()
     figures = [k for k in ("loss", "grad_norm", "load_balancing_loss", "lr", "consumed_samples") if k in run[2]]

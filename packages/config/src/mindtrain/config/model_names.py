@@ -70,8 +70,9 @@ FIXED: dict[str, tuple[tuple[Any, ...], str]] = {
     "moe_router_load_balancing_type": (("seq_aux_loss", "none"),
                                        "mindtrain builds DeepSeek-V3's sequence-wise auxiliary loss "
                                        "(seq_aux_loss) or none"),
-    "moe_token_dispatcher_type": (("alltoall",), "mindtrain dispatches tokens with all-to-all; "
-                                  "alltoall_deredundancy is not supported yet"),
+    "moe_token_dispatcher_type": (("alltoall",), "in the model section only alltoall is supported; "
+                                  "set alltoall_deredundancy as parallelism.moe_token_dispatcher_type "
+                                  "(MindFormers' PyNative field)"),
     "moe_layer_freq": ((1,), "mindtrain places MoE layers after first_k_dense_replace dense layers"),
 }
 
@@ -275,8 +276,9 @@ QWEN3_FIXED: dict[str, tuple[tuple[Any, ...], str]] = {
                                                   "(output_router_logits with router_aux_loss_coef: one balance "
                                                   "over the micro-batch's tokens of all MoE layers), not "
                                                   "MindFormers' per-layer forms"),
-    "moe_token_dispatcher_type": (("alltoall",), "mindtrain dispatches tokens with all-to-all; "
-                                  "alltoall_deredundancy is not supported yet"),
+    "moe_token_dispatcher_type": (("alltoall",), "in the model section only alltoall is supported; "
+                                  "set alltoall_deredundancy as parallelism.moe_token_dispatcher_type "
+                                  "(MindFormers' PyNative field)"),
     "use_sliding_window": ((False,), "sliding-window attention is not built (every layer attends causally "
                                      "over the whole sequence)"),
 }

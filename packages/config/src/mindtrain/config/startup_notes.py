@@ -54,7 +54,8 @@ RULES: list[_Rule] = [
     ("parallelism", "reduce_dtype", _not_f32,
      "gradients are reduced in float32 (as MindFormers' PyNative FSDP always does)"),
     ("parallelism", "npu_nums_per_device", lambda v, d: v != 8,
-     "used only by the alltoall_deredundancy dispatcher, which is not built"),
+     "alltoall_deredundancy here sends each token once to each rank that holds any of its experts "
+     "(MindFormers: once per device of npu_nums_per_device ranks), so it only checks expert_parallel"),
     ("train_dataset", "numa_enable", _set, "data workers are not bound to a NUMA node"),
     ("train_dataset", "use_distribute_dataset", _set,
      "every data-parallel rank reads its own batches (no read-once-and-broadcast)"),

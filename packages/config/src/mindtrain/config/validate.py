@@ -271,6 +271,16 @@ def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
                           f"{p.pipeline_parallel}: Qwen3-MoE's load-balancing loss (HF's) is one product over every "
                           f"MoE layer's tokens, which pipeline stages do not exchange yet; set pipeline_parallel: 1 "
                           f"(FSDP, TP, EP and CP train Qwen3-MoE)")
+    dispatcher = p.moe_token_dispatcher_type
+    if dispatcher not in ("alltoall", "alltoall_deredundancy"):
+        raise ConfigError(f"{path}.moe_token_dispatcher_type",
+                          f"{dispatcher!r} is not a dispatcher; use alltoall or alltoall_deredundancy")
+    if dispatcher == "alltoall_deredundancy" and (p.expert_parallel < p.npu_nums_per_device
+                                                  or p.expert_parallel % p.npu_nums_per_device):
+        raise ConfigError(f"{path}.npu_nums_per_device",
+                          f"{p.npu_nums_per_device}: alltoall_deredundancy needs expert_parallel "
+                          f"({p.expert_parallel}) to be a multiple of npu_nums_per_device (as MindFormers "
+                          f"requires); set npu_nums_per_device to the ranks per device, at most expert_parallel")
     validate_pipeline(p, m)
 
 
@@ -602,7 +612,6 @@ _NOT_BUILT = (
     ("parallelism.ulysses_degree_in_cp", lambda v: v is not None, lambda v: "Ulysses (hybrid) context parallelism",
      "remove it; context_parallel uses the colossal method"),
     ("parallelism.context_parallel_mask_type", lambda v: v != "causal", repr, "set it to causal"),
-    ("parallelism.moe_token_dispatcher_type", lambda v: v != "alltoall", repr, "set it to alltoall"),
 )
 
 

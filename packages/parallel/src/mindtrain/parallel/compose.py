@@ -65,7 +65,8 @@ def parallelize(model, plan: ParallelPlan, mesh: DeviceMesh, config: MindTrainCo
                                 schedule=p.pipeline_parallel_schedule,
                                 layers_per_stage=p.pipeline_parallel_layers_per_stage,
                                 dp_sharding=p.data_parallel_shard_strategy if dims.dp_shard > 1 else None,
-                                chunks=p.pipeline_parallel_interleave_num, split_experts=split_experts(config))
+                                chunks=p.pipeline_parallel_interleave_num, split_experts=split_experts(config),
+                                dispatcher=p.moe_token_dispatcher_type)
     if columns is None:
         columns = config.train_dataset.dataloader.column_names
     return ShardedLayout(model, plan, mesh, config, accumulation, columns)
@@ -118,7 +119,7 @@ class ShardedLayout:
         if dims.tp > 1:
             self.tp = apply_tensor_parallel(model, plan, mesh, split_experts=split_experts(config))
         if dims.ep > 1:
-            self.ep = apply_expert_parallel(model, plan, mesh)
+            self.ep = apply_expert_parallel(model, plan, mesh, config.parallelism.moe_token_dispatcher_type)
         dense = [(p.name, p) for p in model.trainable_params()]
         self._scale = 1.0 / accumulation  # run_step sets it: 1 / that step's micro-batches
         forward = model_forward(model, self.columns)

@@ -128,6 +128,8 @@ class ExpertParallel:
         self.local_experts = n_experts // self.ep_group.size
         self.first_expert = self.ep_group.index * self.local_experts
         self.slots: dict[str, _ExpertSlot] = {}
+        self.sent_bytes = 0
+        """Bytes this rank sent to the other EP ranks in dispatch and combine (forward), so far."""
 
     # ---- optimizer-facing API ---------------------------------------------------------------
     @property
@@ -222,11 +224,18 @@ def global_expert_load(load: Tensor, mesh: DeviceMesh) -> Tensor:
     return C.all_reduce(load.astype(ms.float32), mesh.group("dp_cp"))
 
 
-def apply_expert_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> ExpertParallel:
+def apply_expert_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh, dispatcher: str = "alltoall") -> ExpertParallel:
     """Keep this rank's experts of every MoE layer and route tokens to the others by
     all-to-all. Duck-typed: the plan flags expert weights (``expert``: True, stacked on dim
     0); their Cell has ``gate_proj``, ``up_proj``, ``down_proj`` and is called as
     ``experts(x [T, H], topk_idx [T, K], topk_weight [T, K]) -> (y [T, H], counts [E])``.
+
+    ``dispatcher`` (``parallelism.moe_token_dispatcher_type``): "alltoall" sends one row per
+    (token, chosen expert) and weights the returned outputs on the sending rank;
+    "alltoall_deredundancy" sends each token once to each rank holding any of its experts,
+    with its local expert ids and routing weights, and that rank returns one row: the
+    weighted sum of its experts' outputs (the same result, fewer rows each way;
+    :attr:`ExpertParallel.sent_bytes` counts both).
 
     Raises ConfigError when ``n_routed_experts`` does not divide by ``expert_parallel``.
     With EP of 1 the experts stay as they are (FSDP shards them with the rest; the
@@ -268,7 +277,8 @@ def apply_expert_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh) -> Exper
             slot = _ExpertSlot(name, p, ep.local_experts, info["tp_dim"] if split else None)
             ep.slots[name] = slot
             slots.append(slot)
-        object.__setattr__(cell, "construct", _dispatch_forward(ep, _LocalExperts(ep, slots)))
+        forward = _dedup_dispatch_forward if dispatcher == "alltoall_deredundancy" else _dispatch_forward
+        object.__setattr__(cell, "construct", forward(ep, _LocalExperts(ep, slots)))
     return ep
 
 
@@ -291,11 +301,60 @@ def _dispatch_forward(ep: ExpertParallel, local: "_LocalExperts"):
         got_ids = C.all_to_all(ids, group, send.tolist(), recv.tolist())
         out = local(got_rows, got_ids)
         back = F.all_to_all(out, group, recv.tolist(), send.tolist())
+        away = int(send.sum() - send[group.index])
+        ep.sent_bytes += away * (h * rows.itemsize + 4) + int(recv.sum() - recv[group.index]) * h * out.itemsize
         inv = np.empty_like(order)
         inv[order] = np.arange(order.size, dtype=np.int32)
         pairs = ops.gather(back, Tensor(inv), 0).reshape(t, k, h)
         y = (pairs * ops.expand_dims(topk_weight, -1)).sum(1)
         counts = Tensor(np.bincount(flat_e, minlength=n_experts).astype(np.int32))
+        return y, counts
+
+    return construct
+
+
+def _dedup_dispatch_forward(ep: ExpertParallel, local: "_LocalExperts"):
+    """``alltoall_deredundancy``: one row per (token, destination rank) instead of one per
+    (token, chosen expert). The row travels with its K slots' local expert ids (-1 where the
+    choice lives elsewhere) and routing weights; the receiving rank runs each valid slot
+    through its expert, weights and sums them per row, and returns that one row; the sender
+    adds up its rows from every rank. The routing weights' gradient comes back through the
+    weights' all-to-all."""
+    group = ep.ep_group
+    n_experts, per_rank = ep.n_experts, ep.local_experts
+
+    def construct(x, topk_idx, topk_weight):
+        t, h = x.shape
+        idx = topk_idx.asnumpy().astype(np.int64)                       # [T, K]
+        dest = idx // per_rank
+        need = np.zeros((group.size, t), bool)
+        need[dest, np.arange(t)[:, None]] = True
+        pair_rank, pair_token = np.nonzero(need)                        # by rank, then token
+        send = np.bincount(pair_rank, minlength=group.size).astype(np.int64)
+        table = C.all_gather(Tensor(send.reshape(1, -1)), group).asnumpy()
+        recv = table[:, group.index]
+        here = dest[pair_token] == pair_rank[:, None]                   # [P, K]: the slot's expert is there
+        slot_ids = np.where(here, idx[pair_token] - pair_rank[:, None] * per_rank, -1).astype(np.int32)
+        tokens = Tensor(pair_token.astype(np.int32))
+        rows = ops.gather(x, tokens, 0)
+        weights = ops.gather(topk_weight, tokens, 0) * Tensor(here.astype(np.float32)).astype(topk_weight.dtype)
+        s, r = send.tolist(), recv.tolist()
+        got_rows = F.all_to_all(rows, group, s, r)
+        got_ids = C.all_to_all(Tensor(slot_ids), group, s, r).asnumpy()
+        got_w = F.all_to_all(weights, group, s, r)
+        row_of, slot_of = np.nonzero(got_ids >= 0)                      # every (row, valid slot)
+        n_rows = int(recv.sum())
+        out = local(ops.gather(got_rows, Tensor(row_of.astype(np.int32)), 0),
+                    Tensor(got_ids[row_of, slot_of].astype(np.int32)))
+        w = ops.gather(got_w.reshape(-1), Tensor((row_of * idx.shape[1] + slot_of).astype(np.int32)), 0)
+        combined = ops.unsorted_segment_sum(out * ops.expand_dims(w.astype(out.dtype), -1),
+                                            Tensor(row_of.astype(np.int32)), n_rows)
+        back = F.all_to_all(combined, group, r, s)
+        y = ops.unsorted_segment_sum(back, tokens, t)
+        away = int(send.sum() - send[group.index])
+        ep.sent_bytes += away * (h * rows.itemsize + idx.shape[1] * 8) + \
+            int(recv.sum() - recv[group.index]) * h * combined.itemsize
+        counts = Tensor(np.bincount(idx.reshape(-1), minlength=n_experts).astype(np.int32))
         return y, counts
 
     return construct

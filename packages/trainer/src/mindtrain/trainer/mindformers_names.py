@@ -36,7 +36,8 @@ bias or shared experts). With G query groups (``num_key_value_heads``), n_rep = 
 query heads per group and head size d::
 
     mindtrain (network)                                 MindFormers PyNative
-    model.embed_tokens.weight / model.norm.weight       embedding.word_embeddings.weight / decoder.final_layernorm.weight
+    model.embed_tokens.weight                           embedding.word_embeddings.weight
+    model.norm.weight                                   decoder.final_layernorm.weight
     lm_head.weight (absent when tie_word_embeddings)    output_layer.weight (absent when tied)
     model.layers.N.input_layernorm.weight               decoder.layers.N.input_layernorm.weight
     model.layers.N.post_attention_layernorm.weight      decoder.layers.N.pre_mlp_layernorm.weight

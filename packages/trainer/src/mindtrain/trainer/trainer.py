@@ -229,7 +229,10 @@ class Trainer:
                 "tokens_per_s": tokens_per_device * self.dims.dp / elapsed,
                 "throughput_flops": self.flops_per_token * tokens_per_device / elapsed,
                 "max_rss_mb": _max_rss_mb(), "param_bytes": self.layout.memory_bytes(),
-                "optimizer_bytes": self.optimizer.state_bytes(), "skipped": skipped, "skipped_total": self.skips.skipped_total,
+                "optimizer_bytes": self.optimizer.state_bytes(),
+                # bytes this rank's expert-parallel dispatch and combine sent so far (0 without EP)
+                "ep_sent_bytes": int(getattr(getattr(self.layout, "ep", None), "sent_bytes", 0)),
+                "skipped": skipped, "skipped_total": self.skips.skipped_total,
                 "consumed_samples": self.consumed_samples, "global_batch_size": global_batch,
                 "local_losses": micro_losses, "device_losses": device_losses}
 
