@@ -7,9 +7,9 @@ as test_trainer_layouts.py's DeepSeek-V3 runs, as one process (compiled layers, 
 accumulation micro-batches) and under msrun: ZeRO-3 with EP=2 (compiled: each layer's graph
 runs on the weights its unit gathers, the experts split over the two data-parallel ranks),
 TP=2 with sequence parallelism (compiled by regions; grouped key/value heads, the
-tied embedding vocabulary-split and serving as the head) and CP=2 (eager: each attention
-layer all-gathers its keys and values over the context-parallel pair; the balance loss's
-routing counts are summed over it). The dense Qwen3 of ``configs/pynative_qwen3_tiny.yaml``
+tied embedding vocabulary-split and serving as the head) and CP=2 (compiled by regions: each
+attention layer all-gathers its keys and values over the context-parallel pair between its
+compiled pieces; the balance loss's routing counts are summed over it). The dense Qwen3 of ``configs/pynative_qwen3_tiny.yaml``
 runs as one process and as PP=2. Each run's loss figures and grad norm, the validation
 loss after the last step, and its final checkpoint (exported to HF names, AdamW moments)
 must equal the single process within 1e-5 relative. Qwen3-MoE under PP is refused
@@ -40,7 +40,7 @@ JOBS = {  # name: (config, workers, overrides, port); started in pairs, in this 
     "moe_zero3_ep2": (MOE, 2, ["parallelism.data_parallel_shard_strategy=optim_grads_params",
                                "parallelism.expert_parallel=2"], 8640),
     "moe_tp2": (MOE, 2, ["parallelism.tensor_parallel=2"], 8660),
-    "moe_cp2": (MOE, 2, ["parallelism.context_parallel=2", "compile.enable=false"], 8680),
+    "moe_cp2": (MOE, 2, ["parallelism.context_parallel=2"], 8680),
     "dense_ref": (DENSE, 1, [], 0),
     "dense_pp2": (DENSE, 2, ["parallelism.pipeline_parallel=2"], 8700),
 }

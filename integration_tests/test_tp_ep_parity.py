@@ -92,9 +92,9 @@ def results(out_dir):
     d, ref_proc = out_dir
     # over MindSpore's own collectives (mccl), the path a multi-node job takes, not the
     # same-host shared-memory transport every other multi-rank test runs
-    _msrun(d, 4, 8402, "tp2_ep2_fsdp2,ep2_fsdp4,tp2_ep2_zero3_compiled", transport="mccl")
+    _msrun(d, 4, 8402, "tp2_ep2_fsdp2,ep2_fsdp4,tp2_ep2_zero3_compiled,ep2_fsdp4_dedup", transport="mccl")
     out = {"ref": _reference(d, ref_proc)}
-    for case in ("tp2_ep2_fsdp2", "ep2_fsdp4", "tp2_ep2_zero3_compiled"):
+    for case in ("tp2_ep2_fsdp2", "ep2_fsdp4", "tp2_ep2_zero3_compiled", "ep2_fsdp4_dedup"):
         out[case] = dict(np.load(d / f"{case}.npz"))
     return out
 
@@ -118,6 +118,16 @@ def test_tp2_ep2_fsdp2_and_ep2_fsdp4_match_single_process(results):
     # experts and edp=2 halves them again while FSDP over 4 shards the rest
     assert int(both["fsdp_param_bytes"]) <= 0.3 * full
     assert int(epf["fsdp_param_bytes"]) <= 0.3 * full
+
+
+def test_alltoall_deredundancy_matches_and_sends_fewer_bytes(results):
+    """parallelism.moe_token_dispatcher_type: alltoall_deredundancy (issue 34): the same
+    training as one process, and rank 0's dispatch and combine sent fewer bytes than the
+    alltoall dispatcher's in the same layout (ep2_fsdp4: the same tokens and routing)."""
+    ref, plain, dedup = results["ref"], results["ep2_fsdp4"], results["ep2_fsdp4_dedup"]
+    _compare(ref, dedup, "ep2_fsdp4_dedup")
+    sent, base = int(dedup["ep_sent_bytes"]), int(plain["ep_sent_bytes"])
+    assert 0 < sent < 0.9 * base, (sent, base)
 
 
 def test_tp2_ep2_zero3_compiled_by_regions_matches_single_process(results):

@@ -46,7 +46,10 @@ STEPS, GLOBAL, ACC, SEQ = int(os.environ.get("TP_EP_STEPS", 5)), 8, 2, 16
 # case -> (dp_shard, tp, ep, fsdp)
 CASES = {"ref": (1, 1, 1, False), "tp2": (1, 2, 1, False), "ep2": (2, 1, 2, False),
          "tp2_fsdp2": (2, 2, 1, True), "ep2_fsdp2": (2, 1, 2, True), "ep2_fsdp4": (4, 1, 2, True),
-         "tp2_ep2_fsdp2": (2, 2, 2, True)}
+         "tp2_ep2_fsdp2": (2, 2, 2, True), "ep2_fsdp4_dedup": (4, 1, 2, True)}
+# cases whose expert parallelism dispatches with alltoall_deredundancy (one row per token and
+# destination rank) instead of alltoall (one row per token and chosen expert)
+DEDUP = {"ep2_fsdp4_dedup"}
 # cases laid out by ShardedLayout (mindtrain.parallel's composition, as the trainer runs it)
 # from a compiled model: TP=2 x EP=2 x ZeRO-3 over dp=2 (EP over the dp ranks), per-layer
 # units whose compiled pieces run between the collectives
@@ -178,7 +181,7 @@ def run(case, world, rank, out_dir):
     plan = parallel_plan(model)
     full_bytes = param_bytes(model)
     tp = apply_tensor_parallel(model, plan, mesh)
-    ep = apply_expert_parallel(model, plan, mesh)
+    ep = apply_expert_parallel(model, plan, mesh, "alltoall_deredundancy" if case in DEDUP else "alltoall")
     local_bytes = param_bytes(model)
     dpg = mesh.group("dp_cp")
     d = dpg.index
@@ -245,7 +248,7 @@ def run(case, world, rank, out_dir):
     state = {n: tp.full_param(n, state[n]) for n in sorted(state)}
     state.update(ep.full_state())
     result = {"losses": np.array(losses), "grad_norms": np.array(norms), "param_bytes_full": full_bytes, "param_bytes_local": local_bytes,
-              "activation_bytes": act}
+              "activation_bytes": act, "ep_sent_bytes": ep.sent_bytes}
     if fsdp is not None:
         result["fsdp_param_bytes"] = sum(int(p.size) * p.itemsize for _, p in fsdp.named_parameters()) \
             + ep.memory_bytes()
