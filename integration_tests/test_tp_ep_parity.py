@@ -92,9 +92,9 @@ def results(out_dir):
     d, ref_proc = out_dir
     # over MindSpore's own collectives (mccl), the path a multi-node job takes, not the
     # same-host shared-memory transport every other multi-rank test runs
-    _msrun(d, 4, 8402, "tp2_ep2_fsdp2,ep2_fsdp4,tp2_ep2_zero3_compiled,ep2_fsdp4_dedup", transport="mccl")
+    _msrun(d, 4, 8402, "tp2_ep2_fsdp2,ep2_fsdp4,tp2_ep2_zero3_compiled,ep2_fsdp4_dedup,tp2_ep2_etp1", transport="mccl")
     out = {"ref": _reference(d, ref_proc)}
-    for case in ("tp2_ep2_fsdp2", "ep2_fsdp4", "tp2_ep2_zero3_compiled", "ep2_fsdp4_dedup"):
+    for case in ("tp2_ep2_fsdp2", "ep2_fsdp4", "tp2_ep2_zero3_compiled", "ep2_fsdp4_dedup", "tp2_ep2_etp1"):
         out[case] = dict(np.load(d / f"{case}.npz"))
     return out
 
@@ -128,6 +128,18 @@ def test_alltoall_deredundancy_matches_and_sends_fewer_bytes(results):
     _compare(ref, dedup, "ep2_fsdp4_dedup")
     sent, base = int(dedup["ep_sent_bytes"]), int(plain["ep_sent_bytes"])
     assert 0 < sent < 0.9 * base, (sent, base)
+
+
+def test_expert_tensor_parallel_1_with_tp_and_ep_matches_single_process(results):
+    """MindFormers' expert_tensor_parallel: 1 under TP=2 x EP=2 x ZeRO-3 (issue 34): the routed
+    experts whole on both TP ranks, each dispatching its own sequence shard over its EP
+    group, their gradients summed over TP. Same training as one process; a rank holds half
+    the experts (EP), none of them TP-split."""
+    ref, got, split = results["ref"], results["tp2_ep2_etp1"], results["tp2_ep2_zero3_compiled"]
+    _compare(ref, got, "tp2_ep2_etp1")
+    np.testing.assert_allclose(got["grad_norms"], ref["grad_norms"], rtol=LOSS_RTOL)
+    experts = sum(ref[k].nbytes for k in ref if k.startswith("p:") and ".mlp.experts." in k)
+    assert int(got["expert_bytes"]) == experts // 2 == 2 * int(split["expert_bytes"])
 
 
 def test_tp2_ep2_zero3_compiled_by_regions_matches_single_process(results):

@@ -53,7 +53,10 @@ DEDUP = {"ep2_fsdp4_dedup"}
 # cases laid out by ShardedLayout (mindtrain.parallel's composition, as the trainer runs it)
 # from a compiled model: TP=2 x EP=2 x ZeRO-3 over dp=2 (EP over the dp ranks), per-layer
 # units whose compiled pieces run between the collectives
-LAYOUT_CASES = {"tp2_ep2_zero3_compiled": (2, 2, 2)}
+LAYOUT_CASES = {"tp2_ep2_zero3_compiled": (2, 2, 2), "tp2_ep2_etp1": (2, 2, 2)}
+# layout cases with MindFormers' expert_tensor_parallel: 1 (routed experts whole on both TP
+# ranks, each dispatching its own sequence shard over its EP group)
+ETP1 = {"tp2_ep2_etp1"}
 
 
 def model_config():
@@ -130,7 +133,8 @@ def run_layout(case, world, rank, out_dir):
     mesh = make_mesh(dims, world, rank)
     config = load_config(os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml"),
                          ["parallelism.data_parallel_shard_strategy=optim_grads_params",
-                          f"parallelism.tensor_parallel={tp_size}", f"parallelism.expert_parallel={ep_size}"],
+                          f"parallelism.tensor_parallel={tp_size}", f"parallelism.expert_parallel={ep_size}"]
+                         + (["parallelism.expert_tensor_parallel=1"] if case in ETP1 else []),
                          validate=False)
     model = build()
     apply_compile(model)

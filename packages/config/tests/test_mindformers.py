@@ -214,8 +214,6 @@ def test_swap_off_cpu_is_refused_in_one_line(device):
     (["parallelism.moe_token_dispatcher_type=broadcast"], "parallelism.moe_token_dispatcher_type: 'broadcast' is not"),
     (["parallelism.tensor_parallel=2", "parallelism.sequence_parallel=false"], "parallelism.sequence_parallel: must be true"),
     (["parallelism.expert_tensor_parallel=2"], "parallelism.expert_tensor_parallel: must be 1 (experts whole"),
-    (["parallelism.tensor_parallel=2", "parallelism.expert_tensor_parallel=1", "parallelism.expert_parallel=2"],
-     "parallelism.expert_tensor_parallel: 1 with tensor_parallel > 1 and expert_parallel > 1 is not built"),
 ])
 def test_unbuilt_features_are_refused_in_one_line(overrides, start):
     with pytest.raises(ConfigError) as err:

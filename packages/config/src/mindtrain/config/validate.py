@@ -632,7 +632,3 @@ def _refuse_unsupported(cfg: MindTrainConfig) -> None:
                           f"must be 1 (experts whole on every tensor-parallel rank, MindFormers' only value), "
                           f"equal tensor_parallel ({p.tensor_parallel}, experts split like the dense MLPs) or be "
                           f"null (the same), got {etp}")
-    if etp == 1 and p.tensor_parallel > 1 and p.expert_parallel > 1:
-        raise ConfigError("parallelism.expert_tensor_parallel",
-                          "1 with tensor_parallel > 1 and expert_parallel > 1 is not built (expert parallelism "
-                          "runs on tensor-split experts); set it to null, or expert_parallel to 1")

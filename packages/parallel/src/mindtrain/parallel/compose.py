@@ -119,7 +119,8 @@ class ShardedLayout:
         if dims.tp > 1:
             self.tp = apply_tensor_parallel(model, plan, mesh, split_experts=split_experts(config))
         if dims.ep > 1:
-            self.ep = apply_expert_parallel(model, plan, mesh, config.parallelism.moe_token_dispatcher_type)
+            self.ep = apply_expert_parallel(model, plan, mesh, config.parallelism.moe_token_dispatcher_type,
+                                            split_experts(config))
         dense = [(p.name, p) for p in model.trainable_params()]
         self._scale = 1.0 / accumulation  # run_step sets it: 1 / that step's micro-batches
         forward = model_forward(model, self.columns)

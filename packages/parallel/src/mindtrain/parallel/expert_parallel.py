@@ -128,6 +128,9 @@ class ExpertParallel:
         self.local_experts = n_experts // self.ep_group.size
         self.first_expert = self.ep_group.index * self.local_experts
         self.slots: dict[str, _ExpertSlot] = {}
+        self.tp_whole = False
+        """The experts are whole on every TP rank (``expert_tensor_parallel: 1``), each TP rank
+        dispatching its own sequence shard: their gradients are summed over TP."""
         self.sent_bytes = 0
         """Bytes this rank sent to the other EP ranks in dispatch and combine (forward), so far."""
 
@@ -153,8 +156,8 @@ class ExpertParallel:
     @property
     def replicas(self) -> int:
         """How many ranks hold the same expert gradient (local experts that do not divide
-        over ``edp`` stay whole on every ``edp`` rank)."""
-        return self.edp_replicas.size
+        over ``edp`` stay whole on every ``edp`` rank; whole experts on every TP rank)."""
+        return self.edp_replicas.size * (self.tp_group.size if self.tp_whole else 1)
 
     def param_bytes(self, names: Optional[Sequence[str]] = None) -> int:
         """Bytes of this rank's pieces of the expert weights ``names`` (default: all)."""
@@ -210,6 +213,8 @@ class ExpertParallel:
 
     def accumulate(self, slots: list[_ExpertSlot], grads: Sequence[Tensor]) -> None:
         for s, g in zip(slots, grads):
+            if self.tp_whole:  # each TP rank ran its own tokens through the same experts
+                g = C.all_reduce(g, self.tp_group)
             if self.edp_group.size > 1:
                 g = C.reduce_scatter(g, self.edp_group)
             elif self.edp_replicas.size > 1:
@@ -224,7 +229,8 @@ def global_expert_load(load: Tensor, mesh: DeviceMesh) -> Tensor:
     return C.all_reduce(load.astype(ms.float32), mesh.group("dp_cp"))
 
 
-def apply_expert_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh, dispatcher: str = "alltoall") -> ExpertParallel:
+def apply_expert_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh, dispatcher: str = "alltoall",
+                          split_experts: bool = True) -> ExpertParallel:
     """Keep this rank's experts of every MoE layer and route tokens to the others by
     all-to-all. Duck-typed: the plan flags expert weights (``expert``: True, stacked on dim
     0); their Cell has ``gate_proj``, ``up_proj``, ``down_proj`` and is called as
@@ -236,6 +242,10 @@ def apply_expert_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh, dispatch
     with its local expert ids and routing weights, and that rank returns one row: the
     weighted sum of its experts' outputs (the same result, fewer rows each way;
     :attr:`ExpertParallel.sent_bytes` counts both).
+
+    ``split_experts=False`` (``expert_tensor_parallel: 1`` under TP): the experts stay whole on
+    every TP rank (no TP split); each TP rank dispatches the tokens of its own sequence shard
+    over its EP group, and the experts' gradients are summed over TP.
 
     Raises ConfigError when ``n_routed_experts`` does not divide by ``expert_parallel``.
     With EP of 1 the experts stay as they are (FSDP shards them with the rest; the
@@ -250,6 +260,7 @@ def apply_expert_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh, dispatch
     if n_experts % n_ep:
         raise ConfigError("model.n_routed_experts", f"{n_experts} is not divisible by "
                           f"parallelism.expert_parallel={n_ep}; choose a degree that divides it")
+    ep.tp_whole = not split_experts and mesh.size("tp") > 1
     n_edp = mesh.size("edp")
     shard_edp = ep.local_experts % n_edp == 0
     if not shard_edp:
@@ -273,7 +284,7 @@ def apply_expert_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh, dispatch
                 narrow_param(p, 0, ep.edp_group.size, ep.edp_group.index)
             p.requires_grad = False
             info = plan["params"][name]
-            split = mesh.size("tp") > 1 and info.get("tp", "replicated") != "replicated"
+            split = split_experts and mesh.size("tp") > 1 and info.get("tp", "replicated") != "replicated"
             slot = _ExpertSlot(name, p, ep.local_experts, info["tp_dim"] if split else None)
             ep.slots[name] = slot
             slots.append(slot)

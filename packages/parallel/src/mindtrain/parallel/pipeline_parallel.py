@@ -166,7 +166,7 @@ class PipelineSchedule:
                       for r in range(self.num_stages)]
         """Unit names per rank of the ``pp`` group (its chunks in order)."""
         self.tp = apply_tensor_parallel(model, plan, mesh, split_experts)
-        self.ep = apply_expert_parallel(model, plan, mesh, dispatcher)
+        self.ep = apply_expert_parallel(model, plan, mesh, dispatcher, split_experts)
         apply_context_parallel(model, self.cp, seq_length)
         self.chunks = [ModelStage(model, plan, self.virtual_parts[c * self.num_stages + self.stage_index])
                        for c in range(chunks)]
@@ -410,6 +410,7 @@ class PipelineSchedule:
         # each rank's squares are divided by how many ranks hold the same values
         dense_rep = self.cp.size * (1 if self.fsdp is not None else self.dp.size)
         expert_rep = dp_cp // (self.ep.ep_group.size * self.ep.edp_group.size) if self.expert_names else 1
+        expert_rep *= self.tp.size if self.ep.tp_whole else 1  # whole experts on every TP rank
         tp_rep = set(self._tp_replicated)
         n_dense = len(self.dense_names)
         # a tied weight counts on the stage that owns its unit only
