@@ -6,51 +6,19 @@ packages/trainer/tests/test_rampup.py."""
 
 from __future__ import annotations
 
-import glob
-import json
 import os
-import subprocess
 import sys
 
-import numpy as np
 import pytest
 
-from mindtrain.trainer.quickstart import free_port, prepare_data, worker_env
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from one_vs_two import max_rel_diff, one_and_two  # noqa: E402
 
 pytestmark = pytest.mark.msrun
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-ENTRY = os.path.join(ROOT, "run_mindformer.py")
-TINY = os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml")
-FIGURES = ("loss", "load_balancing_loss", "mtp_loss", "grad_norm")
-
-
-def _start(tmp: str, name: str, workers: int, prefix: str) -> subprocess.Popen:
-    items = ["training.steps=4", "training.global_batch_size=6", "training.rampup_batch_size=[2, 2, 8]",
-             "model.seq_length=32", "train_dataset.dataloader.config.seq_length=32", "model.num_hidden_layers=2",
-             f"train_dataset.dataloader.config.data_path=['1', '{prefix}']", "checkpoint.enable_save=false",
-             "parallelism.data_parallel_shard_strategy=optim_grads_params", "compile.enable=false",
-             f"monitor.metrics_dir={os.path.join(tmp, name)}"]
-    args = ["--config", TINY, "--mode", "1"] + [a for item in items for a in ("--override", item)]
-    cmd = [sys.executable, ENTRY, *args] if workers == 1 else [
-        "msrun", f"--worker_num={workers}", f"--local_worker_num={workers}", f"--master_port={free_port(8740)}",
-        "--join=True", f"--log_dir={os.path.join(tmp, name, 'log')}", ENTRY, *args]
-    out = open(os.path.join(tmp, f"{name}.log"), "w")
-    return subprocess.Popen(cmd, cwd=tmp, env=worker_env(), stdout=out, stderr=subprocess.STDOUT)
-
-
-def _rows(tmp: str, name: str, proc: subprocess.Popen) -> list[dict]:
-    assert proc.wait(timeout=900) == 0, open(os.path.join(tmp, f"{name}.log"), errors="replace").read()[-5000:]
-    (metrics,) = glob.glob(os.path.join(tmp, name, "run_*", "metrics.jsonl"))
-    return [json.loads(line) for line in open(metrics)]
-
 
 def test_two_workers_follow_the_ramp_of_one_process(tmp_path):
-    tmp = str(tmp_path)
-    prefix = prepare_data(os.path.join(tmp, "data", "pydoc"))
-    jobs = {name: _start(tmp, name, workers, prefix) for name, workers in (("one", 1), ("two", 2))}
-    one, two = (_rows(tmp, name, proc) for name, proc in jobs.items())
+    one, two = one_and_two(str(tmp_path), ["training.global_batch_size=6", "training.rampup_batch_size=[2, 2, 8]"],
+                           8740)
     assert [r["global_batch_size"] for r in one] == [r["global_batch_size"] for r in two] == [2, 2, 4, 6]
-    a = np.array([[r[k] for k in FIGURES] for r in two])
-    b = np.array([[r[k] for k in FIGURES] for r in one])
-    assert (np.abs(a - b) / np.maximum(np.abs(b), 1e-30)).max() < 1e-5, (a, b)
+    assert max_rel_diff(two, one) < 1e-5

@@ -90,7 +90,7 @@ def _mindformers_name(name: str, shape: Sequence[int], model: Any) -> Optional[s
         from mindtrain.trainer import mindformers_names
 
         return mindformers_names.placement(name, tuple(shape), model).theirs
-    except Exception:  # a name the map does not know (Qwen3, say): only ours is matched
+    except Exception:  # a name the map does not know: only ours is matched
         return None
 
 

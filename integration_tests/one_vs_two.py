@@ -1,0 +1,54 @@
+"""The tiny DeepSeek-V3 (two layers, 32 tokens, eager, ZeRO-3, no save) trained by
+``run_mindformer.py`` as one process and as 2 msrun workers at once, with extra overrides:
+the metrics rows of both, for tests that compare a feature's figures across the two."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from mindtrain.trainer.quickstart import free_port, prepare_data, worker_env
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+ENTRY = os.path.join(ROOT, "run_mindformer.py")
+TINY = os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml")
+FIGURES = ("loss", "load_balancing_loss", "mtp_loss", "grad_norm")
+
+
+def _start(tmp: str, name: str, workers: int, prefix: str, extra, port: int) -> subprocess.Popen:
+    items = ["training.steps=4", "model.seq_length=32", "train_dataset.dataloader.config.seq_length=32",
+             "model.num_hidden_layers=2", f"train_dataset.dataloader.config.data_path=['1', '{prefix}']",
+             "checkpoint.enable_save=false", "parallelism.data_parallel_shard_strategy=optim_grads_params",
+             "compile.enable=false", f"monitor.metrics_dir={os.path.join(tmp, name)}", *extra]
+    args = ["--config", TINY, "--mode", "1"] + [a for item in items for a in ("--override", item)]
+    cmd = [sys.executable, ENTRY, *args] if workers == 1 else [
+        "msrun", f"--worker_num={workers}", f"--local_worker_num={workers}", f"--master_port={free_port(port)}",
+        "--join=True", f"--log_dir={os.path.join(tmp, name, 'log')}", ENTRY, *args]
+    out = open(os.path.join(tmp, f"{name}.log"), "w")
+    return subprocess.Popen(cmd, cwd=tmp, env=worker_env(), stdout=out, stderr=subprocess.STDOUT)
+
+
+def _rows(tmp: str, name: str, proc: subprocess.Popen) -> list[dict]:
+    assert proc.wait(timeout=900) == 0, open(os.path.join(tmp, f"{name}.log"), errors="replace").read()[-5000:]
+    (metrics,) = glob.glob(os.path.join(tmp, name, "run_*", "metrics.jsonl"))
+    return [json.loads(line) for line in open(metrics)]
+
+
+def one_and_two(tmp: str, extra, port: int) -> tuple[list[dict], list[dict]]:
+    """The metrics rows of one process and of 2 workers (rank 0's), both with ``extra``."""
+    prefix = prepare_data(os.path.join(tmp, "data", "pydoc"))
+    jobs = {name: _start(tmp, name, workers, prefix, extra, port) for name, workers in (("one", 1), ("two", 2))}
+    one, two = (_rows(tmp, name, proc) for name, proc in jobs.items())
+    return one, two
+
+
+def max_rel_diff(rows: list[dict], ref: list[dict]) -> float:
+    """The largest relative difference of :data:`FIGURES` over the steps."""
+    a = np.array([[r[k] for k in FIGURES] for r in rows])
+    b = np.array([[r[k] for k in FIGURES] for r in ref])
+    return float((np.abs(a - b) / np.maximum(np.abs(b), 1e-30)).max())
