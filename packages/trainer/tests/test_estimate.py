@@ -281,7 +281,7 @@ def test_muon_holds_one_buffer_per_matrix():
     """optimizer.type Muon: one float32 buffer per Muon matrix, AdamW's two for the rest
     (norms, and the embedding and head, which MindFormers' default adamw_include names)."""
     from mindtrain.config.model_plan import param_specs
-    from mindtrain.trainer.muon import uses_muon
+    from mindtrain.trainer.muon import uses_muon  # the optimizer's own rule, with the full name map
 
     cfg = load_config(TINY, TWO_LAYERS + ["optimizer.type=Muon"])
     specs = param_specs(cfg.model)

@@ -226,6 +226,8 @@ class MLAttention(Block):
     those of the whole sequence (``Sk`` keys); the mask then has ``Sk`` columns.
     """
 
+    REGION = "attention"  # its role in the parallel plan (mindtrain.models.parallel_plan)
+
     # mixed precision: the dtype of every matmul here (None = float32, no casts); rope,
     # latent norms and softmax stay float32. Set by the model before the first call.
     matmul_dtype = None

@@ -12,6 +12,8 @@ from mindtrain.models.linear import Linear, linear
 class MLP(Block):
     """``down(silu(gate(x)) * up(x))`` with HF names gate_proj / up_proj / down_proj."""
 
+    REGION = "mlp"  # its role in the parallel plan (mindtrain.models.parallel_plan)
+
     PIECES = ("forward",)
     fast_kernels = False
     matmul_dtype = None

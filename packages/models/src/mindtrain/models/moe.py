@@ -37,6 +37,8 @@ def sequence_balance_loss(scores, topk_idx, batch: int, n_experts: int, sequence
 class MoE(Block):
     """``construct(x [B,S,H])`` -> (y [B,S,H], tokens per expert [E], balance loss scalar)."""
 
+    REGION = "moe"  # its role in the parallel plan (mindtrain.models.parallel_plan)
+
     def __init__(self, cfg, block: int = 32):
         super().__init__()
         std = cfg.initializer_range

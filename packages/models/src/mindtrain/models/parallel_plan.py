@@ -34,24 +34,16 @@ def _split_field(name: str, style: str, dim: int | None, expert: bool) -> str | 
 def _regions(model) -> list[Region]:
     """The cells the layouts treat as a whole, by role: the embedding, every attention
     block, every dense MLP outside a MoE block, every MoE block, the head projection."""
-    from mindtrain.models.attention import MLAttention
-    from mindtrain.models.mlp import MLP
-    from mindtrain.models.moe import MoE
-    from mindtrain.models.qwen3.attention import Qwen3Attention
-    from mindtrain.models.qwen3.moe import Qwen3MoE
-
     regions: list[Region] = [Region("model.embed_tokens", "embedding")]
     moe_paths: list[str] = []
     for path, cell in model.cells_and_names():
         if not path or any(path.startswith(m + ".") for m in moe_paths):
             continue  # a MoE block's shared experts run inside its own forward
-        if isinstance(cell, (MLAttention, Qwen3Attention)):
-            regions.append(Region(path, "attention"))
-        elif isinstance(cell, (MoE, Qwen3MoE)):
+        role = getattr(type(cell), "REGION", None)  # each family's cells declare it
+        if role == "moe":
             moe_paths.append(path)
-            regions.append(Region(path, "moe"))
-        elif isinstance(cell, MLP):
-            regions.append(Region(path, "mlp"))
+        if role in ("attention", "moe", "mlp"):
+            regions.append(Region(path, role))
     if getattr(model, "lm_head", None) is not None:  # a tied head (Qwen3) multiplies by the embedding
         regions.append(Region("lm_head", "head"))
     return regions

@@ -209,16 +209,17 @@ def stage_bytes(cfg: MindTrainConfig, dims: ParallelDims, stage: int, units: lis
     out.optimizer = 2 * F32 * (shards + expert_numel)
     muon_full = 0  # Muon: one buffer per matrix (AdamW's two for the rest); the update's gather
     if cfg.optimizer.type == "Muon":
-        from mindtrain.trainer.muon import uses_muon
+        from mindtrain.trainer.muon_rules import uses_muon
 
         held = [_shard_numel(p, dims) if fsdp and not (p.expert and dims.ep > 1) else _local_numel(p, dims)
                 for p in params]
-        muon = [uses_muon(p.name, p.shape, cfg.optimizer, m) for p in params]
+        # MindFormers' names of the top-level weights only (the estimator reads no numpy map)
+        muon = [uses_muon(p.name, p.shape, cfg.optimizer.adamw_include) for p in params]
         out.optimizer = F32 * sum(n * (1 if u else 2) for n, u in zip(held, muon))
         if any(u and h != p.numel for p, h, u in zip(params, held, muon)):
             # a split Muon matrix: the update gathers whole matrices on the host a batch at a
             # time, then holds their whole Newton-Schulz updates (mindtrain.trainer.muon)
-            from mindtrain.trainer.muon import GATHER_BYTES
+            from mindtrain.trainer.muon_rules import GATHER_BYTES
 
             sizes = [F32 * p.numel for p, u in zip(params, muon) if u]
             muon_full = 2 * min(sum(sizes), max(GATHER_BYTES, max(sizes)))

@@ -25,19 +25,17 @@ piece with ``scatter_own`` (no communication; padding rows zero). Same as MindFo
 from __future__ import annotations
 
 import math
-from fnmatch import fnmatch
 from typing import Any, Optional, Sequence
 
 import numpy as np
 from mindspore import Parameter, Tensor, ops
 
 from mindtrain.config import OptimizerConfig
+from mindtrain.trainer import muon_rules
+from mindtrain.trainer.muon_rules import GATHER_BYTES
 from mindtrain.trainer.optimizer import AdamW, wants_decay
 
-DEFAULT_ADAMW_INCLUDE = ("*word_embeddings*", "*output_layer*")
 MOMENTUM = "muon_m"
-# whole float32 arrays one gather of the distributed update holds at most (a larger matrix alone)
-GATHER_BYTES = 64 * 2 ** 20
 
 
 def newton_schulz(x: Tensor, schedule: Sequence[tuple[float, float, float]], eps: float) -> Tensor:
@@ -95,14 +93,9 @@ def _mindformers_name(name: str, shape: Sequence[int], model: Any) -> Optional[s
 
 
 def uses_muon(name: str, shape: Sequence[int], cfg: OptimizerConfig, model: Any = None) -> bool:
-    """Whether Muon (not AdamW) updates parameter ``name`` of full shape ``shape``: a 2-D
-    matrix or stacked ``[E, rows, cols]`` experts that no ``adamw_include`` glob names (in
-    mindtrain's name or MindFormers')."""
-    if len(shape) not in (2, 3):
-        return False
-    include = tuple(cfg.adamw_include) if cfg.adamw_include is not None else DEFAULT_ADAMW_INCLUDE
-    theirs = _mindformers_name(name, tuple(shape), model)
-    return not any(fnmatch(name, g) or (theirs is not None and fnmatch(theirs, g)) for g in include)
+    """:func:`mindtrain.trainer.muon_rules.uses_muon` with MindFormers' name of ``name`` from
+    the full map (``model``: ``cfg.model``)."""
+    return muon_rules.uses_muon(name, shape, cfg.adamw_include, _mindformers_name(name, shape, model))
 
 
 class Muon:

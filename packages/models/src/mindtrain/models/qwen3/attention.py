@@ -41,6 +41,8 @@ class Qwen3Attention(Block):
     whole sequence (the context-parallel layout sets it).
     """
 
+    REGION = "attention"  # its role in the parallel plan (mindtrain.models.parallel_plan)
+
     matmul_dtype = None
     fast_kernels = False
     PIECES = ("project", "attend", "output")

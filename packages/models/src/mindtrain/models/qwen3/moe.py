@@ -93,6 +93,8 @@ class Qwen3MoE(Block):
     ``experts.{e}.gate_proj.weight`` ...). ``construct(x [B,S,H])`` -> (y [B,S,H], tokens per
     expert [E], :func:`balance_terms` [2, E])."""
 
+    REGION = "moe"  # its role in the parallel plan (mindtrain.models.parallel_plan)
+
     def __init__(self, cfg, block: int = 32):
         super().__init__()
         self.n_experts = cfg.n_routed_experts
