@@ -2,7 +2,8 @@
 
 Two single-process reference runs (the model's own forward in the trainer's loop; 2 and 4
 micro-batches per step) beside one 2-worker msrun job that trains 5 steps of 2 micro-batches
-under CP=2, PP=2 with 1F1B, PP=2 with GPipe and PP=2 with interleaved 1F1B over 2 chunks per
+under CP=2 (colossal, and Ulysses: all-to-all between sequence chunks and head groups around
+each attention core), PP=2 with 1F1B, PP=2 with GPipe and PP=2 with interleaved 1F1B over 2 chunks per
 stage (packed documents with reset positions and EOD masks; PP=2 with 1F1B keeps the
 model's compiled layers, the other runs build eager ones: compiling every layer of every run
 on every rank cost more than their few eager steps), then lets a stage fail. A 4-worker job,
@@ -32,6 +33,8 @@ pytestmark = pytest.mark.msrun
 
 WORKER = Path(__file__).parent / "workers" / "cp_pp_parity.py"
 CONFIGS = {"cp2": "1:2:1f1b", "pp2_1f1b": "2:1:1f1b", "pp2_gpipe": "2:1:gpipe",
+           # Ulysses (issue 34): sequence chunks <-> head groups by all-to-all around each attention core
+           "cp2_ulysses": "1:2:1f1b",
            # 2 chunks per stage (4 virtual stages): rank 0 runs layers 0 and 2, rank 1 layer 1 and the head
            "pp2_interleaved": "2:1:interleaved_1f1b:1:1:-:2:2"}
 # name -> pp:cp:schedule:tp:ep:dp_sharding:micro-batches per step on 4 workers. PP x FSDP

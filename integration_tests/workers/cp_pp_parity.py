@@ -188,7 +188,8 @@ def parallel(out_dir: str, ref_path: str, specs: list[str], docs: bool) -> None:
         model = fresh_model(jit=name in COMPILED)
         plan = parallel_plan(model)
         sched = PipelineSchedule(model, plan, mesh, SEQ, schedule=schedule,
-                                 dp_sharding=None if sharding == "-" else sharding, chunks=chunks)
+                                 dp_sharding=None if sharding == "-" else sharding, chunks=chunks,
+                                 cp_method="ulysses" if "ulysses" in name else "colossal")
         opt = make_optimizer(list(zip(sched.param_names, sched.params)))
         if name.startswith("fail") and sched.stage_index == 1:
             _inject_failure(sched.stage, at_call=micro // dp + 1)

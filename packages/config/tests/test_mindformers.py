@@ -207,7 +207,9 @@ def test_swap_off_cpu_is_refused_in_one_line(device):
 # ----------------------------------------------------------------------------- refusals
 @pytest.mark.parametrize("overrides, start", [
     (["lora_config={target_modules: '.*'}"], "lora_config: LoRA fine-tuning is not supported yet"),
-    (["parallelism.context_parallel_method=ulysses"], "parallelism.context_parallel_method: 'ulysses' is not supported yet"),
+    (["parallelism.context_parallel_method=hybrid"], "parallelism.context_parallel_method: 'hybrid' is not supported yet"),
+    (["parallelism.context_parallel_method=ulysses", "parallelism.context_parallel=8"],
+     "parallelism.context_parallel: 8 must divide the attention heads"),
     (["parallelism.ulysses_degree_in_cp=2"], "parallelism.ulysses_degree_in_cp:"),
     (["parallelism.moe_token_dispatcher_type=alltoall_deredundancy", "parallelism.expert_parallel=2"],
      "parallelism.npu_nums_per_device: 8: alltoall_deredundancy needs expert_parallel (2) to be a multiple"),

@@ -263,6 +263,11 @@ def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
     if cp > 1 and m.seq_length % (2 * cp):
         raise ConfigError(f"{path}.context_parallel",
                           f"model.seq_length ({m.seq_length}) must be divisible by 2 x context_parallel = {2 * cp}")
+    if cp > 1 and p.context_parallel_method == "ulysses" and (m.num_attention_heads // tp) % cp:
+        raise ConfigError(f"{path}.context_parallel",
+                          f"{cp} must divide the attention heads each tensor-parallel rank runs "
+                          f"(num_attention_heads / tensor_parallel = {m.num_attention_heads // tp}) for "
+                          f"context_parallel_method: ulysses; use colossal")
     if cp > 1 and tp > 1 and (m.seq_length // cp) % tp:
         raise ConfigError(f"{path}.tensor_parallel",
                           f"{tp} must divide the per-rank sequence seq_length / context_parallel = {m.seq_length // cp}")
@@ -607,8 +612,8 @@ def validate_mindformers_sections(cfg: MindTrainConfig) -> None:
 _NOT_BUILT = (
     ("lora_config", lambda v: v is not None, lambda v: "LoRA fine-tuning",
      "remove the lora_config section to train every weight"),
-    ("parallelism.context_parallel_method", lambda v: v != "colossal", repr,
-     "set it to colossal (load-balanced causal chunks with all-gathered keys/values)"),
+    ("parallelism.context_parallel_method", lambda v: v not in ("colossal", "ulysses"), repr,
+     "set it to colossal (load-balanced causal chunks with all-gathered keys/values) or ulysses"),
     ("parallelism.ulysses_degree_in_cp", lambda v: v is not None, lambda v: "Ulysses (hybrid) context parallelism",
      "remove it; context_parallel uses the colossal method"),
     ("parallelism.context_parallel_mask_type", lambda v: v != "causal", repr, "set it to causal"),

@@ -23,6 +23,7 @@ import numpy as np
 from mindspore import Tensor, ops
 
 from mindtrain.config import ConfigError
+from mindtrain.parallel import collectives as C
 from mindtrain.parallel import functional as F
 from mindtrain.parallel.mesh import Group
 
@@ -137,18 +138,76 @@ class _SequenceReduce:
         return F.reduce_from_group(counts, self.group), s * self.group.size
 
 
-def apply_context_parallel(model, group: Group, seq_length: int) -> int:
+def _seq_to_heads(x, group: Group):
+    """[B, N, S_local, d] -> [B, N / cp, S, d] (Ulysses): each rank sends head group ``j`` of
+    its sequence chunk to rank ``j`` and receives its own heads of every rank's chunk, in rank
+    order (the gathered order of :func:`_gathered_order`). One all-to-all."""
+    c = group.size
+    b, n, s, d = x.shape
+    t = ops.transpose(x.reshape(b, c, n // c, s, d), (1, 0, 2, 3, 4)).reshape(c * b, -1)
+    got = F.all_to_all(t, group).reshape(c, b, n // c, s, d)
+    return ops.transpose(got, (1, 2, 0, 3, 4)).reshape(b, n // c, c * s, d)
+
+
+def _heads_to_seq(y, group: Group):
+    """The inverse of :func:`_seq_to_heads`: [B, N / cp, S, d] -> [B, N, S_local, d]."""
+    c = group.size
+    b, nh, s_all, d = y.shape
+    s = s_all // c
+    t = ops.transpose(y.reshape(b, nh, c, s, d), (2, 0, 1, 3, 4)).reshape(c * b, -1)
+    got = F.all_to_all(t, group).reshape(c, b, nh, s, d)
+    return ops.transpose(got, (1, 0, 2, 3, 4)).reshape(b, c * nh, s, d)
+
+
+class _UlyssesCore:
+    """An attention core under Ulysses context parallelism: queries, keys and values of this
+    rank's sequence chunks and every head go by all-to-all to ``N / cp`` heads of the whole
+    sequence, the model's own core runs on them, and the output comes back the same way. The
+    mask (local query rows against every key, in sequence order) is all-gathered over the
+    group and its key columns put in the gathered order."""
+
+    def __init__(self, core, group: Group, seq_length: int):
+        self.inner = core.construct  # the class's forward (a graph when the model compiles it)
+        self.group = group
+        order = np.concatenate([chunk_indices(seq_length, group.size, r) for r in range(group.size)])
+        self.key_order = Tensor(order.astype(np.int32))
+
+    def __call__(self, q, k, v, mask_add):
+        g = self.group
+        if q.shape[1] % g.size:
+            raise ConfigError("parallelism.context_parallel", f"{g.size} must divide the attention heads each "
+                                                              f"rank runs ({q.shape[1]}) for Ulysses context "
+                                                              f"parallelism; use context_parallel_method: colossal")
+        mask = ops.stop_gradient(mask_add[:, :1])
+        mask = ops.gather(C.all_gather(mask, g, 2), self.key_order, 3)  # [B, 1, S, S], gathered order
+        out = self.inner(_seq_to_heads(q, g), _seq_to_heads(k, g), _seq_to_heads(v, g), mask)
+        return _heads_to_seq(out, g)
+
+
+def apply_context_parallel(model, group: Group, seq_length: int, method: str = "colossal") -> int:
     """Install the CP hooks on every attention and MoE Cell of ``model``; returns how many.
 
-    ``group`` is the mesh's ``cp`` group; a group of size 1 removes the hooks.
+    ``group`` is the mesh's ``cp`` group; a group of size 1 removes the hooks. ``method``
+    (``parallelism.context_parallel_method``): "colossal" all-gathers each attention layer's
+    per-token key/value state (``kv_exchange``); "ulysses" replaces each attention cell's
+    ``core_attention`` forward by :class:`_UlyssesCore` (all-to-all between sequence chunks
+    and head groups), so the model's pieces around the core run as they are. MoE cells sum
+    their routing counts over the group either way (``sequence_reduce``).
     """
     check_seq_length(seq_length, group.size)
-    exchange = _KVExchange(group, seq_length) if group.size > 1 else None
+    if method not in ("colossal", "ulysses"):
+        raise ConfigError("parallelism.context_parallel_method",
+                          f"{method!r} is not built; use colossal or ulysses")
+    ulysses = method == "ulysses" and group.size > 1
+    exchange = _KVExchange(group, seq_length) if group.size > 1 and not ulysses else None
     reduce = _SequenceReduce(group) if group.size > 1 else None
     n = 0
     for _, cell in model.cells_and_names():
         if hasattr(cell, "kv_exchange"):
             cell.kv_exchange = exchange
+            if ulysses:
+                core = cell.core_attention
+                object.__setattr__(core, "construct", _UlyssesCore(core, group, seq_length))
             n += 1
         if hasattr(cell, "sequence_reduce"):
             cell.sequence_reduce = reduce
