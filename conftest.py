@@ -27,7 +27,8 @@ def _restore_node_timeout():
 # longer of the two workers' shares (in a fresh-clone run at 93a03b3: 1,310 s of msrun
 # tests against 1,107 s of the others), and these even them out
 BESIDE = ("integration_tests/test_estimate_validation.py", "integration_tests/test_mtp_scale_follows.py",
-          "integration_tests/test_qwen3_layouts.py")
+          "integration_tests/test_qwen3_layouts.py", "integration_tests/test_rampup_msrun.py",
+          "integration_tests/test_muon_msrun.py")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the group marks

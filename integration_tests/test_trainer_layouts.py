@@ -89,15 +89,15 @@ RESUMES = {
 }
 
 
-def _args(tmp: str, name: str, extra=(), config: str = TINY) -> list[str]:
+def _args(tmp: str, name: str, extra=(), config: str = TINY, steps: int = STEPS) -> list[str]:
     prefix = os.path.join(tmp, "data", "pydoc_text_document")
     # two decoder layers (the dense one and a MoE one) and the MoE MTP module: every kind of block
-    items = [f"training.steps={STEPS}", "training.global_batch_size=4", "model.seq_length=32",
+    items = [f"training.steps={steps}", "training.global_batch_size=4", "model.seq_length=32",
              "train_dataset.dataloader.config.seq_length=32", "model.num_hidden_layers=2",
              f"train_dataset.dataloader.config.data_path=['1', '{prefix}']",
              "checkpoint.enable_save=true",
              # the validation loop at the last step (issue 34): 2 global batches of the corpus
-             "validation.enable=true", f"validation.freq={STEPS}", "validation.steps=2",
+             "validation.enable=true", f"validation.freq={steps}", "validation.steps=2",
              f"validation.data_path=['1', '{prefix}']",
              f"checkpoint.save_path={os.path.join(tmp, name, 'ckpt')}",
              f"monitor.metrics_dir={os.path.join(tmp, name, 'metrics')}", *extra]
@@ -109,15 +109,15 @@ class _Job:
     the background; :meth:`result` waits for it and reads its metrics file."""
 
     def __init__(self, tmp: str, name: str, workers: int, extra=(), port: int = 8380, config: str = TINY,
-                 figures: tuple = FIGURES):
-        self.tmp, self.name, self.figures = tmp, name, figures
+                 figures: tuple = FIGURES, steps: int = STEPS):
+        self.tmp, self.name, self.figures, self.steps = tmp, name, figures, steps
         os.makedirs(os.path.join(tmp, name), exist_ok=True)
         if workers == 1:
-            cmd = [sys.executable, ENTRY, *_args(tmp, name, extra, config)]
+            cmd = [sys.executable, ENTRY, *_args(tmp, name, extra, config, steps)]
         else:
             cmd = ["msrun", f"--worker_num={workers}", f"--local_worker_num={workers}",
                    f"--master_port={free_port(port)}", "--join=True", f"--log_dir={os.path.join(tmp, name, 'log')}",
-                   ENTRY, *_args(tmp, name, extra, config)]
+                   ENTRY, *_args(tmp, name, extra, config, steps)]
         self.console = os.path.join(tmp, name, "console.log")
         with open(self.console, "w") as out:  # a file, not a pipe: nobody reads it while the job runs
             self.proc = subprocess.Popen(cmd, cwd=tmp, env=worker_env(), stdout=out, stderr=subprocess.STDOUT,
@@ -202,8 +202,8 @@ def _rel(a, b) -> float:
     return float(np.linalg.norm(a - b) / max(float(np.linalg.norm(b)), 1e-30))
 
 
-def _assert_same(run: dict, ref: dict, first_step: int = 1) -> None:
-    assert run["steps"] == list(range(first_step, STEPS + 1))
+def _assert_same(run: dict, ref: dict, first_step: int = 1, steps: int = STEPS) -> None:
+    assert run["steps"] == list(range(first_step, steps + 1))
     want = ref["figures"][first_step - 1:]
     err = np.abs(run["figures"] - want) / np.maximum(np.abs(want), 1e-30)
     assert err.max() < 1e-5, (run["figures"], want)
@@ -211,7 +211,7 @@ def _assert_same(run: dict, ref: dict, first_step: int = 1) -> None:
     got, exp = run["rows"][-1]["validation_loss"], ref["rows"][-1]["validation_loss"]
     assert abs(got - exp) <= 1e-5 * abs(exp), (got, exp)
     for name in ("model.safetensors", "optimizer.safetensors"):  # weights and AdamW moments, full shape
-        got, exp = _weights(run["ckpt"], STEPS, name), _weights(ref["ckpt"], STEPS, name)
+        got, exp = _weights(run["ckpt"], steps, name), _weights(ref["ckpt"], steps, name)
         assert sorted(got) == sorted(exp)
         worst = max((_rel(got[n], exp[n]), n) for n in exp)
         assert worst[0] < 1e-5, (name, worst)

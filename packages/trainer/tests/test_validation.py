@@ -40,30 +40,30 @@ def _reference_loss(cfg, model, data=None) -> float:
 
 def test_validation_evaluates_the_split_and_changes_no_training_figure(tiny_config, tmp_path):
     lines = []
-    cfg = tiny_config(*EVAL, "training.steps=4", f"monitor.tensorboard.output_dir={tmp_path}/tb")
+    cfg = tiny_config(*EVAL, "training.steps=2", "validation.freq=1", f"monitor.tensorboard.output_dir={tmp_path}/tb")
     trainer = Trainer(cfg, Runtime(device="CPU"), out=lines.append)
     history = trainer.train()
     evaluated = [r for r in history if "validation_loss" in r]
-    assert [r["step"] for r in evaluated] == [2, 4]
+    assert [r["step"] for r in evaluated] == [1, 2]
     assert evaluated[-1]["validation_samples"] == 2 * cfg.training.global_batch_size
-    want = _reference_loss(cfg, trainer.model)  # the weights after step 4, as the last evaluation saw them
+    want = _reference_loss(cfg, trainer.model)  # the weights after step 2, as the last evaluation saw them
     assert abs(evaluated[-1]["validation_loss"] - want) <= 1e-6 * abs(want), (evaluated[-1], want)
     assert evaluated[-1]["validation_ppl"] == pytest.approx(math.exp(want), rel=1e-6)
     shown = [x for x in lines if x.startswith("validation: { step:[")]
     assert len(shown) == 2 and "perplexity:" in shown[-1] and f"{want:10.6f}" in shown[-1], shown
     (run,) = os.listdir(tmp_path / "metrics")
     rows = [json.loads(x) for x in open(tmp_path / "metrics" / run / "metrics.jsonl")]
-    assert [r["step"] for r in rows if "validation_loss" in r] == [2, 4]
+    assert [r["step"] for r in rows if "validation_loss" in r] == [1, 2]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
     acc.Reload()
     for tag, key in (("lm-loss-validation", "validation_loss"), ("lm-loss-validation-ppl", "validation_ppl")):
         events = acc.Scalars(tag)  # Megatron's tags
-        assert [e.step for e in events] == [2, 4], tag
+        assert [e.step for e in events] == [1, 2], tag
         assert [e.value for e in events] == pytest.approx([r[key] for r in evaluated], rel=1e-6), tag
 
-    plain = Trainer(tiny_config("train_dataset.dataloader.config.split='90, 10, 0'", "training.steps=4"),
+    plain = Trainer(tiny_config("train_dataset.dataloader.config.split='90, 10, 0'", "training.steps=2"),
                     Runtime(device="CPU"), out=lambda _: None).train()
     for key in ("loss", "grad_norm", "load_balancing_loss", "mtp_loss"):
         assert [r[key] for r in plain] == [r[key] for r in history], key
