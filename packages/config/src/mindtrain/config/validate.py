@@ -13,7 +13,7 @@ from mindtrain.config.families import FAMILY_NAMES, MODEL_TYPES, QWEN3_FAMILIES,
 from mindtrain.config.fsdp_policy import reshard_after_forward
 from mindtrain.config.rampup import BatchRamp
 from mindtrain.config.pipeline import check_micro_batches, layer_counts, microbatch_note, resolve_schedule
-from mindtrain.config.recompute import layer_ids, recompute_plan
+from mindtrain.config.recompute import layer_ids, module_matches, recompute_plan
 from mindtrain.config.schema import (
     GPTDatasetConfig,
     MindTrainConfig,
@@ -561,7 +561,13 @@ def validate_mindformers_sections(cfg: MindTrainConfig) -> None:
     m = cfg.model
     n_layers = m.num_hidden_layers + (m.num_nextn_predict_layers or 0)
     layer_ids(r.full_recompute_layer, n_layers, "recompute.full_recompute_layer")
-    recompute_plan(r, n_layers)
+    plan = recompute_plan(r, n_layers)
+    p = cfg.parallelism
+    if p.context_parallel > 1 and p.context_parallel_method == "ulysses" and (plan.full or any(
+            module_matches(pat, path) for pat in plan.select for path in ("self_attn", "self_attn.core_attention"))):
+        raise ConfigError("recompute.mode", f"{r.mode}: recomputing the attention core (whole layers, or "
+                                            f"self_attn / its core) is not built with context_parallel_method: "
+                                            f"ulysses; recompute other modules (mlp, mlp.experts) or use colossal")
     if r.exclude_op is not None and not all(isinstance(o, str) and o for o in r.exclude_op):
         raise ConfigError("recompute.exclude_op", f"must be a list of operator names, got {r.exclude_op!r}")
     _select_module(cfg.recompute_comm.select_module, "recompute_comm.select_module")
