@@ -5,11 +5,17 @@ one run (each side in its own process; they take turns, so they never compete fo
 
     hatch run python benchmarks/bench_model.py [--rounds 4 --steps 3 --torch-python /tmp/hfvenv/bin/python]
     hatch run python benchmarks/bench_model.py --trainer [--rounds 3]
+    hatch run python benchmarks/bench_model.py --update-ab [--rounds 3 --steps 8 --warmup 30]
 
 The PyTorch side runs at its CPU defaults as users run it: sdpa attention, grouped_mm experts,
 ``clip_grad_norm_(1.0)``, ``torch.optim.AdamW``. The MindSpore side (model + the trainer's
-AdamW) clips the same way, as the trainer does (float64 host norm, scale, update), and reports
-how much of its step the norm, the clip and the update take. ``--trainer`` times what users
+AdamW) clips the same way, as the trainer does (the layouts' float64 norm, then the update with
+the clipping coefficient as its gradient scale), and reports how much of its step the norm,
+the clip and the update take. ``--update-ab`` runs MindSpore only, one process whose steps
+alternate between the trainer's one-pass update and the per-parameter one it replaced (host
+norm of whole float64 copies, a pass multiplying each gradient, ``ops.AdamWeightDecay`` per
+parameter; issue 33), each with its own moments, and prints each one's share of its steps per
+round (norm + clip + update against model + norm + clip + update). ``--trainer`` times what users
 run instead: ``run_mindformer.py --config benchmarks/configs/ds3_bench.yaml`` in one process
 (the same model, batch and clipping) each round, its per_step_time of steps 2 on, against the
 PyTorch steps of the same round.
@@ -51,7 +57,7 @@ def _batch(vocab, step):
 
 
 # ----------------------------------------------------------------------------- MindSpore side
-def ms_worker(jit: bool) -> None:
+def ms_worker(jit: bool, update: str = "one-pass") -> None:
     import mindspore as ms
     import numpy as np
     from mindspore import Tensor, ops
@@ -66,51 +72,70 @@ def ms_worker(jit: bool) -> None:
     model = mm.build_model(cfg, jit=jit)
     params = model.trainable_params()
     try:
+        from mindtrain.parallel import Group, grad_norm
         from mindtrain.trainer.optimizer import AdamW
-        opt = AdamW([(p.name, p) for p in params], lr=LR, betas=(0.9, 0.95), weight_decay=0.01)
     except ImportError:  # the trainer package is optional here
-        opt = _FallbackAdamW(params)
+        update = "per-param"
+    kinds = ["per-param", "one-pass"] if update == "ab" else [update]  # "ab": steps alternate
+    opts = {"per-param": _PerParamAdamW(params)} if "per-param" in kinds else {}
+    if "one-pass" in kinds:
+        opts["one-pass"] = AdamW([(p.name, p) for p in params], lr=LR, betas=(0.9, 0.95), weight_decay=0.01)
+        one = Group("world", (0,), 0)
 
     def fn(ids, labels, mask):
         return model(ids, labels=labels, loss_mask=mask)
 
     grad_fn = ms.value_and_grad(fn, None, params, has_aux=True)
 
-    phases = {"model": 0.0, "norm": 0.0, "clip": 0.0, "update": 0.0}
+    names = ("model", "norm", "clip", "update")
+    prefixes = [f"{k}:" for k in kinds] if len(kinds) > 1 else [""]
+    phases = {p + k: 0.0 for p in prefixes for k in names}
 
     def step(i):
+        kind, prefix = kinds[i % len(kinds)], prefixes[i % len(kinds)]
+        opt = opts[kind]
         ids, labels, mask = (Tensor(a) for a in _batch(cfg.vocab_size, i))
         t0 = time.perf_counter()
         (loss, _), grads = grad_fn(ids, labels, mask)
         loss_value = float(loss.asnumpy())
         t1 = time.perf_counter()
-        norm = float(np.sqrt(sum(float(np.sum(np.square(g.asnumpy().astype(np.float64)))) for g in grads)))
-        t2 = time.perf_counter()
-        coef = MAX_NORM / (norm + 1e-6)
-        if coef < 1.0:
-            grads = [g * coef for g in grads]
-            grads[-1].asnumpy()
-        t3 = time.perf_counter()
-        opt.step(grads)
+        if kind == "one-pass":  # the trainer's: layout.grad_norm, then the update scaled by the coefficient
+            norm = grad_norm(grads, one)
+            t2 = time.perf_counter()
+            coef = MAX_NORM / (norm + 1e-6)
+            t3 = time.perf_counter()
+            opt.step(grads, grad_scale=min(coef, 1.0))
+        else:
+            norm = float(np.sqrt(sum(float(np.sum(np.square(g.asnumpy().astype(np.float64)))) for g in grads)))
+            t2 = time.perf_counter()
+            coef = MAX_NORM / (norm + 1e-6)
+            if coef < 1.0:
+                grads = [g * coef for g in grads]
+                grads[-1].asnumpy()
+            t3 = time.perf_counter()
+            opt.step(grads)
         model.update_expert_bias(model.take_expert_load())
         params[0].asnumpy()
         t4 = time.perf_counter()
-        for k, dt in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
-            phases[k] += dt
+        for k, dt in zip(names, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            phases[prefix + k] += dt
         return loss_value
 
     t0 = time.perf_counter()
     step(0)
     compile_s = time.perf_counter() - t0
     peak = _matmul_peak(ms, np, ops, Tensor)
-    print(json.dumps({"ready": True, "compile_s": compile_s, "matmul_gflops": peak,
+    print(json.dumps({"ready": True, "compile_s": compile_s, "matmul_gflops": peak, "update": update,
                       "flops_per_token": mm.flops_per_token(cfg, SEQ)}), flush=True)
     for k in phases:
         phases[k] = 0.0
     _serve(step, phases)
 
 
-class _FallbackAdamW:
+class _PerParamAdamW:
+    """The trainer's update before issue 33 (mindtrain-trainer 0.13): ``ops.AdamWeightDecay``
+    per parameter on gradients already scaled by the clipping pass."""
+
     def __init__(self, params):
         import numpy as np
         from mindspore import Parameter, Tensor, ops
@@ -118,6 +143,9 @@ class _FallbackAdamW:
         self.params = params
         self.m = [Parameter(Tensor(np.zeros(p.shape, np.float32)), name="m." + p.name) for p in params]
         self.v = [Parameter(Tensor(np.zeros(p.shape, np.float32)), name="v." + p.name) for p in params]
+        # the trainer's rule: no decay for norms, biases and vectors
+        self.decay = [len(p.shape) >= 2 and not p.name.lower().endswith("bias") and "norm" not in p.name.lower()
+                      for p in params]
         self.kernel = ops.AdamWeightDecay()
         self.t = 0
 
@@ -126,9 +154,9 @@ class _FallbackAdamW:
 
         self.t += 1
         bc1, bc2 = 1 - 0.9 ** self.t, 1 - 0.95 ** self.t
-        for p, m, v, g in zip(self.params, self.m, self.v, grads):
-            self.kernel(p, m, v, LR * math.sqrt(bc2) / bc1, 0.9, 0.95, 1e-8 * math.sqrt(bc2),
-                        0.01 * bc1 / math.sqrt(bc2), g)
+        lr_t, eps_t, wd_t = LR * math.sqrt(bc2) / bc1, 1e-8 * math.sqrt(bc2), 0.01 * bc1 / math.sqrt(bc2)
+        for p, m, v, g, decay in zip(self.params, self.m, self.v, grads, self.decay):
+            self.kernel(p, m, v, lr_t, 0.9, 0.95, eps_t, wd_t if decay else 0.0, g)
 
 
 def _matmul_peak(ms, np, ops, Tensor):
@@ -181,13 +209,16 @@ def _serve(step, phases=None) -> None:
         if not cmd or cmd[0] == "quit":
             break
         times, losses = [], []
+        before = dict(phases or {})
         for _ in range(int(cmd[1])):
             t = time.perf_counter()
             losses.append(step(i))
             times.append(time.perf_counter() - t)
             i += 1
         rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        print(json.dumps({"times": times, "loss": losses[-1], "peak_rss_mb": rss_mb, "phases": phases}), flush=True)
+        round_phases = {k: v - before[k] for k, v in phases.items()} if phases else None
+        print(json.dumps({"times": times, "loss": losses[-1], "peak_rss_mb": rss_mb, "phases": phases,
+                          "round_phases": round_phases}), flush=True)
 
 
 # ----------------------------------------------------------------------------- driver
@@ -239,6 +270,43 @@ def _data(work: str) -> str:
     return prefix + "_text_document"
 
 
+def _update_ab(args) -> int:
+    """One MindSpore worker (``--update ab``) whose steps alternate between the per-parameter
+    and the one-pass update, each with its own moments (the same model, batches, clipping and
+    load); per round each one's ms/step (its phases) and share of it outside the model (norm +
+    clip + update), then the medians over rounds."""
+    me = os.path.abspath(__file__)
+    proc, info = _start([sys.executable, me, "--worker", "ms", "--update", "ab"] + (["--eager"] if args.eager else []))
+    warmup = 2 * ((args.warmup + 1) // 2)  # whole pairs: step parity picks the update
+    if warmup:
+        _run(proc, warmup)  # untimed: caches, allocator and the kernels' thread split settle
+    print(f"ready (first step incl. compile {info['compile_s']:.1f} s, then {warmup} untimed steps, "
+          "alternating per-param / one-pass)", flush=True)
+    kinds = ("per-param", "one-pass")
+    shares = {k: [] for k in kinds}
+    steps = {k: [] for k in kinds}
+    for r in range(args.rounds):
+        res = _run(proc, 2 * args.steps)
+        for kind in kinds:
+            ph = {k.split(":", 1)[1]: v for k, v in res["round_phases"].items() if k.startswith(kind + ":")}
+            total = sum(ph.values())
+            outside = 1.0 - ph["model"] / total
+            ms_step = total / args.steps * 1e3
+            shares[kind].append(outside)
+            steps[kind].append(ms_step)
+            print(f"round {r + 1} {kind:9s}: {ms_step:6.0f} ms/step; "
+                  + ", ".join(f"{k} {v / total:.1%}" for k, v in ph.items())
+                  + f"; optimizer + clip + norm {outside:.1%} ({outside * ms_step:.0f} ms)", flush=True)
+    proc.stdin.write("quit\n")
+    proc.stdin.flush()
+    proc.wait(timeout=60)
+    for kind in kinds:
+        print(f"median of {args.rounds} rounds, {kind}: optimizer + clip + norm {statistics.median(shares[kind]):.1%} "
+              f"of the step, {statistics.median(steps[kind]):.0f} ms/step "
+              f"(rounds {', '.join(f'{x:.1%}' for x in shares[kind])})")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=4)
@@ -250,11 +318,18 @@ def main() -> int:
     ap.add_argument("--one-core", action="store_true",
                     help="pin both workers to core 0 (torch with 1 thread): a fairer ratio on a busy machine, "
                          "where torch's spinning OpenMP threads suffer far more than MindSpore's")
+    ap.add_argument("--update-ab", action="store_true",
+                    help="MindSpore only: the trainer's one-pass update against the per-parameter one it "
+                         "replaced, alternate steps of one process; each one's optimizer + clip + norm share")
+    ap.add_argument("--warmup", type=int, default=30, help="--update-ab: untimed steps first")
+    ap.add_argument("--update", choices=["one-pass", "per-param", "ab"], default="one-pass", help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=["ms", "torch"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker == "ms":
-        ms_worker(jit=not args.eager)
+        ms_worker(jit=not args.eager, update=args.update)
         return 0
+    if args.update_ab:
+        return _update_ab(args)
     if args.worker == "torch":
         if args.one_core:
             import torch

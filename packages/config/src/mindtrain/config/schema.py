@@ -193,7 +193,8 @@ class OptimizerConfig:
     (the embedding and the LM head)."""
     use_fused_adamw: bool = False
     """Muon: accepted for MindFormers configs; mindtrain's AdamW is always one fused kernel
-    per parameter (ops.AdamWeightDecay with bias correction folded in), so it changes nothing."""
+    per parameter (ops.FusedCastAdamWeightDecay with bias correction and clipping folded in),
+    so it changes nothing."""
     qk_clip_enabled: bool = False
     """Muon: QK-clip (rescale query/key weights when attention logits exceed
     qk_clip_threshold). Not built: true is refused."""
