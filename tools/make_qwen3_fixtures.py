@@ -22,20 +22,13 @@ it with mindtrain's save_pretrained, loads that directory with transformers and 
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import subprocess
 import sys
-import tempfile
 
 import numpy as np
 import torch
-from safetensors.numpy import save_file
 from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-OUT = os.path.join(ROOT, "packages", "models", "tests", "fixtures")
+import fixture_io as fx
 
 BASE = dict(
     vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -106,127 +99,52 @@ def grad_names(kind: str, spec: dict, busiest: dict[int, list[int]]) -> list[str
     return names
 
 
-def _grad(model, name: str, moe_inter: int) -> np.ndarray:
-    params = dict(model.named_parameters())
-    if ".mlp.experts." in name:  # HF's per-expert file name -> transformers' stacked tensors
-        prefix, e, proj, _ = name.rsplit(".", 3)
-        e = int(e)
-        if proj == "down_proj":
-            return params[f"{prefix}.down_proj"].grad[e].numpy()
-        gu = params[f"{prefix}.gate_up_proj"].grad[e].numpy()
-        return gu[:moe_inter] if proj == "gate_proj" else gu[moe_inter:]
-    return params[name].grad.numpy()
-
-
 def make(name: str, kind: str, spec: dict) -> None:
     torch.manual_seed(4321 + len(name))
     model = CLASSES[kind][1](hf_config(kind, spec)).float().eval()
-    rng = np.random.default_rng(11)
-    input_ids = rng.integers(0, spec["vocab_size"], (BATCH, SEQ)).astype(np.int64)
-    labels = rng.integers(0, spec["vocab_size"], (BATCH, SEQ)).astype(np.int64)
-    loss_mask = (rng.random((BATCH, SEQ)) > 0.2).astype(np.float32)
-
-    choices: dict[int, torch.Tensor] = {}
-
-    def hook(idx):
-        def fn(_module, _inputs, output):
-            choices[idx] = output[2].detach()
-        return fn
-
+    input_ids, labels, loss_mask = fx.random_batch(11, spec["vocab_size"], BATCH, SEQ)
     sparse = moe_layers(kind, spec)
-    for i in sparse:
-        model.model.layers[i].mlp.gate.register_forward_hook(hook(i))
+    choices = fx.record_choices({i: model.model.layers[i].mlp.gate for i in sparse})
     out = model(torch.from_numpy(input_ids), output_router_logits=True) if sparse else model(torch.from_numpy(input_ids))
     logits = out.logits
-    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, spec["vocab_size"]),
-                                           torch.from_numpy(labels).reshape(-1), reduction="none")
-    mask = torch.from_numpy(loss_mask).reshape(-1)
-    lm_loss = (ce * mask).sum() / mask.sum()
+    lm_loss = fx.masked_loss(logits, labels, loss_mask, spec["vocab_size"])
     loss = lm_loss
     if sparse and spec["output_router_logits"]:
         loss = lm_loss + spec["router_aux_loss_coef"] * out.aux_loss  # what HF adds to its loss
     loss.backward()
 
-    ref = {
-        "input_ids": input_ids.astype(np.int32), "labels": labels.astype(np.int32), "loss_mask": loss_mask,
-        "logits": logits.detach().numpy(), "lm_loss": np.array(lm_loss.item(), np.float32),
-        "loss": np.array(loss.item(), np.float32),
-    }
+    ref = fx.reference(input_ids, labels, loss_mask, logits)
+    ref["lm_loss"] = np.array(lm_loss.item(), np.float32)
+    ref["loss"] = np.array(loss.item(), np.float32)
     if sparse:
         ref["aux_loss"] = np.array(out.aux_loss.item(), np.float32)
-    for i, idx in choices.items():
-        ref[f"topk.{i}"] = np.sort(idx.numpy(), -1).astype(np.int32)
+    fx.add_choices(ref, choices)
     busiest = {i: list(np.argsort(-np.bincount(idx.numpy().reshape(-1), minlength=spec["num_experts"]),
                                   kind="stable")) for i, idx in choices.items()}
-    for g in grad_names(kind, spec, busiest):
-        ref[f"grad.{g}"] = np.ascontiguousarray(_grad(model, g, spec.get("moe_intermediate_size", 0)))
-
-    out_dir = os.path.join(OUT, f"hf_{name}")
-    os.makedirs(out_dir, exist_ok=True)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    save_file({k: np.ascontiguousarray(v) for k, v in ref.items()}, os.path.join(out_dir, "reference.safetensors"))
-    for extra in ("generation_config.json",):
-        if os.path.exists(os.path.join(out_dir, extra)):
-            os.remove(os.path.join(out_dir, extra))
+    fx.add_grads(ref, model, grad_names(kind, spec, busiest), spec.get("moe_intermediate_size", 0))
+    out_dir = fx.write_fixture(name, model, ref)
     aux = f", aux {ref['aux_loss'].item():.6f}" if sparse else ""
     print(f"{name}: loss {loss.item():.6f} (lm {lm_loss.item():.6f}{aux}), wrote {out_dir}")
 
 
-_MS_SAVE = """
-import sys, mindspore as ms
-ms.set_device('CPU')
-import mindtrain.models as mm
-m = mm.from_pretrained(sys.argv[1], jit=False)
-m.save_pretrained(sys.argv[2])
-"""
-
-
 def check_save(name: str, kind: str, ms_python: list[str]) -> float:
-    """mindtrain from_pretrained -> save_pretrained -> transformers loads -> same logits."""
-    src = os.path.join(OUT, f"hf_{name}")
+    """mindtrain from_pretrained -> save_pretrained -> transformers loads -> same logits and
+    the same structural config."""
     cls = CLASSES[kind][1]
-    with tempfile.TemporaryDirectory() as tmp:
-        script = os.path.join(tmp, "save.py")
-        with open(script, "w") as f:
-            f.write(_MS_SAVE)
-        dst = os.path.join(tmp, "saved")
-        subprocess.run(ms_python + [script, src, dst], check=True, cwd=ROOT)
-        with open(os.path.join(dst, "config.json")) as f:
-            print(f"{name}: mindtrain wrote config keys {sorted(json.load(f))[:6]}...")
-        extra = {"experts_implementation": "eager"} if kind == "qwen3_moe" else {}
-        model = cls.from_pretrained(dst, attn_implementation="eager", **extra).float().eval()
-        ref = cls.from_pretrained(src, attn_implementation="eager", **extra).float().eval()
-        for key in ("head_dim", "num_key_value_heads", "tie_word_embeddings", "rope_parameters",
-                    "num_experts", "mlp_only_layers", "decoder_sparse_step", "norm_topk_prob",
-                    "output_router_logits", "router_aux_loss_coef", "attention_bias"):
-            if getattr(ref.config, key, None) != getattr(model.config, key, None):
-                raise SystemExit(f"{name}: config.{key} {getattr(model.config, key, None)!r} != "
-                                 f"{getattr(ref.config, key, None)!r}")
-        ids = torch.randint(0, model.config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(3))
-        with torch.no_grad():
-            diff = (model(ids).logits - ref(ids).logits).abs().max().item()
-    print(f"{name}: mindtrain save_pretrained -> transformers from_pretrained, max |logits diff| {diff:.3g}")
-    return diff
+    extra = {"experts_implementation": "eager"} if kind == "qwen3_moe" else {}
+
+    def load(path):
+        return cls.from_pretrained(path, attn_implementation="eager", **extra).float().eval()
+
+    return fx.check_save(name, load, ms_python, BATCH, SEQ,
+                         config_keys=("head_dim", "num_key_value_heads", "tie_word_embeddings", "rope_parameters",
+                                      "num_experts", "mlp_only_layers", "decoder_sparse_step", "norm_topk_prob",
+                                      "output_router_logits", "router_aux_loss_coef", "attention_bias"))
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check-save", action="store_true", help="also check mindtrain save_pretrained -> HF")
-    ap.add_argument("--only-check", action="store_true", help="skip regenerating fixtures")
-    ap.add_argument("--ms-python", default="hatch run python", help="command running the workspace Python")
-    args = ap.parse_args()
-    import transformers
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}")
-    if not args.only_check:
-        for name, (kind, spec) in MODELS.items():
-            make(name, kind, spec)
-    if args.check_save or args.only_check:
-        worst = max(check_save(name, kind, args.ms_python.split()) for name, (kind, _) in MODELS.items())
-        if worst > 1e-5:
-            print("FAIL: logits differ", file=sys.stderr)
-            return 1
-        print("OK: transformers loads mindtrain's save_pretrained output with identical logits")
-    return 0
+    return fx.main(__doc__.splitlines()[0], list(MODELS), lambda name: make(name, *MODELS[name]),
+                   lambda name, ms_python: check_save(name, MODELS[name][0], ms_python))
 
 
 if __name__ == "__main__":

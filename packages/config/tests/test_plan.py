@@ -33,3 +33,20 @@ def test_plan_reads_by_attribute_and_by_key():
 def test_plan_rejects_unknown_styles_roles_and_kinds(make):
     with pytest.raises(ValueError):
         make()
+
+
+def test_a_cell_class_declares_its_region():
+    """The contract between a model's cells and the layouts: a class declares
+    ``REGION = Region.declare(role)``; the plan finds it and places it at the cell's path."""
+
+    class Attention:
+        REGION = Region.declare("attention")
+
+    class Untyped:
+        REGION = "mlp"  # a bare string is no declaration
+
+    assert Region.declared_by(Attention()) == Region("", "attention")
+    assert Region.declared_by(Attention()).at("blk.attn") == Region("blk.attn", "attention")
+    assert Region.declared_by(Untyped()) is None and Region.declared_by(object()) is None
+    with pytest.raises(ValueError):
+        Region.declare("router")

@@ -1,57 +1,27 @@
 """Parity with HF transformers' DeepseekV3 (fixtures made by tools/make_hf_fixtures.py)."""
 
 import os
+import sys
 
-import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor
-from safetensors.numpy import load_file
 
-import mindtrain.models as mm
-
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
-TOL = 1e-4
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_parity_fixtures import check_logits_loss_grads, load_fixture  # noqa: E402  (shared with Qwen3's)
 
 
 def _load(name, jit):
-    d = os.path.join(FIXTURES, f"hf_{name}")
     # HF's config.json says num_nextn_predict_layers=1 but HF has no MTP weights: turn it off,
     # and aux_loss_alpha=0 so the loss is the plain lm loss the fixture holds
-    model = mm.from_pretrained(d, jit=jit, num_nextn_predict_layers=0, aux_loss_alpha=0.0)
-    return model, load_file(os.path.join(d, "reference.safetensors"))
-
-
-def _grad_of(grads, names, hf_name):
-    if ".mlp.experts." in hf_name:
-        prefix, e, proj, _ = hf_name.rsplit(".", 3)
-        return grads[names.index(f"{prefix}.{proj}")][int(e)]
-    return grads[names.index(hf_name)]
+    return load_fixture(name, jit, num_nextn_predict_layers=0, aux_loss_alpha=0.0)
 
 
 @pytest.mark.parametrize("name", ["qlora", "noqlora"])
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 def test_logits_loss_grads_match_hf(name, jit):
     model, ref = _load(name, jit)
-    ids, labels, mask = (Tensor(ref[k]) for k in ("input_ids", "labels", "loss_mask"))
-    logits = model(ids).asnumpy()
-    np.testing.assert_allclose(logits, ref["logits"], atol=TOL, rtol=0)
-
-    params = model.trainable_params()
-    names = [p.name for p in params]
-
-    def fn(ids, labels, mask):
-        return model(ids, labels=labels, loss_mask=mask)
-
-    (loss, metrics), grads = ms.value_and_grad(fn, None, params, has_aux=True)(ids, labels, mask)
-    assert abs(float(loss.asnumpy()) - ref["loss"].item()) < TOL
-    assert abs(float(metrics["lm_loss"].asnumpy()) - ref["loss"].item()) < TOL
-    grad_keys = [k for k in ref if k.startswith("grad.")]
-    assert len(grad_keys) >= 12
-    for key in grad_keys:
-        g = _grad_of(grads, names, key[5:]).asnumpy()
-        np.testing.assert_allclose(g, ref[key], atol=TOL, rtol=0, err_msg=key)
-        assert np.abs(ref[key]).max() > 1e-3, key  # the check compares real, non-zero gradients
+    check_logits_loss_grads(model, ref, lm_loss_key="loss")  # the fixture's loss is the lm loss
 
 
 @pytest.mark.parametrize("name", ["qlora", "noqlora"])

@@ -74,6 +74,7 @@ def _step(layout, batches):
     for (_, p), t in zip(layout.named_params, back):
         np.testing.assert_array_equal(p.asnumpy(), t.asnumpy())
     assert layout.memory_bytes() == sum(p.size * p.itemsize for _, p in layout.named_params)
+    assert layout.ep_sent_bytes() == 0  # no expert parallelism: nothing dispatched to other ranks
     layout.expert_load()
     layout.finish_step()
     return full, norm

@@ -293,3 +293,29 @@ def test_muon_holds_one_buffer_per_matrix():
     assert stage.optimizer == want
     adamw = estimate(load_config(TINY, TWO_LAYERS), 1, device="CPU").stages[0].optimizer
     assert stage.optimizer < 0.6 * adamw
+
+
+def test_muon_estimate_and_optimizer_pick_the_same_parameters():
+    """A custom adamw_include over MindFormers' layer names (linear_qkv, the experts'
+    weight1, an MTP module's eh_proj): the estimator and the Muon optimizer decide with one
+    rule and one name map, so the estimate counts the buffers of the parameters that train."""
+    import numpy as np
+    from mindspore import Parameter, Tensor
+
+    from mindtrain.config.model_plan import param_specs
+    from mindtrain.trainer.muon import Muon
+
+    globs = '["*word_embeddings*", "*output_layer*", "*linear_qkv*", "*experts.weight1*", "mtp.*.eh_proj*"]'
+    cfg = load_config(TINY, TWO_LAYERS + ["optimizer.type=Muon", f"optimizer.adamw_include={globs}"])
+    specs = param_specs(cfg.model)
+    named = [(p.name, Parameter(Tensor(np.zeros(p.shape, np.float32)), name=p.name)) for p in specs]
+    opt = Muon(named, cfg.optimizer, lr=0.1, model=cfg.model)
+    muon = {specs[i].name for i in opt.muon_idx}
+    adamw_matrices = {specs[i].name for i in opt.adamw_idx if len(specs[i].shape) > 1}
+    # the globs name layer weights by MindFormers' names only: mindtrain's names match none of them
+    assert adamw_matrices == {"model.embed_tokens.weight", "lm_head.weight", "model.layers.2.eh_proj.weight"} | {
+        f"model.layers.{i}.self_attn.{w}.weight" for i in range(3) for w in ("q_a_proj", "kv_a_proj_with_mqa")} | {
+        f"model.layers.{i}.mlp.experts.{w}" for i in (1, 2) for w in ("gate_proj", "up_proj")}
+    assert "model.layers.1.mlp.experts.down_proj" in muon and "model.layers.0.self_attn.q_b_proj.weight" in muon
+    (stage,) = estimate(cfg, 1, device="CPU").stages
+    assert stage.optimizer == 4 * sum(p.numel * (1 if p.name in muon else 2) for p in specs)

@@ -97,6 +97,55 @@ def _set(out: dict, field: str, value: Any, source: str, path: str, origin: dict
     origin.setdefault(field, field if source == field else source)
 
 
+def _normalised(data: dict) -> dict:
+    """A copy of ``data`` with ``num_key_value_heads`` defaulting to ``num_attention_heads``
+    (as HF's DeepseekV3Config, Qwen3Config and MindFormers' TransformerConfig default it) and
+    MindFormers' short dtype names made long."""
+    data = dict(data)
+    if "num_key_value_heads" not in data and "num_query_groups" not in data and "num_attention_heads" in data:
+        data["num_key_value_heads"] = data["num_attention_heads"]
+    for key in ("compute_dtype",) + DTYPE_SWITCHES:
+        if key in data:
+            data[key] = norm_dtype(data[key])
+    return data
+
+
+def _take_names(data: dict, path: str, is_hf: Callable[[str], bool],
+                fixed: dict[str, tuple[tuple[Any, ...], str]], renames: dict[str, tuple[str, Callable[[Any], Any]]],
+                on_fixed: Callable[[str, Any], dict[str, Any]]) -> tuple[dict, dict[str, str], dict]:
+    """The key loop of :func:`to_canonical` for either family: ``data``'s HF names (``is_hf``)
+    first, so a MindFormers name that disagrees is the one reported; then the ``fixed`` names
+    (a value outside the allowed ones is an error; ``on_fixed(key, value)`` gives the fields
+    it sets), then the ``renames``. Returns ``(out, origin, rest)``: the fields, the name each
+    came from, and the names left for the family's own rules."""
+    out: dict = {}
+    origin: dict[str, str] = {}
+    rest = dict(data)
+    for key in [k for k in rest if is_hf(k)]:
+        _set(out, key, rest.pop(key), key, path, origin)
+    for key, (allowed, why) in fixed.items():
+        if key in rest:
+            value = rest.pop(key)
+            if value not in allowed:
+                shown = " or ".join(repr(a) for a in allowed)
+                raise ConfigError(f"{path}.{key}", f"{value!r} is not supported: {why}; set it to {shown}")
+            for field, v in on_fixed(key, value).items():
+                _set(out, field, v, key, path, origin)
+    for key, (field, conv) in renames.items():
+        if key in rest:
+            _set(out, field, conv(rest.pop(key)), key, path, origin)
+    return out, origin, rest
+
+
+def _map_swiglu(out: dict) -> None:
+    """MindFormers' SwiGLU ``hidden_act`` as HF's: silu(gate) * up; fusedswiglu picks the fused kernel."""
+    act = out.get("hidden_act")
+    if act in ("fusedswiglu", "swiglu"):
+        out["hidden_act"] = "silu"
+        if act == "fusedswiglu" and out.get("bias_swiglu_fusion") is None:
+            out["bias_swiglu_fusion"] = True
+
+
 def to_canonical(data: dict, path: str = "model") -> dict:
     """A model mapping in either naming style -> the HF (mindtrain) names.
 
@@ -105,38 +154,15 @@ def to_canonical(data: dict, path: str = "model") -> dict:
     """
     if data.get("model_type") in QWEN3_FAMILIES:
         return _qwen3_canonical(data, path)
-    data = dict(data)
     # HF's DeepseekV3Config: num_key_value_heads defaults to num_attention_heads (MLA has one per head).
-    if "num_key_value_heads" not in data and "num_query_groups" not in data and "num_attention_heads" in data:
-        data["num_key_value_heads"] = data["num_attention_heads"]
-    for key in ("compute_dtype",) + DTYPE_SWITCHES:
-        if key in data:
-            data[key] = norm_dtype(data[key])
+    data = _normalised(data)
     if not any(k in MINDFORMERS_ONLY for k in data) and data.get("hidden_act") not in ("fusedswiglu", "swiglu"):
         return data
-    out: dict = {}
-    origin: dict[str, str] = {}
-    rest = dict(data)
-    # HF names first, so a MindFormers name that disagrees is the one reported.
-    for key in [k for k in rest if k not in MINDFORMERS_ONLY]:
-        _set(out, key, rest.pop(key), key, path, origin)
-    for key, (allowed, why) in FIXED.items():
-        if key in rest:
-            value = rest.pop(key)
-            if value not in allowed:
-                shown = " or ".join(repr(a) for a in allowed)
-                raise ConfigError(f"{path}.{key}", f"{value!r} is not supported: {why}; set it to {shown}")
-            if key == "moe_router_load_balancing_type" and value == "none":
-                _set(out, "aux_loss_alpha", 0.0, key, path, origin)
-    for key, (field, conv) in RENAMES.items():
-        if key in rest:
-            _set(out, field, conv(rest.pop(key)), key, path, origin)
-    act = out.get("hidden_act")
-    if act in ("fusedswiglu", "swiglu"):
-        # MindFormers' SwiGLU is silu(gate) * up, DeepSeek-V3's MLP; fusedswiglu picks the fused kernel.
-        out["hidden_act"] = "silu"
-        if act == "fusedswiglu" and out.get("bias_swiglu_fusion") is None:
-            out["bias_swiglu_fusion"] = True
+    out, origin, rest = _take_names(
+        data, path, lambda k: k not in MINDFORMERS_ONLY, FIXED, RENAMES,
+        lambda key, value: {"aux_loss_alpha": 0.0} if key == "moe_router_load_balancing_type" and value == "none"
+        else {})
+    _map_swiglu(out)  # MindFormers' SwiGLU is DeepSeek-V3's MLP
     if "moe_router_enable_expert_bias" in rest:
         enabled = rest.pop("moe_router_enable_expert_bias")
         if not isinstance(enabled, bool):
@@ -288,40 +314,18 @@ QWEN3_ONLY = set(QWEN3_RENAMES) | set(QWEN3_FIXED) | {"moe_layer_freq"}
 def _qwen3_canonical(data: dict, path: str) -> dict:
     """:func:`to_canonical` for model_type qwen3 / qwen3_moe."""
     family = FAMILY_NAMES[data["model_type"]]
-    data = dict(data)
     # HF Qwen3Config and MindFormers' TransformerConfig: key/value heads default to the query heads
-    if "num_key_value_heads" not in data and "num_query_groups" not in data and "num_attention_heads" in data:
-        data["num_key_value_heads"] = data["num_attention_heads"]
-    for key in ("compute_dtype",) + DTYPE_SWITCHES:
-        if key in data:
-            data[key] = norm_dtype(data[key])
-    out: dict = {}
-    origin: dict[str, str] = {}
-    rest = dict(data)
-    for key in [k for k in rest if k not in QWEN3_ONLY and k not in MINDFORMERS_ONLY]:
-        _set(out, key, rest.pop(key), key, path, origin)
-    for key, (allowed, why) in QWEN3_FIXED.items():
-        if key in rest:
-            value = rest.pop(key)
-            if value not in allowed:
-                shown = " or ".join(repr(a) for a in allowed)
-                raise ConfigError(f"{path}.{key}", f"{value!r} is not supported: {why}; set it to {shown}")
-            if key == "moe_router_load_balancing_type":
-                _set(out, "output_router_logits", False, key, path, origin)
-    for key, (field, conv) in QWEN3_RENAMES.items():
-        if key in rest:
-            _set(out, field, conv(rest.pop(key)), key, path, origin)
+    data = _normalised(data)
+    out, origin, rest = _take_names(
+        data, path, lambda k: k not in QWEN3_ONLY and k not in MINDFORMERS_ONLY, QWEN3_FIXED, QWEN3_RENAMES,
+        lambda key, value: {"output_router_logits": False} if key == "moe_router_load_balancing_type" else {})
     if "moe_aux_loss_coeff" in data and "output_router_logits" not in out:
         # MindFormers adds the auxiliary loss whenever its coefficient is > 0
         out["output_router_logits"] = bool(out["router_aux_loss_coef"])
     if "moe_layer_freq" in rest:
         _set(out, "mlp_only_layers", _mlp_only_layers(rest.pop("moe_layer_freq"), out, path), "moe_layer_freq",
              path, origin)
-    act = out.get("hidden_act")
-    if act in ("fusedswiglu", "swiglu"):
-        out["hidden_act"] = "silu"
-        if act == "fusedswiglu" and out.get("bias_swiglu_fusion") is None:
-            out["bias_swiglu_fusion"] = True
+    _map_swiglu(out)
     for key in rest:
         if key in YARN_DEFAULTS or key in YARN_FACTOR_NAMES:
             raise ConfigError(f"{path}.{key}", f"is DeepSeek-V3's YaRN setting; {family} takes HF's rope_scaling "

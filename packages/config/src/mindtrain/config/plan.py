@@ -11,7 +11,7 @@ working.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Optional
 
 ROLES = ("embedding", "attention", "mlp", "moe", "head")
@@ -97,7 +97,12 @@ class UnitPlan(_Record):
 @dataclass(frozen=True)
 class Region(_Record):
     """A cell the layouts treat as a whole (tensor parallelism replaces its forward):
-    ``path`` in the model, ``role`` one of :data:`ROLES`."""
+    ``path`` in the model, ``role`` one of :data:`ROLES`.
+
+    The one contract between a model's cells and the layouts: a cell class declares the
+    region it is as ``REGION = Region.declare("attention")`` (the cell itself: an empty
+    path); the model's plan finds it with :meth:`declared_by` and places it with :meth:`at`
+    in :attr:`ParallelPlan.regions`, which the layouts read."""
 
     path: str
     role: str
@@ -105,6 +110,21 @@ class Region(_Record):
     def __post_init__(self):
         if self.role not in ROLES:
             raise ValueError(f"Region.role must be one of {', '.join(ROLES)}, got {self.role!r}")
+
+    @classmethod
+    def declare(cls, role: str) -> "Region":
+        """What a cell class declares as its ``REGION``: a region of ``role`` at the cell itself."""
+        return cls("", role)
+
+    @staticmethod
+    def declared_by(cell: Any) -> Optional["Region"]:
+        """The region ``cell``'s class declares (its ``REGION``), or None."""
+        region = getattr(type(cell), "REGION", None)
+        return region if isinstance(region, Region) else None
+
+    def at(self, path: str) -> "Region":
+        """This region placed at ``path`` in the model."""
+        return replace(self, path=path)
 
 
 @dataclass(frozen=True)

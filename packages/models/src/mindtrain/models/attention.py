@@ -11,6 +11,7 @@ from mindspore import Tensor, nn, ops
 from mindspore.common._grad_function import _Function  # MindSpore's custom autograd function (pinned 2.10)
 
 from mindtrain.config.recompute import ROW_BLOCK_ELEMENTS
+from mindtrain.config.plan import Region
 from mindtrain.models import kernels
 from mindtrain.models.inputs import NEG
 from mindtrain.models.blocks import Block, overridden
@@ -226,7 +227,7 @@ class MLAttention(Block):
     those of the whole sequence (``Sk`` keys); the mask then has ``Sk`` columns.
     """
 
-    REGION = "attention"  # its role in the parallel plan (mindtrain.models.parallel_plan)
+    REGION = Region.declare("attention")  # its region in the parallel plan (mindtrain.models.parallel_plan)
 
     # mixed precision: the dtype of every matmul here (None = float32, no casts); rope,
     # latent norms and softmax stay float32. Set by the model before the first call.

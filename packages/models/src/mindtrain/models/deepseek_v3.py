@@ -234,8 +234,10 @@ class DeepseekV3ForCausalLM(nn.Cell):
 
     def combine_losses(self, lm_loss, mtp_losses, balances):
         """The training loss from its parts: ``lm_loss + mtp_loss_scaling_factor *
-        mean(mtp_losses) + aux_loss_alpha * sum(balances)``. Any part may be absent (None /
-        empty): a pipeline stage without the head passes only its layers' balances, and the
+        mean(mtp_losses) + coefficient * balance``, the family's balance term and its
+        coefficient from :meth:`balance_term` (DeepSeek-V3: ``aux_loss_alpha *
+        sum(balances)``). Any part may be absent (None / empty): a pipeline stage without the
+        head passes only its layers' balances, and (where the balance term is a sum) the
         stages' losses add up to the whole. Returns ``(loss, metrics)``; ``metrics`` has
         ``lm_loss``, ``mtp_loss`` and ``load_balancing_loss`` for the parts present."""
         cfg = self.config
@@ -249,14 +251,21 @@ class DeepseekV3ForCausalLM(nn.Cell):
             term = cfg.mtp_loss_scaling_factor * mtp_loss
             loss = term if loss is None else loss + term
         if balances:
-            balance = sum(balances[1:], balances[0])
+            balance, coefficient = self.balance_term(balances)
             metrics["load_balancing_loss"] = balance
-            if cfg.aux_loss_alpha:
-                term = cfg.aux_loss_alpha * balance
+            if coefficient:
+                term = coefficient * balance
                 loss = term if loss is None else loss + term
         if loss is None:
             loss = ops.zeros((), ms.float32)
         return loss, metrics
+
+    def balance_term(self, balances):
+        """The family's load-balancing loss from its MoE layers' ``balances`` (non-empty) and
+        its coefficient in the training loss (0: reported, not added), for
+        :meth:`combine_losses`. DeepSeek-V3: the sum of the sequence-wise balance losses,
+        ``aux_loss_alpha``."""
+        return sum(balances[1:], balances[0]), self.config.aux_loss_alpha
 
     def whole_sequence_inputs(self, batch, mtp_depths: Optional[int] = None) -> dict:
         """Numpy inputs of whole sequences (see :func:`mindtrain.models.inputs.whole_sequence_inputs`);

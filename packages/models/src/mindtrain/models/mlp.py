@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from mindspore import ops
 
+from mindtrain.config.plan import Region
 from mindtrain.models import kernels
 from mindtrain.models.blocks import Block
 from mindtrain.models.linear import Linear, linear
@@ -12,7 +13,7 @@ from mindtrain.models.linear import Linear, linear
 class MLP(Block):
     """``down(silu(gate(x)) * up(x))`` with HF names gate_proj / up_proj / down_proj."""
 
-    REGION = "mlp"  # its role in the parallel plan (mindtrain.models.parallel_plan)
+    REGION = Region.declare("mlp")  # its region in the parallel plan (mindtrain.models.parallel_plan)
 
     PIECES = ("forward",)
     fast_kernels = False

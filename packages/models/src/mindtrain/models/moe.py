@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from mindspore import Tensor, ops
 
+from mindtrain.config.plan import Region
 from mindtrain.models.blocks import Block
 
 from mindtrain.models.experts import RoutedExperts
@@ -37,7 +38,7 @@ def sequence_balance_loss(scores, topk_idx, batch: int, n_experts: int, sequence
 class MoE(Block):
     """``construct(x [B,S,H])`` -> (y [B,S,H], tokens per expert [E], balance loss scalar)."""
 
-    REGION = "moe"  # its role in the parallel plan (mindtrain.models.parallel_plan)
+    REGION = Region.declare("moe")  # its region in the parallel plan (mindtrain.models.parallel_plan)
 
     def __init__(self, cfg, block: int = 32):
         super().__init__()

@@ -39,11 +39,13 @@ def _regions(model) -> list[Region]:
     for path, cell in model.cells_and_names():
         if not path or any(path.startswith(m + ".") for m in moe_paths):
             continue  # a MoE block's shared experts run inside its own forward
-        role = getattr(type(cell), "REGION", None)  # each family's cells declare it
-        if role == "moe":
+        region = Region.declared_by(cell)  # each family's cells declare it
+        if region is None:
+            continue
+        if region.role == "moe":
             moe_paths.append(path)
-        if role in ("attention", "moe", "mlp"):
-            regions.append(Region(path, role))
+        if region.role in ("attention", "moe", "mlp"):
+            regions.append(region.at(path))
     if getattr(model, "lm_head", None) is not None:  # a tied head (Qwen3) multiplies by the embedding
         regions.append(Region("lm_head", "head"))
     return regions

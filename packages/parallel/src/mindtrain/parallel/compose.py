@@ -264,6 +264,10 @@ class ShardedLayout:
             return int(self.fsdp.memory_bytes()["params"] + experts)
         return int(sum(p.size * p.itemsize for _, p in self.named_params))
 
+    def ep_sent_bytes(self) -> int:
+        """See :meth:`mindtrain.parallel.layout.Layout.ep_sent_bytes`."""
+        return int(self.ep.sent_bytes) if self.ep is not None else 0
+
 
 def _zero3_units(model, plan: ParallelPlan) -> tuple[tuple[str, ...], dict[str, list[str]]]:
     """FSDP units = the plan's decoder layers and MTP modules, as cell paths; a parameter of

@@ -406,11 +406,9 @@ class PipelineSchedule:
     def grad_norm(self, grads: Sequence[Tensor]) -> float:
         """Global L2 norm of the whole model's gradient (each weight counted once), from
         ``grads`` aligned with :attr:`params`; the same float on every rank."""
-        dp_cp = self.mesh.size("dp_cp")
         # each rank's squares are divided by how many ranks hold the same values
         dense_rep = self.cp.size * (1 if self.fsdp is not None else self.dp.size)
-        expert_rep = dp_cp // (self.ep.ep_group.size * self.ep.edp_group.size) if self.expert_names else 1
-        expert_rep *= self.tp.size if self.ep.tp_whole else 1  # whole experts on every TP rank
+        expert_rep = self.ep.replicas if self.expert_names else 1
         tp_rep = set(self._tp_replicated)
         n_dense = len(self.dense_names)
         # a tied weight counts on the stage that owns its unit only
@@ -469,6 +467,10 @@ class PipelineSchedule:
         resident = sum(q.size * q.itemsize for q in self.stage_params)
         shards = sum(q.size * q.itemsize for q in self.fsdp.params) if self.fsdp is not None else 0
         return int(resident + shards + self.ep.param_bytes(self.expert_names))
+
+    def ep_sent_bytes(self) -> int:
+        """See :meth:`mindtrain.parallel.layout.Layout.ep_sent_bytes`."""
+        return int(self.ep.sent_bytes)
 
     def finish_step(self) -> None:
         """After the optimizer updated :attr:`params`: with ZeRO-1/2 all-gather the updated

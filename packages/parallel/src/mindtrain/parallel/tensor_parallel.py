@@ -29,6 +29,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 from mindtrain.config import ConfigError
+from mindtrain.config.plan import Region
 from mindtrain.parallel import collectives as C
 from mindtrain.parallel import functional as F
 from mindtrain.parallel.layout import narrow_even, narrow_param, split_piece
@@ -213,8 +214,8 @@ def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh, split_ex
 
     # 3. regions, by the plan's roles: attention, dense MLPs, MoE blocks (a MoE block's own
     # forward gathers for its shared experts, which the plan lists in no region of their own)
-    for path, role in _regions(plan, cells):
-        cell = cells[path]
+    for region in _regions(plan, cells):
+        cell, role = cells[region.path], region.role
         if role == "moe":  # the cell: gate, experts, shared_output(x), sharded_balance(...)
             _override(cell, _moe_forward(cell, group) if split_experts else _moe_forward_local(cell, group))
         elif role == "attention":
@@ -238,26 +239,26 @@ def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh, split_ex
     return tp
 
 
-def _regions(plan, cells: dict[str, nn.Cell]) -> list[tuple[str, str]]:
-    """``(cell path, role)`` of the plan's regions. A plan without regions (the earlier
-    dict form) gets them from the cells' interfaces: attention cells have ``num_heads`` and
-    ``o_proj``, MoE cells ``gate`` and ``experts`` (their sub-cells run inside their own
-    forward), dense MLP cells ``gate_proj`` and ``down_proj``."""
+def _regions(plan, cells: dict[str, nn.Cell]) -> list[Region]:
+    """The plan's :class:`~mindtrain.config.plan.Region` list. A plan without regions (the
+    earlier dict form) gets them from the cells' interfaces: attention cells have
+    ``num_heads`` and ``o_proj``, MoE cells ``gate`` and ``experts`` (their sub-cells run
+    inside their own forward), dense MLP cells ``gate_proj`` and ``down_proj``."""
     regions = plan.get("regions")
     if regions is not None:
-        return [(r["path"], r["role"]) for r in regions]
-    out: list[tuple[str, str]] = []
+        return [r if isinstance(r, Region) else Region(r["path"], r["role"]) for r in regions]
+    out: list[Region] = []
     moe_paths: list[str] = []
     for path, cell in cells.items():
         if not path or any(path.startswith(m + ".") for m in moe_paths):
             continue
         if hasattr(cell, "gate") and hasattr(cell, "experts"):
             moe_paths.append(path)
-            out.append((path, "moe"))
+            out.append(Region(path, "moe"))
         elif hasattr(cell, "num_heads") and hasattr(cell, "o_proj"):
-            out.append((path, "attention"))
+            out.append(Region(path, "attention"))
         elif hasattr(cell, "down_proj") and hasattr(cell, "gate_proj") and not hasattr(cell, "n_experts"):
-            out.append((path, "mlp"))
+            out.append(Region(path, "mlp"))
     return out
 
 

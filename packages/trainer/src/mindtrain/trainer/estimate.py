@@ -213,8 +213,8 @@ def stage_bytes(cfg: MindTrainConfig, dims: ParallelDims, stage: int, units: lis
 
         held = [_shard_numel(p, dims) if fsdp and not (p.expert and dims.ep > 1) else _local_numel(p, dims)
                 for p in params]
-        # MindFormers' names of the top-level weights only (the estimator reads no numpy map)
-        muon = [uses_muon(p.name, p.shape, cfg.optimizer.adamw_include) for p in params]
+        # the optimizer's own rule, MindFormers' names from the same (numpy-free) map
+        muon = [uses_muon(p.name, p.shape, cfg.optimizer.adamw_include, cfg.model) for p in params]
         out.optimizer = F32 * sum(n * (1 if u else 2) for n, u in zip(held, muon))
         if any(u and h != p.numel for p, h, u in zip(params, held, muon)):
             # a split Muon matrix: the update gathers whole matrices on the host a batch at a

@@ -81,21 +81,10 @@ def muon_parts(name: str, rows: int, model: Any, mla: bool) -> Optional[list[np.
     return parts if sum(len(p) for p in parts) == rows else None
 
 
-def _mindformers_name(name: str, shape: Sequence[int], model: Any) -> Optional[str]:
-    if model is None:
-        return None
-    try:
-        from mindtrain.trainer import mindformers_names
-
-        return mindformers_names.placement(name, tuple(shape), model).theirs
-    except Exception:  # a name the map does not know: only ours is matched
-        return None
-
-
 def uses_muon(name: str, shape: Sequence[int], cfg: OptimizerConfig, model: Any = None) -> bool:
-    """:func:`mindtrain.trainer.muon_rules.uses_muon` with MindFormers' name of ``name`` from
-    the full map (``model``: ``cfg.model``)."""
-    return muon_rules.uses_muon(name, shape, cfg.adamw_include, _mindformers_name(name, shape, model))
+    """:func:`mindtrain.trainer.muon_rules.uses_muon` with ``cfg.adamw_include`` (``model``:
+    ``cfg.model``, whose family's full name map MindFormers' names come from)."""
+    return muon_rules.uses_muon(name, shape, cfg.adamw_include, model)
 
 
 class Muon:
@@ -176,8 +165,9 @@ class Muon:
             pieces.append(newton_schulz(piece, self.schedule, self.eps) * scale)
         return ops.gather(ops.cat(pieces, x.ndim - 2), inverse, x.ndim - 2)
 
-    def step(self, grads: Sequence[Tensor], lr: Optional[float] = None) -> None:
-        """One update with ``grads`` (aligned with the parameters); ``lr`` overrides self.lr."""
+    def step(self, grads: Sequence[Tensor], lr: Optional[float] = None, grad_scale: float = 1.0) -> None:
+        """One update with ``grads`` (aligned with the parameters) multiplied by ``grad_scale``
+        (the clipping coefficient, in (0, 1]); ``lr`` overrides self.lr."""
         if lr is not None:
             self.lr = float(lr)
         self.step_count += 1
@@ -185,6 +175,8 @@ class Muon:
         inputs = {}
         for i, m in zip(self.muon_idx, self.muon_m):
             g = grads[i].astype(m.dtype) if grads[i].dtype != m.dtype else grads[i]
+            if grad_scale != 1.0:
+                g = g * grad_scale
             next_m = m * mu + g
             ops.assign(m, next_m)
             inputs[i] = g + next_m * mu if self.nesterov else next_m
@@ -204,7 +196,7 @@ class Muon:
             keep = 1.0 - self.lr * self.weight_decay if self.decay[i] else 1.0
             u = local_updates[i]
             ops.assign(p, p * keep - (u if u.dtype == p.dtype else u.astype(p.dtype)) * self.lr)
-        self.adamw.step([grads[i] for i in self.adamw_idx], lr=self.lr)
+        self.adamw.step([grads[i] for i in self.adamw_idx], lr=self.lr, grad_scale=grad_scale)
 
     # ------------------------------------------------------------------ state
     def moment_sets(self) -> list[tuple[str, list[int], list[Parameter]]]:

@@ -5,29 +5,39 @@ the estimator runs without numpy or MindSpore)."""
 from __future__ import annotations
 
 from fnmatch import fnmatch
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
+
+from mindtrain.trainer.mindformers_name_table import TOP_NAMES, locate
 
 # MindFormers' default adamw_include: its embedding and output layer go to AdamW
 DEFAULT_ADAMW_INCLUDE = ("*word_embeddings*", "*output_layer*")
 # whole float32 arrays one gather of the distributed update holds at most (a larger matrix alone)
 GATHER_BYTES = 64 * 2 ** 20
-# MindFormers' names of the top-level weights (its names inside the layers need the full map,
-# mindtrain.trainer.mindformers_names)
-TOP_NAMES = {"model.embed_tokens.weight": "embedding.word_embeddings.weight",
-             "lm_head.weight": "output_layer.weight", "model.norm.weight": "decoder.final_layernorm.weight"}
 
 
-def uses_muon(name: str, shape: Sequence[int], adamw_include: Optional[Sequence[str]],
-              theirs: Optional[str] = None) -> bool:
+def mindformers_name(name: str, model: Any = None) -> Optional[str]:
+    """MindFormers' name of parameter ``name`` (:mod:`mindtrain.trainer.mindformers_name_table`,
+    the model config ``model`` picking the family's map); without ``model`` only the top-level
+    weights' (:data:`TOP_NAMES`). None for a name the map does not know."""
+    if model is None:
+        return TOP_NAMES.get(name)
+    try:
+        return locate(name, model)[0]
+    except Exception:  # a name the map does not know: only ours is matched
+        return None
+
+
+def uses_muon(name: str, shape: Sequence[int], adamw_include: Optional[Sequence[str]], model: Any = None) -> bool:
     """Whether Muon (not AdamW) updates parameter ``name`` of full shape ``shape``: a 2-D
     matrix or stacked ``[E, rows, cols]`` experts that no ``adamw_include`` glob names, in
-    mindtrain's name or in MindFormers' (``theirs``; default: :data:`TOP_NAMES`' entry)."""
+    mindtrain's name or in MindFormers' (:func:`mindformers_name`; ``model``: the model
+    config). The optimizer (:mod:`mindtrain.trainer.muon`) and ``mindtrain-estimate`` both
+    decide with this."""
     if len(shape) not in (2, 3):
         return False
     include = tuple(adamw_include) if adamw_include is not None else DEFAULT_ADAMW_INCLUDE
-    if theirs is None:
-        theirs = TOP_NAMES.get(name)
+    theirs = mindformers_name(name, model)
     return not any(fnmatch(name, g) or (theirs is not None and fnmatch(theirs, g)) for g in include)
 
 
-__all__ = ["DEFAULT_ADAMW_INCLUDE", "GATHER_BYTES", "TOP_NAMES", "uses_muon"]
+__all__ = ["DEFAULT_ADAMW_INCLUDE", "GATHER_BYTES", "TOP_NAMES", "mindformers_name", "uses_muon"]

@@ -212,10 +212,9 @@ class Trainer:
                                    self._device_norms, micro_losses, device_losses, total_load)
         skipped = self.skips.decide(self.step + 1, grad_norm, finite)
         if not skipped:
+            # clipping (torch's coefficient) is the update's gradient scale: one pass, no copy
             coef = max_norm / (grad_norm + 1e-6)
-            if max_norm > 0 and coef < 1.0:
-                grads = [g * coef for g in grads]
-            self.optimizer.step(grads, lr=lr)
+            self.optimizer.step(grads, lr=lr, grad_scale=coef if max_norm > 0 and coef < 1.0 else 1.0)
             self.model.update_expert_bias(total_load)
         self.layout.finish_step()
         self.step += 1
@@ -231,7 +230,7 @@ class Trainer:
                 "max_rss_mb": _max_rss_mb(), "param_bytes": self.layout.memory_bytes(),
                 "optimizer_bytes": self.optimizer.state_bytes(),
                 # bytes this rank's expert-parallel dispatch and combine sent so far (0 without EP)
-                "ep_sent_bytes": int(getattr(getattr(self.layout, "ep", None), "sent_bytes", 0)),
+                "ep_sent_bytes": self.layout.ep_sent_bytes(),
                 "skipped": skipped, "skipped_total": self.skips.skipped_total,
                 "consumed_samples": self.consumed_samples, "global_batch_size": global_batch,
                 "local_losses": micro_losses, "device_losses": device_losses}

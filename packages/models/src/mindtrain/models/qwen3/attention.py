@@ -7,6 +7,7 @@ import numpy as np
 from mindspore import Tensor, ops
 
 from mindtrain.config.families import head_dim
+from mindtrain.config.plan import Region
 from mindtrain.models.attention import CoreAttention
 from mindtrain.models.blocks import Block, overridden
 from mindtrain.models.linear import Linear, linear
@@ -41,7 +42,7 @@ class Qwen3Attention(Block):
     whole sequence (the context-parallel layout sets it).
     """
 
-    REGION = "attention"  # its role in the parallel plan (mindtrain.models.parallel_plan)
+    REGION = Region.declare("attention")  # its region in the parallel plan (mindtrain.models.parallel_plan)
 
     matmul_dtype = None
     fast_kernels = False

@@ -104,28 +104,16 @@ class Qwen3ForCausalLM(DeepseekV3ForCausalLM):
         norm = self.model.norm
         return self.head_loss(h, norm.weight, norm.eps, self.output_weight(), labels, loss_mask)
 
-    def combine_losses(self, lm_loss, mtp_losses, balances):
-        """``lm_loss + router_aux_loss_coef * load_balancing_loss`` when ``output_router_logits``
-        (HF Qwen3MoeForCausalLM), else ``lm_loss``; ``metrics`` has ``lm_loss`` and, with MoE
-        layers, ``load_balancing_loss`` (HF's ``aux_loss``,
-        :func:`~mindtrain.models.qwen3.moe.load_balancing_loss` of all of ``balances``, the
-        layers' :func:`~mindtrain.models.qwen3.moe.balance_terms`). HF's balance is one
-        product over all MoE layers, so unlike DeepSeek-V3's it does not split into a sum of
-        per-stage parts: ``balances`` must be every MoE layer's."""
+    def balance_term(self, balances):
+        """HF Qwen3MoeForCausalLM's ``aux_loss`` (:func:`~mindtrain.models.qwen3.moe.load_balancing_loss`
+        of all of ``balances``, the layers' :func:`~mindtrain.models.qwen3.moe.balance_terms`)
+        and ``router_aux_loss_coef`` when ``output_router_logits`` (else 0: reported only), so
+        :meth:`combine_losses` gives ``lm_loss + router_aux_loss_coef * load_balancing_loss``.
+        HF's balance is one product over all MoE layers, so unlike DeepSeek-V3's it does not
+        split into a sum of per-stage parts: ``balances`` must be every MoE layer's."""
         cfg = self.config
-        metrics = {}
-        loss = lm_loss
-        if lm_loss is not None:
-            metrics["lm_loss"] = lm_loss
-        if balances:
-            balance = load_balancing_loss(balances, cfg.num_experts_per_tok)
-            metrics["load_balancing_loss"] = balance
-            if cfg.output_router_logits and cfg.router_aux_loss_coef:
-                term = cfg.router_aux_loss_coef * balance
-                loss = term if loss is None else loss + term
-        if loss is None:
-            loss = ops.zeros((), ms.float32)
-        return loss, metrics
+        coefficient = cfg.router_aux_loss_coef if cfg.output_router_logits else 0.0
+        return load_balancing_loss(balances, cfg.num_experts_per_tok), coefficient
 
     def update_expert_bias(self, load) -> None:
         """Nothing: Qwen3-MoE routes without a correction bias."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from mindspore import ops
 
+from mindtrain.config.plan import Region
 from mindtrain.models.blocks import Block
 from mindtrain.models.experts import RoutedExperts
 from mindtrain.models.router import _RANK_LIMIT, _topk_indices_by_rank
@@ -93,7 +94,7 @@ class Qwen3MoE(Block):
     ``experts.{e}.gate_proj.weight`` ...). ``construct(x [B,S,H])`` -> (y [B,S,H], tokens per
     expert [E], :func:`balance_terms` [2, E])."""
 
-    REGION = "moe"  # its role in the parallel plan (mindtrain.models.parallel_plan)
+    REGION = Region.declare("moe")  # its region in the parallel plan (mindtrain.models.parallel_plan)
 
     def __init__(self, cfg, block: int = 32):
         super().__init__()
