@@ -27,7 +27,7 @@ def _status() -> dict:
     out = {}
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith(("VmRSS:", "VmHWM:")):
+            if line.startswith(("VmRSS:", "VmHWM:", "RssAnon:", "RssShmem:")):
                 out[line.split(":")[0]] = int(line.split()[1]) / 2 ** 20
     return out
 
@@ -35,7 +35,7 @@ def _status() -> dict:
 def mark(label: str) -> None:
     s = _status()
     print(f"PROBE {label:34s} rss {s['VmRSS']:7.3f} GB  peak since last {s['VmHWM']:7.3f} GB  "
-          f"t {time.time() - T0:6.1f}s", flush=True)
+          f"(anon {s['RssAnon']:6.3f}, shm {s['RssShmem']:6.3f})  t {time.time() - T0:6.1f}s", flush=True)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
 

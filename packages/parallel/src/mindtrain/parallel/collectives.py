@@ -263,11 +263,12 @@ def _timed(fn):
 # ---- collectives -----------------------------------------------------------------------
 
 @_timed
-def host_all_gather(arr: np.ndarray, group: Optional[Group] = None) -> np.ndarray:
+def host_all_gather(arr: np.ndarray, group: Optional[Group] = None, sink=None) -> Optional[np.ndarray]:
     """Every member's ``arr`` stacked on a new first axis (shape ``(N, *arr.shape)``); needs
-    :func:`on_host`."""
+    :func:`on_host`. With ``sink(start, stop, table)`` the pieces go to it as they arrive
+    (``shm.Transport.all_gather``) and nothing is returned."""
     g = _g(group)
-    return _state["shm"].all_gather(arr, g.ranks, g.index)
+    return _state["shm"].all_gather(arr, g.ranks, g.index, sink=sink)
 
 
 @_timed

@@ -436,7 +436,12 @@ class FSDP:
         out: list[Optional[Tensor]] = [None] * len(slots)
         for grp, idx in _by_group(slots).items():
             xp = _Arrays.of(grp, [slots[i] for i in idx])
-            table = xp.all_gather(xp.cat([xp.flat(shards[i]) for i in idx]), grp)
+            flat = xp.cat([xp.flat(shards[i]) for i in idx])
+            if xp.host:
+                for i, full in zip(idx, _host_gather(flat, grp, [slots[i] for i in idx])):
+                    out[i] = full
+                continue
+            table = xp.all_gather(flat, grp)
             for i, s, off in _columns(slots, idx):
                 part = table[:, off:off + s.shard_numel].reshape((s.local_rows * grp.size,) + s.rest)
                 out[i] = xp.owned(part[:s.rows].reshape(s.shape))
@@ -526,6 +531,26 @@ class FSDP:
         return gx if isinstance(gx, tuple) else (gx,)
 
 
+def _host_gather(flat: np.ndarray, grp, slots: list) -> list[Tensor]:
+    """The full tensors of ``slots`` from every member's flat bucket ``flat`` (their shards
+    back to back), each piece of the shared-memory all_gather written straight into its
+    slot's full array: no stacked table and no copy of it (a 200 MB unit's gather held
+    three copies of its weights at once before)."""
+    n = grp.size
+    fulls = [np.empty((s.local_rows * n,) + s.rest, flat.dtype) for s in slots]
+    rows = [f.reshape(n, -1) for f in fulls]    # member r's shard is row r
+    starts = np.cumsum([0] + [s.shard_numel for s in slots])
+
+    def sink(a: int, b: int, table: np.ndarray) -> None:
+        for k in range(len(slots)):
+            lo, hi = max(a, starts[k]), min(b, starts[k + 1])
+            if lo < hi:
+                rows[k][:, lo - starts[k]:hi - starts[k]] = table[:, lo - a:hi - a]
+
+    C.host_all_gather(flat, grp, sink=sink)
+    return [Tensor.from_numpy(f[:s.rows].reshape(s.shape)) for s, f in zip(slots, fulls)]
+
+
 def _columns(slots: list, idx: list[int]):
     """(index, slot, offset) of each slot's column block in a group's flat bucket."""
     off = 0
@@ -572,7 +597,8 @@ class _Arrays:
         return Tensor(np.ascontiguousarray(part)) if self.host else ops.deepcopy(part)
 
     def result(self, part) -> Tensor:
-        return Tensor(part.copy()) if self.host else part
+        # host: a Tensor over the reduce-scatter's own output (Tensor(array) would copy it)
+        return Tensor.from_numpy(np.ascontiguousarray(part)) if self.host else part
 
 
 def _by_group(slots: Sequence[_Slot]) -> dict[Group, list[int]]:
