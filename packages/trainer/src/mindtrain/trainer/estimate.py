@@ -19,7 +19,9 @@ schedule, the trainer's step), sized from the model's own parameter plan
   dense weight on dim 0 over ``data_parallel_shard`` (padded) and ZeRO-1/2 also keep the
   full weight beside its shard (what the metrics' ``param_bytes`` counts);
 - **gathered weights** (ZeRO-3): full weights gathered for the running unit and the root
-  (embedding, head), or the whole stage under pipeline parallelism;
+  (embedding, head), or the whole stage under pipeline parallelism; with compiled layers
+  also the last unit's weights that its kind's forward and backward graphs keep as their
+  last inputs (``graph held``);
 - **gradients** at the step's peak moment (:class:`StageBytes`): the backward (a
   micro-batch's fresh gradients beside the accumulators; from the second micro-batch on the
   sum ``a + g`` makes new accumulators while the old ones live) or the optimizer step (the
@@ -35,6 +37,8 @@ schedule, the trainer's step), sized from the model's own parameter plan
   weights per block of 32 slots, SwiGLU intermediates), the logits; once per micro-batch
   the additive attention mask ``[B, heads, S, S]`` (float32) and the backward's largest
   transient; with pipeline parallelism the stage inputs of the micro-batches in flight;
+  ZeRO-3's units (outside a pipeline) run each layer's forward again in its backward, so
+  there a layer keeps only its input, as under full recompute;
 - **grad norm** (CPU): the float64 copy of the largest gradient piece and its square, on
   the host;
 - **save peak** (CPU): MindSpore's memory pool keeps what training reached, so a save holds
@@ -160,6 +164,13 @@ class StageBytes:
     in_flight: int = 0
     host_transient: int = 0
     gathered_on_host: bool = False
+    graph_held: int = 0
+    """Compiled ZeRO-3 units: the last unit's gathered weights, which the forward graph and
+    the backward graph of its kind each keep as their last call's inputs until their next
+    call (MindSpore 2.10 keeps a compiled graph's inputs; measured on CPU)."""
+    units_replay: bool = False
+    """ZeRO-3 units outside a pipeline: each layer runs its forward again in its backward,
+    so a layer keeps only its input from forward to backward (as under full recompute)."""
     save_buffer: int = 0
     breakdown: dict = field(default_factory=dict)
 
@@ -172,7 +183,7 @@ class StageBytes:
     def total(self) -> int:
         """The training peak."""
         return (self.runtime + self.params + self.gathered + self.grads + self.optimizer + self.activations
-                + self.in_flight + self.host_transient)
+                + self.in_flight + self.host_transient + self.graph_held)
 
     @property
     def save_peak(self) -> int:
@@ -243,6 +254,9 @@ def stage_bytes(cfg: MindTrainConfig, dims: ParallelDims, stage: int, units: lis
             root = sum(v for u, v in units_numel.items() if u in ("embedding", "head"))
             unit_max = max((v for u, v in units_numel.items() if u not in ("embedding", "head")), default=0)
             out.gathered = F32 * (root + unit_max)
+            out.units_replay = True
+            if cfg.compile.enable:
+                out.graph_held = 2 * F32 * unit_max
         else:
             out.gathered = F32 * full  # the stage's weights, for the whole step
     if expert_sharded:
@@ -612,9 +626,11 @@ def estimate(cfg: MindTrainConfig, world_size: int, device: str = "Ascend",
             st.host_transient = st.save_buffer = 0
         else:  # FSDP gathers over the shared-memory transport (the CPU default) into numpy arrays
             st.gathered_on_host = dims.dp_shard > 1
-        st.activations = activation_bytes(cfg, dims, units, c)
+        full_rc = RecomputeConfig(mode="full")
+        # ZeRO-3 units replay each layer's forward in its backward: full recompute in effect
+        st.activations = activation_bytes(cfg, dims, units, c, full_rc if st.units_replay else None)
         st.activations_none = activation_bytes(cfg, dims, units, c, RecomputeConfig(mode="None"), st.breakdown)
-        st.activations_full = activation_bytes(cfg, dims, units, c, RecomputeConfig(mode="full"))
+        st.activations_full = activation_bytes(cfg, dims, units, c, full_rc)
         if dims.pp > 1:
             # 1F1B: stage r has up to pp - r micro-batches between forward and backward;
             # each keeps its stage input and output (the stage recomputes its forward)
@@ -653,17 +669,19 @@ def report(est: Estimate, config_name: str) -> list[str]:
         ((f"stage {s.stage}" + (" *" if s is worst else "")) if d.pp > 1 else "each rank").rjust(14) for s in cols)
     lines.append(head)
     rows = [("runtime (MindSpore, host)", "runtime"), ("parameters (fp32, resident)", "params"),
-            ("gathered weights (transient)", "gathered"), ("gradients (fp32, peak)", "grads"),
+            ("gathered weights (transient)", "gathered"), ("graph-held unit weights (compiled)", "graph_held"),
+            ("gradients (fp32, peak)", "grads"),
             ("optimizer (Muon 1x, AdamW 2x fp32)" if est.optimizer == "Muon" else "optimizer (AdamW, 2 x fp32)",
              "optimizer"),
-            (f"activations / micro-batch ({est.recompute_mode})", "activations"),
+            ("activations (ZeRO-3 unit replay)" if any(s.units_replay for s in cols)
+             else f"activations / micro-batch ({est.recompute_mode})", "activations"),
             ("pipeline micro-batches in flight", "in_flight"), ("grad norm, Muon's gather (host)" if est.optimizer == "Muon" else "grad norm (host, float64)",
              "host_transient"),
             ("total: training peak", "total"), ("save buffer", "save_buffer"),
             ("save peak", "save_peak")]
     host = est.device.upper() == "CPU"
     for label, attr in rows:
-        if (attr == "in_flight" and d.pp == 1) or (attr in ("runtime", "host_transient") and not host) or \
+        if (attr in ("in_flight", "graph_held") and not any(getattr(s, attr) for s in cols)) or (attr in ("runtime", "host_transient") and not host) or \
                 (attr in ("save_buffer", "save_peak") and not (est.saves and host)):
             continue
         lines.append(label.ljust(34) + "".join(_gb(getattr(s, attr), unit).rjust(14) for s in cols))
@@ -675,7 +693,7 @@ def report(est: Estimate, config_name: str) -> list[str]:
                  f"{est.flops_per_step / est.flops_per_token:,.0f} tokens); per device "
                  f"{est.flops_per_step / d.world_size:.4g}")
     if est.compiled and est.device.upper() == "CPU":
-        lines.append("note: compiled (ms.jit) layers on CPU measured up to 15% above this total (their kept "
+        lines.append("note: compiled (ms.jit) layers on CPU measured up to 20% above this total (their kept "
                      "tensors and gradients are not reused by the memory pool; package README, Memory estimate)")
     if est.device_memory is None:
         lines.append("fit: no device memory given (set context.max_device_memory or pass --device-memory)")
