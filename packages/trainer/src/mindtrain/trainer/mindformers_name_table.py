@@ -16,9 +16,23 @@ from mindtrain.config.families import FAMILY_NAMES, QWEN3_FAMILIES
 ROUTER = "mlp.router.weight"
 
 # (mindtrain suffix inside a layer, MindFormers suffix, how mindtrain's tensor sits in MindFormers')
-_LAYER = [
+_NORMS = [
     ("input_layernorm.weight", "input_layernorm.weight", "same"),
     ("post_attention_layernorm.weight", "pre_mlp_layernorm.weight", "same"),
+]
+# the SwiGLU MLP (dense layers), the router and the routed experts: the same in both families
+_MLP = [
+    ("mlp.gate_proj.weight", "mlp.linear_fc1.weight", "gate"),
+    ("mlp.up_proj.weight", "mlp.linear_fc1.weight", "up"),
+    ("mlp.down_proj.weight", "mlp.linear_fc2.weight", "same"),
+]
+_MOE = [
+    ("mlp.gate.weight", ROUTER, "same"),
+    ("mlp.experts.gate_proj", "mlp.experts.weight1", "gate_t"),
+    ("mlp.experts.up_proj", "mlp.experts.weight1", "up_t"),
+    ("mlp.experts.down_proj", "mlp.experts.weight2", "t"),
+]
+_LAYER = _NORMS + [
     ("self_attn.q_a_proj.weight", "self_attention.linear_qkv.weight", "q"),  # with q_lora_rank
     ("self_attn.q_proj.weight", "self_attention.linear_qkv.weight", "q"),  # without
     ("self_attn.kv_a_proj_with_mqa.weight", "self_attention.linear_qkv.weight", "kv"),
@@ -27,24 +41,16 @@ _LAYER = [
     ("self_attn.kv_a_layernorm.weight", "self_attention.k_layernorm.weight", "same"),
     ("self_attn.kv_b_proj.weight", "self_attention.linear_kvb.weight", "same"),
     ("self_attn.o_proj.weight", "self_attention.linear_proj.weight", "same"),
-    ("mlp.gate_proj.weight", "mlp.linear_fc1.weight", "gate"),
-    ("mlp.up_proj.weight", "mlp.linear_fc1.weight", "up"),
-    ("mlp.down_proj.weight", "mlp.linear_fc2.weight", "same"),
+] + _MLP + [
     ("mlp.shared_experts.gate_proj.weight", "mlp.shared_experts.linear_fc1.weight", "gate"),
     ("mlp.shared_experts.up_proj.weight", "mlp.shared_experts.linear_fc1.weight", "up"),
     ("mlp.shared_experts.down_proj.weight", "mlp.shared_experts.linear_fc2.weight", "same"),
-    ("mlp.gate.weight", ROUTER, "same"),
     ("mlp.gate.e_score_correction_bias", "mlp.expert_bias", "same"),
-    ("mlp.experts.gate_proj", "mlp.experts.weight1", "gate_t"),
-    ("mlp.experts.up_proj", "mlp.experts.weight1", "up_t"),
-    ("mlp.experts.down_proj", "mlp.experts.weight2", "t"),
-]
+] + _MOE
 # Qwen3 / Qwen3-MoE (PyNativeQwen3ForCausalLM's GPTModel: SelfAttention with q/k layernorm,
 # MLP, MoELayer without expert bias or shared experts); "gq" / "gk" / "gv": q/k/v rows in
 # linear_qkv's per-query-group blocks
-_QWEN3_LAYER = [
-    ("input_layernorm.weight", "input_layernorm.weight", "same"),
-    ("post_attention_layernorm.weight", "pre_mlp_layernorm.weight", "same"),
+_QWEN3_LAYER = _NORMS + [
     ("self_attn.q_proj.weight", "self_attention.linear_qkv.weight", "gq"),
     ("self_attn.k_proj.weight", "self_attention.linear_qkv.weight", "gk"),
     ("self_attn.v_proj.weight", "self_attention.linear_qkv.weight", "gv"),
@@ -55,14 +61,7 @@ _QWEN3_LAYER = [
     ("self_attn.o_proj.bias", "self_attention.linear_proj.bias", "same"),
     ("self_attn.q_norm.weight", "self_attention.q_layernorm.weight", "same"),
     ("self_attn.k_norm.weight", "self_attention.k_layernorm.weight", "same"),
-    ("mlp.gate_proj.weight", "mlp.linear_fc1.weight", "gate"),
-    ("mlp.up_proj.weight", "mlp.linear_fc1.weight", "up"),
-    ("mlp.down_proj.weight", "mlp.linear_fc2.weight", "same"),
-    ("mlp.gate.weight", ROUTER, "same"),
-    ("mlp.experts.gate_proj", "mlp.experts.weight1", "gate_t"),
-    ("mlp.experts.up_proj", "mlp.experts.weight1", "up_t"),
-    ("mlp.experts.down_proj", "mlp.experts.weight2", "t"),
-]
+] + _MLP + _MOE
 _MTP = [("enorm.weight", "enorm.weight"), ("hnorm.weight", "hnorm.weight"),
         ("eh_proj.weight", "eh_proj.weight"), ("shared_head.norm.weight", "final_layernorm.weight")]
 _TOP = [("model.embed_tokens.weight", "embedding.word_embeddings.weight"),
