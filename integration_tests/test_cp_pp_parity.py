@@ -41,7 +41,9 @@ CONFIGS = {"cp2": "1:2:1f1b", "pp2_1f1b": "2:1:1f1b", "pp2_gpipe": "2:1:gpipe",
 # (ZeRO-3) takes 4 micro-batches per step, so each of its 2 data-parallel pipelines runs 2;
 # ZeRO-2 is ZeRO-3's gradient path without the weight gathering, ZeRO-1 runs under PP x EP.
 CONFIGS_4 = {"pp2_fsdp2_zero3": "2:1:1f1b:1:1:optim_grads_params:4", "cp2_tp2": "1:2:1f1b:2:1:-:2",
-             "pp2_ep2_fsdp2_zero1": "2:1:1f1b:1:2:optim:2"}
+             "pp2_ep2_fsdp2_zero1": "2:1:1f1b:1:2:optim:2",
+             # hybrid CP (issue 34): Ulysses inside pairs of CP ranks, keys/values gathered across the pairs
+             "cp4_hybrid2": "1:4:1f1b:1:1:-:2"}
 TOL = 1e-5
 # the runs with compiled (ms.jit) layers: PP alone keeps them whole (no layer is patched);
 # under PP x ZeRO-3 the stage's weights are gathered for the step by set_data, which the
@@ -142,6 +144,8 @@ def test_combination_equal_to_single_process(run4, name):
             assert r["resident_bytes"] <= 0.55 * r["stage_bytes"], (rank, r["resident_bytes"], r["stage_bytes"])
         if name in COMPILED:
             assert r["compiled"], (name, rank)
+        if "hybrid" in name:  # every attention core ran Ulysses in a pair, keys/values gathered over 2 pairs
+            assert r["ulysses_rings"] and set(r["ulysses_rings"]) == {2}, (rank, r["ulysses_rings"])
         if "zero1" in name:
             # full weights stay resident beside their shards
             assert r["resident_bytes"] >= r["stage_bytes"], (rank, r["resident_bytes"], r["stage_bytes"])
@@ -163,6 +167,8 @@ def test_equal_to_single_process(run, name):
         assert results[1][name]["stage_units"][-2:] == ["head", "mtp.0"]
     if name in COMPILED:  # the schedule kept the compiled layers
         assert all(res[name]["compiled"] for res in results)
+    if "ulysses" in name:  # every attention core ran Ulysses over the whole CP group
+        assert all(res[name]["ulysses_rings"] and set(res[name]["ulysses_rings"]) == {None} for res in results)
     if name == "pp2_interleaved":
         assert results[0][name]["stage_units"] == ["embedding", "layers.0", "layers.2"]
 

@@ -189,7 +189,8 @@ def parallel(out_dir: str, ref_path: str, specs: list[str], docs: bool) -> None:
         plan = parallel_plan(model)
         sched = PipelineSchedule(model, plan, mesh, SEQ, schedule=schedule,
                                  dp_sharding=None if sharding == "-" else sharding, chunks=chunks,
-                                 cp_method="ulysses" if "ulysses" in name else "colossal")
+                                 cp_method="ulysses" if "ulysses" in name else "hybrid" if "hybrid" in name
+                                 else "colossal", ulysses_degree=2 if "hybrid" in name else None)
         opt = make_optimizer(list(zip(sched.param_names, sched.params)))
         if name.startswith("fail") and sched.stage_index == 1:
             _inject_failure(sched.stage, at_call=micro // dp + 1)
@@ -240,7 +241,11 @@ def parallel(out_dir: str, ref_path: str, specs: list[str], docs: bool) -> None:
                          "worst_params": sorted(per_param.items(), key=lambda kv: -kv[1][0])[:5], "seconds": elapsed,
                          "stage_units": sched.parts[sched.stage_index],
                          "stage_bytes": int(full_bytes), "resident_bytes": int(resident),
-                         "compiled": is_compiled(model)}
+                         "compiled": is_compiled(model),
+                         # attention cores running Ulysses, and the size of their key/value ring (hybrid CP)
+                         "ulysses_rings": [getattr(c.construct, "ring", None) and c.construct.ring.size
+                                           for _, c in model.cells_and_names()
+                                           if type(c.construct).__name__ == "_UlyssesCore"]}
         print(f"cp_pp_parity {name}: figures {fig_err:.3e} params {param_err:.3e} ({elapsed:.1f} s)", flush=True)
         with open(os.path.join(out_dir, f"cp_pp_{rank}.json"), "w") as f:
             json.dump(results, f)

@@ -207,14 +207,19 @@ def test_swap_off_cpu_is_refused_in_one_line(device):
 # ----------------------------------------------------------------------------- refusals
 @pytest.mark.parametrize("overrides, start", [
     (["lora_config={target_modules: '.*'}"], "lora_config: LoRA fine-tuning is not supported yet"),
-    (["parallelism.context_parallel_method=hybrid"], "parallelism.context_parallel_method: 'hybrid' is not supported yet"),
+    (["parallelism.context_parallel_method=ring"], "parallelism.context_parallel_method: 'ring' is not a method"),
+    (["parallelism.context_parallel_method=hybrid", "parallelism.context_parallel=4"],
+     "parallelism.ulysses_degree_in_cp: hybrid context parallelism needs 1 < ulysses_degree_in_cp"),
+    (["parallelism.context_parallel_method=hybrid", "parallelism.context_parallel=4", "parallelism.ulysses_degree_in_cp=4"],
+     "parallelism.ulysses_degree_in_cp: hybrid context parallelism needs"),
+    (["parallelism.context_parallel_method=ulysses", "parallelism.context_parallel=4", "parallelism.ulysses_degree_in_cp=2"],
+     "parallelism.ulysses_degree_in_cp: Ulysses context parallelism runs over all 4"),
     (["parallelism.context_parallel_method=ulysses", "parallelism.context_parallel=8"],
-     "parallelism.context_parallel: 8 must divide the attention heads"),
+     "parallelism.context_parallel: 8 Ulysses ranks must divide the num_attention_heads"),
     (["parallelism.context_parallel_method=ulysses", "parallelism.context_parallel=2", "recompute.mode=full"],
      "recompute.mode: full: recomputing the attention core"),
     (["parallelism.context_parallel_method=ulysses", "parallelism.context_parallel=2", "recompute.mode=select",
       "recompute.select_module={self_attn.core_attention: true}"], "recompute.mode: select: recomputing"),
-    (["parallelism.ulysses_degree_in_cp=2"], "parallelism.ulysses_degree_in_cp:"),
     (["parallelism.moe_token_dispatcher_type=alltoall_deredundancy", "parallelism.expert_parallel=2"],
      "parallelism.npu_nums_per_device: 8: alltoall_deredundancy needs expert_parallel (2) to be a multiple"),
     (["parallelism.moe_token_dispatcher_type=broadcast"], "parallelism.moe_token_dispatcher_type: 'broadcast' is not"),
@@ -229,6 +234,12 @@ def test_unbuilt_features_are_refused_in_one_line(overrides, start):
 
 def test_accepted_parallel_forms():
     load_config(TINY_PATH, ["parallelism.sequence_parallel=true"])  # TP = 1
+    hybrid = load_config(TINY_PATH, ["parallelism.context_parallel_method=hybrid", "parallelism.context_parallel=4",
+                                     "parallelism.ulysses_degree_in_cp=2"])
+    assert startup_notes(hybrid, "CPU") == []
+    # MindFormers reads the degree only for ulysses / hybrid: a note, not an error
+    colossal = load_config(TINY_PATH, ["parallelism.ulysses_degree_in_cp=2"])
+    assert [n for n in startup_notes(colossal, "CPU") if n.startswith("parallelism.ulysses_degree_in_cp=2 has no effect")]
     load_config(TINY_PATH, ["parallelism.expert_tensor_parallel=1"])
     cfg = load_config(TINY_PATH, ["parallelism.tensor_parallel=2", "parallelism.expert_tensor_parallel=2",
                                   "parallelism.sequence_parallel=true"])

@@ -100,12 +100,14 @@ class ParallelismConfig:
     context_parallel: int = 1
     """Context-parallel degree (sequence split over ranks)."""
     context_parallel_method: str = "colossal"
-    """How context parallelism splits attention; mindtrain implements "colossal" (load-balanced
-    causal chunks with all-gathered keys/values)."""
+    """How context parallelism splits attention: "colossal" (load-balanced causal chunks with
+    all-gathered keys/values), "ulysses" (all-to-all between sequence chunks and head groups) or
+    "hybrid" (Ulysses within groups of ulysses_degree_in_cp ranks, keys/values gathered across)."""
     context_parallel_async: bool = False
     """MindFormers: asynchronous context-parallel hooks."""
     ulysses_degree_in_cp: Optional[int] = None
-    """MindFormers: Ulysses degree inside context parallelism (hybrid CP)."""
+    """Ulysses degree inside context parallelism: required with "hybrid" (1 < it < context_parallel,
+    dividing it), equal to context_parallel (or unset) with "ulysses"."""
     context_parallel_mask_type: str = "causal"
     """Attention mask type of the context-parallel input preparation."""
     pipeline_parallel: int = 1

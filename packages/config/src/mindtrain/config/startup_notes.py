@@ -110,6 +110,11 @@ def startup_notes(cfg: MindTrainConfig, device: str) -> list[str]:
         value = getattr(node, name)
         if applies(value, device):
             notes.append(f"{section}.{name}={_show(value)} has no effect: {why}")
+    p = cfg.parallelism
+    if p.ulysses_degree_in_cp is not None and (p.context_parallel_method == "colossal" or p.context_parallel == 1):
+        # as MindFormers, which reads the degree only for ulysses / hybrid with context_parallel > 1
+        notes.append(f"parallelism.ulysses_degree_in_cp={p.ulysses_degree_in_cp} has no effect: it applies to "
+                     f"context_parallel_method ulysses or hybrid with context_parallel > 1")
     return notes
 
 

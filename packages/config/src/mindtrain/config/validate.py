@@ -263,11 +263,31 @@ def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
     if cp > 1 and m.seq_length % (2 * cp):
         raise ConfigError(f"{path}.context_parallel",
                           f"model.seq_length ({m.seq_length}) must be divisible by 2 x context_parallel = {2 * cp}")
-    if cp > 1 and p.context_parallel_method == "ulysses" and (m.num_attention_heads // tp) % cp:
-        raise ConfigError(f"{path}.context_parallel",
-                          f"{cp} must divide the attention heads each tensor-parallel rank runs "
-                          f"(num_attention_heads / tensor_parallel = {m.num_attention_heads // tp}) for "
-                          f"context_parallel_method: ulysses; use colossal")
+    method, uly = p.context_parallel_method, p.ulysses_degree_in_cp
+    if method not in ("colossal", "ulysses", "hybrid"):
+        raise ConfigError(f"{path}.context_parallel_method", f"{method!r} is not a method; use colossal "
+                          f"(load-balanced causal chunks with all-gathered keys/values), ulysses or hybrid")
+    if uly is not None and (not isinstance(uly, int) or uly < 1):
+        raise ConfigError(f"{path}.ulysses_degree_in_cp", f"must be a positive integer, got {uly!r}")
+    if cp > 1 and method == "ulysses" and uly not in (None, cp):
+        raise ConfigError(f"{path}.ulysses_degree_in_cp", f"Ulysses context parallelism runs over all "
+                          f"{cp} CP ranks, got {uly}; remove it or use context_parallel_method: hybrid")
+    if cp > 1 and method == "hybrid" and (uly is None or not 1 < uly < cp or cp % uly):
+        raise ConfigError(f"{path}.ulysses_degree_in_cp", f"hybrid context parallelism needs 1 < "
+                          f"ulysses_degree_in_cp < context_parallel ({cp}) dividing it, got {uly}; set one "
+                          f"or use context_parallel_method: ulysses")
+    degree = {"ulysses": cp, "hybrid": uly}.get(method) if cp > 1 else None
+    if degree:
+        # MLA's keys and values have a head per query head; grouped-query attention's fewer
+        heads_of = [(m.num_attention_heads, "num_attention_heads")]
+        if m.model_type in QWEN3_FAMILIES:
+            heads_of.append((m.num_key_value_heads, "num_key_value_heads"))
+        for heads, name in heads_of:
+            if (heads // tp) % degree:
+                raise ConfigError(f"{path}.context_parallel",
+                                  f"{degree} Ulysses ranks must divide the {name} each tensor-parallel rank runs "
+                                  f"({name} / tensor_parallel = {heads // tp}) for context_parallel_method: "
+                                  f"{method}; use colossal")
     if cp > 1 and tp > 1 and (m.seq_length // cp) % tp:
         raise ConfigError(f"{path}.tensor_parallel",
                           f"{tp} must divide the per-rank sequence seq_length / context_parallel = {m.seq_length // cp}")
@@ -563,11 +583,11 @@ def validate_mindformers_sections(cfg: MindTrainConfig) -> None:
     layer_ids(r.full_recompute_layer, n_layers, "recompute.full_recompute_layer")
     plan = recompute_plan(r, n_layers)
     p = cfg.parallelism
-    if p.context_parallel > 1 and p.context_parallel_method == "ulysses" and (plan.full or any(
+    if p.context_parallel > 1 and p.context_parallel_method in ("ulysses", "hybrid") and (plan.full or any(
             module_matches(pat, path) for pat in plan.select for path in ("self_attn", "self_attn.core_attention"))):
         raise ConfigError("recompute.mode", f"{r.mode}: recomputing the attention core (whole layers, or "
                                             f"self_attn / its core) is not built with context_parallel_method: "
-                                            f"ulysses; recompute other modules (mlp, mlp.experts) or use colossal")
+                                            f"{p.context_parallel_method}; recompute other modules (mlp, mlp.experts) or use colossal")
     if r.exclude_op is not None and not all(isinstance(o, str) and o for o in r.exclude_op):
         raise ConfigError("recompute.exclude_op", f"must be a list of operator names, got {r.exclude_op!r}")
     _select_module(cfg.recompute_comm.select_module, "recompute_comm.select_module")
@@ -618,10 +638,6 @@ def validate_mindformers_sections(cfg: MindTrainConfig) -> None:
 _NOT_BUILT = (
     ("lora_config", lambda v: v is not None, lambda v: "LoRA fine-tuning",
      "remove the lora_config section to train every weight"),
-    ("parallelism.context_parallel_method", lambda v: v not in ("colossal", "ulysses"), repr,
-     "set it to colossal (load-balanced causal chunks with all-gathered keys/values) or ulysses"),
-    ("parallelism.ulysses_degree_in_cp", lambda v: v is not None, lambda v: "Ulysses (hybrid) context parallelism",
-     "remove it; context_parallel uses the colossal method"),
     ("parallelism.context_parallel_mask_type", lambda v: v != "causal", repr, "set it to causal"),
 )
 

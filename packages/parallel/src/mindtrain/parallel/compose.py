@@ -66,7 +66,8 @@ def parallelize(model, plan: ParallelPlan, mesh: DeviceMesh, config: MindTrainCo
                                 layers_per_stage=p.pipeline_parallel_layers_per_stage,
                                 dp_sharding=p.data_parallel_shard_strategy if dims.dp_shard > 1 else None,
                                 chunks=p.pipeline_parallel_interleave_num, split_experts=split_experts(config),
-                                dispatcher=p.moe_token_dispatcher_type, cp_method=p.context_parallel_method)
+                                dispatcher=p.moe_token_dispatcher_type, cp_method=p.context_parallel_method,
+                                ulysses_degree=p.ulysses_degree_in_cp)
     if columns is None:
         columns = config.train_dataset.dataloader.column_names
     return ShardedLayout(model, plan, mesh, config, accumulation, columns)

@@ -10,13 +10,17 @@ per sequence, Qwen3-MoE's over the micro-batch), and every loss is this rank's s
 micro-batch's token count), so the shares of the CP ranks add up to the single-process loss
 and their gradients add up to its gradient.
 
+Ulysses (``context_parallel_method: ulysses``) trades each attention core's sequence chunks for
+head groups by all-to-all instead; hybrid runs Ulysses inside groups of ``ulysses_degree_in_cp``
+consecutive CP ranks and all-gathers keys and values between the groups that hold the same heads.
+
 The model is duck-typed: each attention Cell with a ``kv_exchange`` attribute and each MoE
 Cell with a ``sequence_reduce`` attribute gets the hook (see the models package).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
@@ -159,6 +163,28 @@ def _heads_to_seq(y, group: Group):
     return ops.transpose(got, (1, 0, 2, 3, 4)).reshape(b, c * nh, s, d)
 
 
+def _gather_seq(x, group: Group):
+    """[B, N, L, d] -> [B, N, size * L, d]: every member's sequence piece, in group order (one
+    all-gather; the gradient is summed back to each member's piece)."""
+    b, n, l, d = x.shape
+    t = ops.transpose(x, (2, 0, 1, 3)).reshape(l, -1)
+    whole = F.all_gather(t, group, 0).reshape(group.size * l, b, n, d)
+    return ops.transpose(whole, (1, 2, 0, 3))
+
+
+def hybrid_groups(cp: Group, ulysses: int) -> tuple[Group, Group]:
+    """The two subgroups of hybrid context parallelism for this rank of ``cp``: its Ulysses
+    group (``ulysses`` consecutive CP ranks, which trade sequence chunks for head groups) and
+    its ring group (the CP ranks with the same place in their Ulysses group, hence the same
+    head group, which exchange keys and values). Creates their backend groups (collective over
+    ``cp``: every member calls it, Ulysses group first)."""
+    a, j = divmod(cp.index, ulysses)
+    u_ranks = cp.ranks[a * ulysses:(a + 1) * ulysses]
+    r_ranks = cp.ranks[j::ulysses]
+    return (Group("cp_ulysses", u_ranks, j, C.new_group(u_ranks)),
+            Group("cp_ring", r_ranks, a, C.new_group(r_ranks)))
+
+
 class _UlyssesCore:
     """An attention core under Ulysses context parallelism: queries, keys and values of this
     rank's sequence chunks and every head go by all-to-all to ``N / cp`` heads of the whole
@@ -166,39 +192,56 @@ class _UlyssesCore:
     mask (local query rows against every key, in sequence order) is all-gathered over the
     group and its key columns put in the gathered order."""
 
-    def __init__(self, core, group: Group, seq_length: int):
+    def __init__(self, core, group: Group, seq_length: int, ring: Optional[Group] = None,
+                 cp_size: Optional[int] = None):
         self.inner = core.construct  # the class's forward (a graph when the model compiles it)
         self.group = group
-        order = np.concatenate([chunk_indices(seq_length, group.size, r) for r in range(group.size)])
+        self.ring = ring
+        cp = cp_size or group.size
+        order = np.concatenate([chunk_indices(seq_length, cp, r) for r in range(cp)])
         self.key_order = Tensor(order.astype(np.int32))
 
     def __call__(self, q, k, v, mask_add):
         g = self.group
-        if q.shape[1] % g.size:
-            raise ConfigError("parallelism.context_parallel", f"{g.size} must divide the attention heads each "
-                                                              f"rank runs ({q.shape[1]}) for Ulysses context "
-                                                              f"parallelism; use context_parallel_method: colossal")
+        for x in (q, k):
+            if x.shape[1] % g.size:
+                raise ConfigError("parallelism.context_parallel", f"{g.size} Ulysses ranks must divide the "
+                                  f"attention and key/value heads each rank runs ({x.shape[1]}); use "
+                                  f"context_parallel_method: colossal")
         mask = ops.stop_gradient(mask_add[:, :1])
-        mask = ops.gather(C.all_gather(mask, g, 2), self.key_order, 3)  # [B, 1, S, S], gathered order
-        out = self.inner(_seq_to_heads(q, g), _seq_to_heads(k, g), _seq_to_heads(v, g), mask)
+        # [B, 1, rows of the Ulysses group, S]: key columns in the gathered order of all CP ranks
+        mask = ops.gather(C.all_gather(mask, g, 2), self.key_order, 3)
+        k, v = _seq_to_heads(k, g), _seq_to_heads(v, g)
+        if self.ring is not None:  # hybrid: the keys and values of every Ulysses group, same heads
+            k, v = _gather_seq(k, self.ring), _gather_seq(v, self.ring)
+        out = self.inner(_seq_to_heads(q, g), k, v, mask)
         return _heads_to_seq(out, g)
 
 
-def apply_context_parallel(model, group: Group, seq_length: int, method: str = "colossal") -> int:
+def apply_context_parallel(model, group: Group, seq_length: int, method: str = "colossal",
+                           ulysses_degree: Optional[int] = None) -> int:
     """Install the CP hooks on every attention and MoE Cell of ``model``; returns how many.
 
     ``group`` is the mesh's ``cp`` group; a group of size 1 removes the hooks. ``method``
     (``parallelism.context_parallel_method``): "colossal" all-gathers each attention layer's
     per-token key/value state (``kv_exchange``); "ulysses" replaces each attention cell's
     ``core_attention`` forward by :class:`_UlyssesCore` (all-to-all between sequence chunks
-    and head groups), so the model's pieces around the core run as they are. MoE cells sum
-    their routing counts over the group either way (``sequence_reduce``).
+    and head groups), so the model's pieces around the core run as they are; "hybrid" runs
+    Ulysses within groups of ``ulysses_degree`` consecutive CP ranks
+    (``parallelism.ulysses_degree_in_cp``) and all-gathers the keys and values between those
+    groups (:func:`hybrid_groups`). MoE cells sum their routing counts over the whole group
+    either way (``sequence_reduce``).
     """
     check_seq_length(seq_length, group.size)
-    if method not in ("colossal", "ulysses"):
+    if method not in ("colossal", "ulysses", "hybrid"):
         raise ConfigError("parallelism.context_parallel_method",
-                          f"{method!r} is not built; use colossal or ulysses")
-    ulysses = method == "ulysses" and group.size > 1
+                          f"{method!r} is not a method; use colossal, ulysses or hybrid")
+    ring = None
+    uly_group = group
+    if method == "hybrid" and group.size > 1:
+        check_ulysses_degree(group.size, ulysses_degree)
+        uly_group, ring = hybrid_groups(group, ulysses_degree)
+    ulysses = method in ("ulysses", "hybrid") and group.size > 1
     exchange = _KVExchange(group, seq_length) if group.size > 1 and not ulysses else None
     reduce = _SequenceReduce(group) if group.size > 1 else None
     n = 0
@@ -207,7 +250,7 @@ def apply_context_parallel(model, group: Group, seq_length: int, method: str = "
             cell.kv_exchange = exchange
             if ulysses:
                 core = cell.core_attention
-                object.__setattr__(core, "construct", _UlyssesCore(core, group, seq_length))
+                object.__setattr__(core, "construct", _UlyssesCore(core, uly_group, seq_length, ring, group.size))
             n += 1
         if hasattr(cell, "sequence_reduce"):
             cell.sequence_reduce = reduce
@@ -215,3 +258,12 @@ def apply_context_parallel(model, group: Group, seq_length: int, method: str = "
     if group.size > 1 and n == 0:
         raise ValueError("apply_context_parallel: the model has no attention Cell with a kv_exchange hook")
     return n
+
+
+def check_ulysses_degree(cp: int, degree: Optional[int]) -> None:
+    """Hybrid context parallelism's rule (MindFormers'): ``1 < ulysses_degree_in_cp < cp``,
+    dividing ``cp``."""
+    if degree is None or not 1 < degree < cp or cp % degree:
+        raise ConfigError("parallelism.ulysses_degree_in_cp",
+                          f"hybrid context parallelism needs 1 < ulysses_degree_in_cp < context_parallel "
+                          f"({cp}) dividing it, got {degree}; set one or use context_parallel_method: ulysses")

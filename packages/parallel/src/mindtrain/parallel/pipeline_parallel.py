@@ -136,7 +136,7 @@ class PipelineSchedule:
     def __init__(self, model, plan: Mapping[str, Any], mesh: DeviceMesh, seq_length: int,
                  schedule: str = "1f1b", layers_per_stage: Any = None,
                  dp_sharding: Optional[str] = None, chunks: int = 1, split_experts: bool = True,
-                 dispatcher: str = "alltoall", cp_method: str = "colossal"):
+                 dispatcher: str = "alltoall", cp_method: str = "colossal", ulysses_degree: Optional[int] = None):
         if dp_sharding not in (None, "optim", "optim_grads", "optim_grads_params"):
             raise ConfigError("parallelism.data_parallel_shard_strategy",
                               f"{dp_sharding!r} is not a sharding strategy; use optim, optim_grads or "
@@ -167,7 +167,7 @@ class PipelineSchedule:
         """Unit names per rank of the ``pp`` group (its chunks in order)."""
         self.tp = apply_tensor_parallel(model, plan, mesh, split_experts)
         self.ep = apply_expert_parallel(model, plan, mesh, dispatcher, split_experts)
-        apply_context_parallel(model, self.cp, seq_length, cp_method)
+        apply_context_parallel(model, self.cp, seq_length, cp_method, ulysses_degree)
         self.chunks = [ModelStage(model, plan, self.virtual_parts[c * self.num_stages + self.stage_index])
                        for c in range(chunks)]
         self.stage = self.chunks[0]
