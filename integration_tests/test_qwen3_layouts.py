@@ -10,11 +10,12 @@ TP=2 with sequence parallelism (compiled by regions; grouped key/value heads, th
 tied embedding vocabulary-split and serving as the head) and CP=2 (eager here, for the
 suite's time; compiled by regions it printed the same step lines by hand, RESULTS.md: each
 attention layer all-gathers its keys and values over the context-parallel pair; the balance
-loss's routing counts are summed over it). The dense Qwen3 of ``configs/pynative_qwen3_tiny.yaml``
-runs as one process and as PP=2. Each run's loss figures and grad norm, the validation
+loss's routing counts are summed over it). Each run's loss figures and grad norm, the validation
 loss after the last step, and its final checkpoint (exported to HF names, AdamW moments)
-must equal the single process within 1e-5 relative. Qwen3-MoE under PP is refused
-(test_qwen3_config.py): HF's balance is one product over every MoE layer's tokens.
+must equal the single process within 1e-5 relative. Qwen3-MoE also runs as PP=2 (its dense
+layer 0 and first MoE layer on one stage, the last MoE layer and the head on the other): HF's
+balance is one product over every MoE layer's tokens, so the stages pass their layers' balance
+terms forward with the activations and the total routing counts back with the gradients.
 
 Two jobs run at a time (they wait on each other's collectives much of the time).
 """
@@ -35,19 +36,19 @@ pytestmark = pytest.mark.msrun
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 MOE = os.path.join(ROOT, "configs", "pynative_qwen3_moe_tiny.yaml")
-DENSE = os.path.join(ROOT, "configs", "pynative_qwen3_tiny.yaml")
 MOE_FIGURES = ("loss", "load_balancing_loss", "grad_norm")
-DENSE_FIGURES = ("loss", "grad_norm")
 JOBS = {  # name: (config, workers, overrides, port); started in pairs, in this order
     "moe_ref": (MOE, 1, [], 0),
     "moe_zero3_ep2": (MOE, 2, ["parallelism.data_parallel_shard_strategy=optim_grads_params",
                                "parallelism.expert_parallel=2"], 8640),
     "moe_tp2": (MOE, 2, ["parallelism.tensor_parallel=2"], 8660),
     "moe_cp2": (MOE, 2, ["parallelism.context_parallel=2", "compile.enable=false"], 8680),
-    "dense_ref": (DENSE, 1, [], 0),
-    "dense_pp2": (DENSE, 2, ["parallelism.pipeline_parallel=2"], 8700),
+    # PP: the stages pass the balance terms along (HF's loss is one product over every MoE
+    # layer); its weight 1.0 here so that a wrong balance gradient on either stage shows
+    "moe_pp_ref": (MOE, 1, ["model.router_aux_loss_coef=1.0"], 0),
+    "moe_pp2": (MOE, 2, ["model.router_aux_loss_coef=1.0", "parallelism.pipeline_parallel=2"], 8760),
 }
-PAIRS = [("moe_ref", "moe_zero3_ep2"), ("moe_tp2", "moe_cp2"), ("dense_ref", "dense_pp2")]
+PAIRS = [("moe_ref", "moe_zero3_ep2"), ("moe_tp2", "moe_cp2"), ("moe_pp_ref", "moe_pp2")]
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +70,7 @@ def jobs(work):
         for n in pair:
             if n not in started:
                 config, workers, extra, port = JOBS[n]
-                figures = MOE_FIGURES if config == MOE else DENSE_FIGURES
+                figures = MOE_FIGURES
                 started[n] = _Job(work, n, workers, extra, port=port or 8380, config=config, figures=figures,
                                   steps=STEPS)
         return started[name].result()
@@ -88,5 +89,7 @@ def test_qwen3_moe_layout_equals_one_process(jobs, layout):
     assert all(1.0 < r["load_balancing_loss"] < 4.0 for r in run["rows"]), run["rows"]
 
 
-def test_qwen3_dense_pipeline_equals_one_process(jobs):
-    _assert_same(jobs("dense_pp2"), jobs("dense_ref"), steps=STEPS)
+def test_qwen3_moe_pipeline_equals_one_process(jobs):
+    run = jobs("moe_pp2")
+    _assert_same(run, jobs("moe_pp_ref"), steps=STEPS)
+    assert all(1.0 < r["load_balancing_loss"] < 4.0 for r in run["rows"]), run["rows"]

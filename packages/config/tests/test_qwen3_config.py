@@ -166,14 +166,14 @@ def test_plan_by_hand():
     assert flops_per_token(untied) == flops_per_token(tied)  # the head's matmul either way
 
 
-def test_qwen3_moe_under_pipeline_parallelism_is_refused():
-    """HF's balance is one product over every MoE layer's tokens: the stages would each see
-    only theirs. Dense Qwen3 and Qwen3-MoE without pipeline stages pass."""
+def test_qwen3_moe_under_pipeline_parallelism_is_accepted():
+    """HF's balance is one product over every MoE layer's tokens: the stages pass the layers'
+    balance terms along (integration_tests/test_qwen3_layouts.py runs it)."""
     from mindtrain.config import ParallelismConfig
     from mindtrain.config.validate import validate_parallelism
 
-    with pytest.raises(ConfigError, match=r"^parallelism\.pipeline_parallel: 2: Qwen3-MoE's load-balancing loss"):
-        validate_parallelism(ParallelismConfig(pipeline_parallel=2), ModelConfig(**MOE))
+    validate_parallelism(ParallelismConfig(pipeline_parallel=2), ModelConfig(**MOE))
+    validate_parallelism(ParallelismConfig(pipeline_parallel=2), ModelConfig(**QWEN3))
     validate_parallelism(ParallelismConfig(pipeline_parallel=2), ModelConfig(**QWEN3))
     validate_parallelism(ParallelismConfig(tensor_parallel=2, context_parallel=2, expert_parallel=2),
                          ModelConfig(**MOE))

@@ -291,11 +291,6 @@ def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
     if cp > 1 and tp > 1 and (m.seq_length // cp) % tp:
         raise ConfigError(f"{path}.tensor_parallel",
                           f"{tp} must divide the per-rank sequence seq_length / context_parallel = {m.seq_length // cp}")
-    if p.pipeline_parallel > 1 and m.model_type == "qwen3_moe" and moe_layer_ids(m):
-        raise ConfigError(f"{path}.pipeline_parallel",
-                          f"{p.pipeline_parallel}: Qwen3-MoE's load-balancing loss (HF's) is one product over every "
-                          f"MoE layer's tokens, which pipeline stages do not exchange yet; set pipeline_parallel: 1 "
-                          f"(FSDP, TP, EP and CP train Qwen3-MoE)")
     dispatcher = p.moe_token_dispatcher_type
     if dispatcher not in ("alltoall", "alltoall_deredundancy"):
         raise ConfigError(f"{path}.moe_token_dispatcher_type",

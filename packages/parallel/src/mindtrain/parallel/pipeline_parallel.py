@@ -74,6 +74,13 @@ def relax_receive_timeout(seconds: int = RECEIVE_TIMEOUT_S) -> None:
         os.environ["MS_NODE_TIMEOUT"] = str(int(seconds))
 
 
+def _message(x, carry):
+    """What goes to the neighbour stage: ``x`` alone, or flat with the balance terms after it."""
+    if carry is None:
+        return x
+    return ops.concat((x.reshape(-1), carry.reshape(-1)))
+
+
 def _unit_params(plan: Mapping[str, Any], unit: str) -> list[str]:
     return next(u["params"] for u in plan["units"] if u["name"] == unit)
 
@@ -276,22 +283,23 @@ class PipelineSchedule:
             st = self.chunks[c]
             recv, send = op_messages(op, me, self.num_stages, self.num_chunks)
             if op.kind == "F":
-                h = None if recv is None else C.recv(act_shape, ms.float32, recv[0], self.pp)
-                inputs[(c, i)] = h
+                h, carried = (None, None) if recv is None else self._recv(act_shape, st, False, recv[0])
+                inputs[(c, i)] = (h, carried)
                 if send is not None:  # the last virtual stage's forward runs inside its backward
                     t = time.perf_counter()
-                    out = st.forward_only(h, mbs[i])
+                    out, carry = st.forward_only(h, mbs[i], carried)
                     out.asnumpy()  # the CPU runs ops asynchronously; wait so the time is the compute
                     busy += time.perf_counter() - t
-                    pending.append(C.isend(out, send[0], self.pp))
+                    pending.append(C.isend(_message(out, carry), send[0], self.pp))
                 continue
-            sens = None if recv is None else C.recv(act_shape, ms.float32, recv[0], self.pp)
+            sens, total = (None, None) if recv is None else self._recv(act_shape, st, True, recv[0])
             t = time.perf_counter()
-            gh, grads, fig, count = st.backward(inputs.pop((c, i)), sens, mbs[i])
+            h, carried = inputs.pop((c, i))
+            gh, grads, fig, count, carry = st.backward(h, sens, mbs[i], carried, total)
             fig.asnumpy()
             busy += time.perf_counter() - t
             if send is not None:
-                pending.append(C.isend(gh, send[0], self.pp))
+                pending.append(C.isend(_message(gh, carry), send[0], self.pp))
             mine = partial.setdefault(i, [None] * n_dense)
             for k, g in zip(self._chunk_index[c], grads):
                 mine[k] = g if mine[k] is None else mine[k] + g
@@ -333,12 +341,14 @@ class PipelineSchedule:
                     chunk, rank = divmod(v, self.num_stages)
                     if rank != self.stage_index:
                         continue
-                    h = None if v == 0 else C.recv(act_shape, ms.float32, (v - 1) % self.num_stages, self.pp)
+                    st = self.chunks[chunk]
+                    h, carried = (None, None) if v == 0 else \
+                        self._recv(act_shape, st, False, (v - 1) % self.num_stages)
                     with ms._no_grad():
-                        out, _, fig, _ = self.chunks[chunk].forward(h, mb)
+                        out, _, fig, _, carry = st.forward(h, mb, carried)
                     figures.append(fig)
                     if v < n_virtual - 1:
-                        pending.append(C.isend(out, (v + 1) % self.num_stages, self.pp))
+                        pending.append(C.isend(_message(out, carry), (v + 1) % self.num_stages, self.pp))
             for work in pending:
                 work.wait()
         finally:
@@ -349,6 +359,18 @@ class PipelineSchedule:
         fig = C.all_reduce(ops.stack(figures).sum(0) / float(len(mbs)), self.mesh.group("dp_cp"))
         fig = C.all_reduce(fig, self.pp)
         return [StepFigures.from_named(METRICS, (fig.asnumpy().astype(np.float64) / self.dp.size).tolist())]
+
+    def _recv(self, act_shape, stage, backward: bool, src: int):
+        """One message from stage ``src``: the activation (or its gradient) of ``act_shape``
+        and, for a model whose balance loss spans its layers, the balance terms it carries
+        (forward [2, E], backward [E]; see :meth:`ModelStage.forward`), else None."""
+        extra = stage.message_extra(backward)
+        if not extra:
+            return C.recv(act_shape, ms.float32, src, self.pp), None
+        n = int(np.prod(act_shape))
+        flat = C.recv((n + extra,), ms.float32, src, self.pp)
+        carry = flat[n:]
+        return flat[:n].reshape(act_shape), carry if backward else carry.reshape(2, extra // 2)
 
     def _reduce_micro(self, grads: list) -> list:
         """ZeRO-2/3: one micro-batch's stage gradients summed over CP and averaged over

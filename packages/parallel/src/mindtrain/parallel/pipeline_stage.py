@@ -1,7 +1,8 @@
 """One pipeline stage: a contiguous range of the model's units and its forward/backward.
 
 The stage runs the model's own pieces (duck-typed: ``embed``, ``rope``, ``run_layers``,
-``lm_loss``, ``mtp_forward``, ``combine_losses``; ``config``, ``moe_layer_ids``; see the
+``lm_loss``, ``mtp_forward``, ``combine_losses``, ``balance_term``; ``config``, ``moe_layer_ids``,
+``balance_spans_layers``; see the
 causal LM of the models package) on the units of its parallel plan
 (:class:`mindtrain.config.plan.ParallelPlan`), so the model's forward and loss rules are written once, in the model. What the stage
 adds is the split: the inputs come from :func:`mindtrain.parallel.context_parallel.split_batch`
@@ -50,13 +51,26 @@ class ModelStage:
         self.moe_rows = {layer: row for row, layer in enumerate(model.moe_layer_ids)}
         self.num_heads = self.cfg.num_attention_heads
         self.hidden_size = self.cfg.hidden_size
+        self.num_experts = int(self.cfg.n_routed_experts or 0)
+        self.spans = bool(getattr(model, "balance_spans_layers", False)) and bool(self.moe_rows)
+        """Whether the model's balance loss spans every MoE layer (see :meth:`forward`)."""
 
     # ---------------------------------------------------------------- forward
-    def forward(self, h, mb: dict) -> tuple:
-        """``(out, loss, figures [4], counts [n_moe_layers_here, E])``: ``out`` is the hidden
-        state for the next stage, or this stage's loss share on the last stage; ``loss`` this
-        stage's part of the training loss (the model's ``combine_losses`` of what it holds:
-        on other stages its layers' aux loss). ``h`` is ignored on the first stage."""
+    def forward(self, h, mb: dict, carried=None, total=None) -> tuple:
+        """``(out, loss, figures [4], counts [n_moe_layers_here, E], carry)``: ``out`` is the
+        hidden state for the next stage, or this stage's loss share on the last stage; ``loss``
+        this stage's part of the training loss (the model's ``combine_losses`` of what it holds:
+        on other stages its layers' aux loss). ``h`` is ignored on the first stage.
+
+        A model whose balance loss spans all its MoE layers (``balance_spans_layers``, e.g.
+        HF's Qwen3-MoE loss, one product over every layer's tokens) does not split into
+        per-stage sums; its stages pass the balance terms along. ``carried`` [2, E]: the terms
+        of the earlier stages (forward messages); ``total`` [E]: the routing counts of the
+        whole model (backward messages). The last stage reports the whole balance loss (its
+        own terms plus ``carried``); an earlier stage reports none but, given ``total``, adds
+        the gradient of its own terms (a zero-valued term). ``carry``: what this stage sends
+        on, detached: the terms so far [2, E] (not the last stage) or the total counts [E]
+        (the last stage); None for other models."""
         model = self.model
         cos, sin = model.rope(mb["position_ids"])
         mask = mb["mask_add"]
@@ -72,29 +86,60 @@ class ModelStage:
                 mtp_losses = [loss_k * t["scale"] for loss_k, t in zip(losses, mb["mtp"])]
                 counts += c
                 balances += bal
+        carry, gradient_only = None, None
+        if self.spans:
+            balances, carry, gradient_only = self._spanning_balance(balances, carried, total)
         loss, metrics = model.combine_losses(lm, mtp_losses, balances)
         figures = ops.stack(list(StepFigures.from_model(loss, metrics, ops.zeros((), ms.float32))))
+        if gradient_only is not None:
+            loss = loss + gradient_only
         count = ops.stack([c.astype(ms.float32) for c in counts]) if counts else ops.zeros((0,), ms.float32)
-        return (loss if self.is_last else h), loss, figures, count
+        return (loss if self.is_last else h), loss, figures, count, carry
+
+    def _spanning_balance(self, balances, carried, total):
+        """(the balances this stage reports, its carry, a zero-valued term carrying the gradient
+        of its own balance terms or None); see :meth:`forward`."""
+        e = self.num_experts
+        own = None
+        for b in balances:
+            own = b if own is None else own + b
+        so_far = carried if carried is not None else ops.zeros((2, e), ms.float32)
+        if own is not None:
+            so_far = so_far + ops.stop_gradient(own)
+        if self.is_last:
+            reported = ([carried] if carried is not None else []) + list(balances)
+            return reported, ops.stop_gradient(so_far[0]), None
+        extra = None
+        if total is not None and own is not None:
+            # the whole loss is linear in this stage's probabilities once every count is known:
+            # the rest of the counts beside this stage's own, no probabilities
+            rest = ops.concat((ops.stop_gradient(total - own[0]).reshape(1, e), ops.zeros((1, e), ms.float32)), 0)
+            value, coefficient = self.model.balance_term([rest] + list(balances))
+            if coefficient:
+                term = coefficient * value
+                extra = term - ops.stop_gradient(term)
+        return [], ops.stop_gradient(so_far), extra
 
     # ---------------------------------------------------------------- autodiff
-    def _objective(self, h, sens, mb):
-        out, loss, figures, count = self.forward(h, mb)
+    def _objective(self, h, sens, mb, carried, total):
+        out, loss, figures, count, carry = self.forward(h, mb, carried, total)
         if self.is_last:
             obj = loss
         else:
             # d/dθ sum(out * sens) is the vector-Jacobian product with the next stage's gradient
             obj = (out * sens).sum() + loss
-        return obj, (ops.stop_gradient(out), figures, count)
+        return obj, (ops.stop_gradient(out), figures, count, carry if carry is not None else ops.zeros((0,)))
 
-    def forward_only(self, h, mb: dict):
-        """The stage output without recording a graph (sent ahead; the backward recomputes it)."""
+    def forward_only(self, h, mb: dict, carried=None):
+        """``(out, carry)``: the stage output without recording a graph (sent ahead; the
+        backward recomputes it) and what the model's balance terms carry on (or None)."""
         with ms._no_grad():
-            out, _, _, _ = self.forward(h, mb)
-        return out
+            out, _, _, _, carry = self.forward(h, mb, carried)
+        return out, carry
 
-    def backward(self, h, sens, mb: dict):
-        """Recompute the forward and return ``(grad of h or None, param grads, figures, counts)``."""
+    def backward(self, h, sens, mb: dict, carried=None, total=None):
+        """Recompute the forward and return ``(grad of h or None, param grads, figures, counts,
+        carry)`` (``carry``: the total routing counts to send back, see :meth:`forward`)."""
         wants_h = not self.is_first
         if h is None:
             h = ops.zeros((1,), ms.float32)
@@ -102,11 +147,21 @@ class ModelStage:
             sens = ops.zeros((1,), ms.float32)
         fn = _grad_fn(self, wants_h)
         if wants_h:
-            (_, (_, figures, count)), (gh, grads) = fn(h, sens, mb)
+            (_, (_, figures, count, carry)), (gh, grads) = fn(h, sens, mb, carried, total)
         else:
-            (_, (_, figures, count)), grads = fn(h, sens, mb)
+            (_, (_, figures, count, carry)), grads = fn(h, sens, mb, carried, total)
             gh = None
-        return gh, list(grads), figures, count
+        if not self.spans:
+            carry = None
+        elif not self.is_last:
+            carry = total
+        return gh, list(grads), figures, count, carry
+
+    def message_extra(self, backward: bool) -> int:
+        """Floats a message between stages carries beyond the activation (or its gradient):
+        the balance terms [2, E] forward, the total counts [E] backward, for a model whose
+        balance spans its layers; else 0."""
+        return (self.num_experts if backward else 2 * self.num_experts) if self.spans else 0
 
     def load_rows(self, count) -> Tensor:
         """This stage's counts placed in the model's [n_moe_layers, E] expert-load matrix."""

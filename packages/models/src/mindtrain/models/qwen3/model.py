@@ -104,13 +104,18 @@ class Qwen3ForCausalLM(DeepseekV3ForCausalLM):
         norm = self.model.norm
         return self.head_loss(h, norm.weight, norm.eps, self.output_weight(), labels, loss_mask)
 
+    balance_spans_layers = True
+    """HF's balance loss is one product over every MoE layer's tokens (see :meth:`balance_term`):
+    pipeline stages pass the layers' balance terms along instead of adding per-stage losses."""
+
     def balance_term(self, balances):
         """HF Qwen3MoeForCausalLM's ``aux_loss`` (:func:`~mindtrain.models.qwen3.moe.load_balancing_loss`
         of all of ``balances``, the layers' :func:`~mindtrain.models.qwen3.moe.balance_terms`)
         and ``router_aux_loss_coef`` when ``output_router_logits`` (else 0: reported only), so
         :meth:`combine_losses` gives ``lm_loss + router_aux_loss_coef * load_balancing_loss``.
         HF's balance is one product over all MoE layers, so unlike DeepSeek-V3's it does not
-        split into a sum of per-stage parts: ``balances`` must be every MoE layer's."""
+        split into a sum of per-stage parts: ``balances`` must be every MoE layer's (or stand
+        for them: a pipeline stage passes the other stages' summed terms as one entry)."""
         cfg = self.config
         coefficient = cfg.router_aux_loss_coef if cfg.output_router_logits else 0.0
         return load_balancing_loss(balances, cfg.num_experts_per_tok), coefficient
