@@ -239,7 +239,12 @@ class Trainer:
         self.consumed_samples += global_batch
         elapsed = time.perf_counter() - start
         tokens_per_device = accum * self.cfg.training.local_batch_size * self.cfg.model.seq_length
-        return {"step": self.step, "loss": step_figures.lm_loss,
+        tracked = {}
+        if self._track_logits:  # the step's largest attention logit (all layers, heads, ranks)
+            tracked["max_attention_logit"] = float(max((v.max() for v in self.max_logits.values()), default=0.0))
+        if self._qk_clip:
+            tracked["qk_clipped_heads"] = 0 if skipped else self.qk_clipped
+        return {**tracked, "step": self.step, "loss": step_figures.lm_loss,
                 "load_balancing_loss": step_figures.load_balancing_loss,
                 "mtp_loss": step_figures.mtp_loss, "total_loss": step_figures.loss, "lr": lr, "grad_norm": grad_norm,
                 "per_step_time_ms": elapsed * 1000.0,
