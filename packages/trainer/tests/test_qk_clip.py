@@ -85,6 +85,11 @@ def test_trainer_clips_and_resume_is_exact(tiny_config, tmp_path):
     assert [r["step"] for r in resumed] == [3]
     for key in ("loss", "grad_norm", "max_attention_logit", "qk_clipped_heads"):
         assert resumed[0][key] == full[2][key], key
+    # the clip changes the weights: without it (a threshold no logit reaches) step 2 differs
+    unclipped = Trainer(tiny_config(*QK, "optimizer.qk_clip_threshold=1e9", "training.steps=2"),
+                        Runtime(device="CPU"), out=lambda _: None).train()
+    assert unclipped[0]["loss"] == full[0]["loss"] and unclipped[0]["qk_clipped_heads"] == 0
+    assert abs(unclipped[1]["loss"] - full[1]["loss"]) > 1e-6
     a, b = (tmp_path / d / "iter_0000003" for d in ("a", "b"))
     for f in sorted(p.name for p in a.glob("*.safetensors")):
         ta, tb = load_file(str(a / f)), load_file(str(b / f))
