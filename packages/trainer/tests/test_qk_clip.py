@@ -95,3 +95,18 @@ def test_trainer_clips_and_resume_is_exact(tiny_config, tmp_path):
         ta, tb = load_file(str(a / f)), load_file(str(b / f))
         for k in ta:
             assert (ta[k] == tb[k]).all(), (f, k)
+
+
+def test_max_logits_monitor_without_qk_clip(tiny_config, capsys):
+    """MaxLogitsMonitor alone (AdamW): the model tracks its logits and the callback prints
+    MindFormers' lines, one per layer (decoder layers and the MTP module), mean and max."""
+    cfg = tiny_config("training.steps=1", "callbacks=[{type: MaxLogitsMonitor}]")
+    trainer = Trainer(cfg, Runtime(device="CPU"), out=lambda _: None)
+    (rec,) = trainer.train()
+    lines = [x for x in capsys.readouterr().out.splitlines() if "max_attention_logit/" in x]
+    layers = cfg.model.num_hidden_layers + cfg.model.num_nextn_predict_layers
+    assert len(lines) == layers + 2 and "qk_clipped_heads" not in rec
+    assert lines[0].startswith("step:[    1/    1] max_attention_logit/model.layers.0.self_attn.core_attention."
+                               "max_logits_val: [")
+    top = max(float(v) for v in lines[-1].rsplit(":", 1)[1].split())
+    assert abs(top - rec["max_attention_logit"]) < 1e-3 * rec["max_attention_logit"]
