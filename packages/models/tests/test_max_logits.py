@@ -24,7 +24,7 @@ FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 REF = os.path.join(FIXTURES, "max_logits_hf.npz")
 
 
-def _run(name, jit, track=True, recompute=False):
+def _run(name, jit, track=True, recompute=False, twice=True):
     d = os.path.join(FIXTURES, f"hf_{name}")
     model = mm.from_pretrained(d, jit=jit)
     if recompute:
@@ -33,7 +33,8 @@ def _run(name, jit, track=True, recompute=False):
         track_max_attention_logits(model)
     ids = Tensor(load_file(os.path.join(d, "reference.safetensors"))["input_ids"])
     model(ids)
-    model(ids)  # a second forward of the step: the running max is unchanged
+    if twice:
+        model(ids)  # a second forward of the step: the running max is unchanged
     return model, max_attention_logits(model)
 
 
@@ -52,9 +53,9 @@ def test_max_logits_match_transformers(name, jit):
 
 @pytest.mark.parametrize("name", ["qlora", "qwen3"])
 def test_eager_row_block_core(name, monkeypatch):
-    monkeypatch.setattr(attention.CoreAttention, "row_block_elements", 16 * 4)
+    monkeypatch.setattr(attention.CoreAttention, "row_block_elements", 16 * 8)
     ref = np.load(REF)
-    model, got = _run(name, False, recompute=True)
+    model, got = _run(name, False, recompute=True, twice=False)
     assert all("construct" in layer.self_attn.core_attention.__dict__ for layer in model.model.layers)
     for i in sorted(got):
         np.testing.assert_allclose(got[i], ref[f"{name}.layer{i}"], rtol=1e-5, atol=1e-5)
