@@ -39,10 +39,12 @@ def _rows(tmp: str, name: str, proc: subprocess.Popen) -> list[dict]:
     return [json.loads(line) for line in open(metrics)]
 
 
-def one_and_two(tmp: str, extra, port: int) -> tuple[list[dict], list[dict]]:
-    """The metrics rows of one process and of 2 workers (rank 0's), both with ``extra``."""
+def one_and_two(tmp: str, extra, port: int, two_extra=()) -> tuple[list[dict], list[dict]]:
+    """The metrics rows of one process and of 2 workers (rank 0's), both with ``extra``; the
+    workers also with ``two_extra`` (their layout, e.g. tensor parallelism)."""
     prefix = prepare_data(os.path.join(tmp, "data", "pydoc"))
-    jobs = {name: _start(tmp, name, workers, prefix, extra, port) for name, workers in (("one", 1), ("two", 2))}
+    jobs = {name: _start(tmp, name, workers, prefix, [*extra, *more], port)
+            for name, workers, more in (("one", 1, ()), ("two", 2, tuple(two_extra)))}
     one, two = (_rows(tmp, name, proc) for name, proc in jobs.items())
     return one, two
 

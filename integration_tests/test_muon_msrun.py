@@ -1,6 +1,7 @@
 """optimizer.type: Muon under msrun: 2 workers with ZeRO-3 (every weight a dim-0 shard, padded
 where the rows do not split evenly) give the figures of one process, step after step: each
-rank gathers the Newton-Schulz inputs whole (a bounded batch at a time), orthogonalises and keeps its own rows. Muon's
+rank gathers the Newton-Schulz inputs whole (a bounded batch at a time), orthogonalises and keeps its own rows;
+with QK-clip, the max attention logits are gathered over the ranks and each clips its own rows. Muon's
 arithmetic against torch.optim.Muon and its resume are in packages/trainer/tests/test_muon*.py."""
 
 from __future__ import annotations
@@ -26,3 +27,24 @@ def test_two_zero3_workers_equal_one_process(tmp_path):
     print(f"Muon ZeRO-3 2 workers vs 1 process: max relative difference over 4 steps: {err:.2e}")
     assert err < 1e-5
     assert one[-1]["loss"] < one[0]["loss"]
+
+
+@pytest.mark.parametrize("layout, port", [([], 8735), (["parallelism.tensor_parallel=2"], 8736)],
+                         ids=["zero3", "tp2"])
+def test_two_workers_with_qk_clip_equal_one_process(tmp_path, layout, port):
+    """QK-clip on (threshold below the tiny model's max logits, so heads clip at every step):
+    each rank records its max logits, the table is gathered (a max over ranks; under TP each
+    rank's heads are its block), and each scales the rows of its own pieces of q_b_proj /
+    kv_b_proj (ZeRO-3 dim-0 shards; TP: its heads' rows)."""
+    one, two = one_and_two(str(tmp_path), [
+        "training.global_batch_size=4", "optimizer.type=Muon", "optimizer.weight_decay=0.1",
+        "lr_scheduler.learning_rate=0.01", "optimizer.qk_clip_enabled=true", "optimizer.qk_clip_threshold=0.1",
+        "optimizer.ns_coefficients=[[[3.4445, -4.7750, 2.0315], 4], [[2.0, -1.5, 0.5], 1]]"], port, layout)
+    assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2, 3, 4]
+    assert all(r["qk_clipped_heads"] > 0 for r in one)
+    assert [r["qk_clipped_heads"] for r in two] == [r["qk_clipped_heads"] for r in one]
+    err = max(max_rel_diff(two, one), max(abs(a["max_attention_logit"] - b["max_attention_logit"]) /
+                                          b["max_attention_logit"] for a, b in zip(two, one)))
+    print(f"Muon + QK-clip {layout or 'ZeRO-3'} 2 workers vs 1 process: max relative difference over 4 steps: {err:.2e}; "
+          f"heads clipped per step: {[r['qk_clipped_heads'] for r in one]}")
+    assert err < 1e-5

@@ -13,6 +13,7 @@ HERE = os.path.dirname(__file__)
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 DS4 = os.path.join(HERE, "fixtures", "mindformers", "pynative_deepseek4.yaml")
 TINY = os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml")
+QWEN3 = os.path.join(ROOT, "configs", "pynative_qwen3_tiny.yaml")
 
 
 def _published():
@@ -28,20 +29,33 @@ def test_deepseek4_optimizer_section_loads_as_published():
     # the schedule sets the step count (8 + 2); ns_steps: 8 is ignored, as in MindFormers
     sched = ns_schedule(o)
     assert len(sched) == 10 and sched[0] == (3.4445, -4.7750, 2.0315) and sched[-1] == (2.0, -1.5, 0.5)
-    # QK-clip is not built: the published qk_clip_enabled: True is refused in one line
-    with pytest.raises(ConfigError, match=r"^optimizer\.qk_clip_enabled: QK-clip is not built") as err:
-        _validate_muon(o)
-    assert "\n" not in str(err.value)
-    o.qk_clip_enabled = False
+    # the published qk_clip_enabled: True is valid with Muon
+    assert o.qk_clip_enabled is True
     _validate_muon(o)
 
 
 def test_muon_section_in_a_whole_config():
-    section = {k: v for k, v in _published().items()}
-    section["qk_clip_enabled"] = False
+    section = {k: v for k, v in _published().items()}  # QK-clip on, as published
     overrides = [f"optimizer.{k}={yaml.safe_dump(v, default_flow_style=True).strip()}" for k, v in section.items()]
     cfg = load_config(TINY, overrides)
     assert cfg.optimizer.type == "Muon" and len(ns_schedule(cfg.optimizer)) == 10
+    assert cfg.optimizer.qk_clip_enabled is True and cfg.optimizer.qk_clip_threshold == 100.0
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    # MindFormers' AdamW ignores it: refused
+    (["optimizer.qk_clip_enabled=true"], "optimizer.qk_clip_enabled: QK-clip is part of Muon"),
+    # MindFormers clips MLA only (apply_qk_clip_scaling returns without multi_latent_attention)
+    (["optimizer.type=Muon", "optimizer.qk_clip_enabled=true", "config=qwen3"],
+     "optimizer.qk_clip_enabled: MindFormers' QK-clip scales MLA"),
+    (["optimizer.type=Muon", "optimizer.qk_clip_enabled=true", "parallelism.context_parallel=2",
+      "parallelism.context_parallel_method=ulysses"], "parallelism.context_parallel_method: ulysses does not report"),
+])
+def test_qk_clip_refusals_are_one_line(overrides, expected):
+    path = QWEN3 if "config=qwen3" in overrides else TINY
+    with pytest.raises(ConfigError) as err:
+        load_config(path, [o for o in overrides if o != "config=qwen3"])
+    assert str(err.value).startswith(expected) and "\n" not in str(err.value)
 
 
 def test_flat_coefficients_repeat_ns_steps():
@@ -61,7 +75,6 @@ def test_flat_coefficients_repeat_ns_steps():
     ("adamw_eps", 0, "optimizer.adamw_eps: must be > 0"),
     ("adamw_include", [""], "optimizer.adamw_include: must be a list of glob strings"),
     ("qk_clip_threshold", 0, "optimizer.qk_clip_threshold: must be > 0"),
-    ("qk_clip_enabled", True, "optimizer.qk_clip_enabled: QK-clip is not built"),
 ])
 def test_bad_muon_values_are_one_line(field, value, expected):
     overrides = ["optimizer.type=Muon", f"optimizer.{field}={yaml.safe_dump(value, default_flow_style=True).strip()}"]

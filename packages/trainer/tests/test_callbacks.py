@@ -62,5 +62,5 @@ def test_unknown_type_and_bad_arguments_are_one_line_errors():
     assert "registered: " in msg and "MaxLogitsMonitor" in msg and "\n" not in msg
     with pytest.raises(ConfigError, match=r"^callbacks\[0\]\.type: is missing"):
         build_callbacks([CallbackConfig(type="")])
-    with pytest.raises(ConfigError, match=r"^callbacks: MaxLogitsMonitor needs the model to track"):
-        build_callbacks([CallbackConfig(type="MaxLogitsMonitor", params={"step_interval": 1})])
+    with pytest.raises(ConfigError, match=r"^callbacks: MaxLogitsMonitor step_interval must be a positive int"):
+        build_callbacks([CallbackConfig(type="MaxLogitsMonitor", params={"step_interval": 0})])

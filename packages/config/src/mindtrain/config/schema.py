@@ -198,8 +198,10 @@ class OptimizerConfig:
     per parameter (ops.FusedCastAdamWeightDecay with bias correction and clipping folded in),
     so it changes nothing."""
     qk_clip_enabled: bool = False
-    """Muon: QK-clip (rescale query/key weights when attention logits exceed
-    qk_clip_threshold). Not built: true is refused."""
+    """Muon: QK-clip after each update: every MLA head whose max pre-softmax attention logit of
+    the step reaches qk_clip_threshold has its query nope rows and kv_b_proj key rows scaled by
+    sqrt(threshold / max) and its query rope rows by threshold / max (MindFormers' rule;
+    DeepSeek-V3 only; refused with AdamW)."""
     qk_clip_threshold: float = 100.0
     """Muon: the attention-logit threshold of QK-clip."""
 

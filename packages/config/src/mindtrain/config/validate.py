@@ -442,9 +442,20 @@ def _validate_muon(o) -> None:
         raise ConfigError("optimizer.adamw_include", f"must be a list of glob strings, got {o.adamw_include!r}")
     if o.qk_clip_threshold <= 0:
         raise ConfigError("optimizer.qk_clip_threshold", f"must be > 0, got {o.qk_clip_threshold}")
-    if o.qk_clip_enabled:
-        raise ConfigError("optimizer.qk_clip_enabled", "QK-clip is not built in mindtrain (it needs the attention's "
-                          "max logits per head); set it to false")
+
+
+def _validate_max_logits(cfg: MindTrainConfig) -> None:
+    """QK-clip and the max-logit monitor: what the model's attention can report."""
+    o, m, p = cfg.optimizer, cfg.model, cfg.parallelism
+    clip = o.type == "Muon" and o.qk_clip_enabled
+    if clip and m.model_type != "deepseek_v3":
+        raise ConfigError("optimizer.qk_clip_enabled", f"MindFormers' QK-clip scales MLA attention weights "
+                          f"(DeepSeek-V3) only and leaves a {m.model_type} model's alone; set it to false "
+                          f"(callbacks: [{{type: MaxLogitsMonitor}}] reports the max attention logits)")
+    monitor = any(c.type in ("MaxLogitsMonitor", "MaxLogitsReset") for c in cfg.callbacks)
+    if (clip or monitor) and p.context_parallel > 1 and p.context_parallel_method == "ulysses":
+        raise ConfigError("parallelism.context_parallel_method", "ulysses does not report the max attention logits "
+                          "(QK-clip, MaxLogitsMonitor); use colossal")
 
 
 def validate_config(cfg: MindTrainConfig, world_size: Optional[int] = None) -> None:
@@ -466,6 +477,9 @@ def validate_config(cfg: MindTrainConfig, world_size: Optional[int] = None) -> N
         raise ConfigError("optimizer.type", f"must be 'AdamW' or 'Muon', got {o.type!r}")
     if o.type == "Muon":
         _validate_muon(o)
+    elif o.qk_clip_enabled:
+        raise ConfigError("optimizer.qk_clip_enabled", f"QK-clip is part of Muon (MindFormers ignores it with "
+                          f"{o.type}); set it to false, or optimizer.type: Muon")
     if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
         raise ConfigError("optimizer.betas", f"must be two numbers in [0, 1), got {o.betas}")
     if o.eps <= 0:
@@ -491,6 +505,7 @@ def validate_config(cfg: MindTrainConfig, world_size: Optional[int] = None) -> N
         raise ConfigError("lr_scheduler.decay_ratio", f"must be in (0, 1], got {lr.decay_ratio}")
     validate_model(cfg.model)
     validate_parallelism(cfg.parallelism, cfg.model)
+    _validate_max_logits(cfg)
     validate_dataset(cfg.train_dataset, cfg.model)
     validate_validation(cfg)
     ramp = BatchRamp.from_config(cfg.training)

@@ -53,11 +53,45 @@ class CoreAttention(nn.Cell):
         self.bmm_t = ops.BatchMatMul(transpose_b=True)
         self.bmm = ops.BatchMatMul()
 
+    track_max_logits = False
+    """Also return each row's largest logit (see :meth:`attend_tracked`); set with
+    :func:`track_max_attention_logits` before the first (possibly compiled) call."""
+
     def construct(self, q, k, v, mask_add):
+        if self.track_max_logits:
+            return self.attend_tracked(q, k, v, mask_add)
+        return self.untracked(q, k, v, mask_add)
+
+    def untracked(self, q, k, v, mask_add):
+        """The attention output alone, whatever :attr:`track_max_logits` says."""
         cd = self.matmul_dtype
         if self.fast_kernels and cd is not None:
             return kernels.fast_attention(q, k, v, mask_add)
         return self.attend(q, k, v, mask_add)
+
+    def attend_tracked(self, q, k, v, mask_add):
+        """``(output, row maxima [B, N, S])``: the output and, per query row, the largest
+        pre-softmax logit (the scaled ``q.k``; the mask's blocked keys, ``NEG`` added, never
+        win), the quantity MindFormers' flash attention reports as ``softmax_max``. The
+        maxima carry no gradient."""
+        scores = self.bmm_t(q, k) + mask_add
+        if self.fast_kernels and self.matmul_dtype is not None:
+            out = kernels.fast_attention(q, k, v, mask_add)
+        else:
+            out = self.bmm(to_compute(self.softmax(scores), self.matmul_dtype), v)
+        return out, ops.amax(ops.stop_gradient(scores), -1)
+
+    def head_max_eager(self, q, k, mask_add):
+        """Per head ([N]) the largest pre-softmax logit of ``q`` [B,N,S,d] over ``k``
+        [B,N,Sk,d] with ``mask_add`` [B,N|1,S,Sk], one head at a time (an eager core in
+        row blocks never holds a whole head's scores with gradients; this holds one without)."""
+        q, k = ops.stop_gradient(q), ops.stop_gradient(k)
+        out = []
+        for h in range(q.shape[1]):
+            hm = h if mask_add.shape[1] > 1 else 0
+            s = self.bmm_t(q[:, h:h + 1], k[:, h:h + 1]) + mask_add[:, hm:hm + 1]
+            out.append(ops.amax(s, (0, 1, 2, 3)).reshape(1))
+        return ops.concat(out, 0)
 
     def attend(self, q, k, v, mask_add):
         # scores in the matmul dtype; adding the float32 mask makes them float32 for the softmax
@@ -77,7 +111,7 @@ class CoreAttention(nn.Cell):
         b, n, s, sk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
         fast = self.fast_kernels and self.matmul_dtype is not None
         if fast or b * n * s * sk <= self.row_block_elements:
-            return type(self).construct(self, q, k, v, mask_add)
+            return self.untracked(q, k, v, mask_add)
         rows = max(1, self.row_block_elements // sk)
         extents = _key_extents(mask_add, rows, s == sk)
         kept = self._first_pass_outputs
@@ -233,6 +267,7 @@ class MLAttention(Block):
     # latent norms and softmax stay float32. Set by the model before the first call.
     matmul_dtype = None
     fast_kernels = False
+    track_max_logits = False  # see track_max_attention_logits
     PIECES = ("project", "attend", "keys_values", "output")
 
     def __init__(self, cfg):
@@ -283,6 +318,10 @@ class MLAttention(Block):
         w_half = ops.gather(w, self._half_idx, 1) * self._half_sign
         return w.reshape(n * self.rope, -1), w_half.reshape(n * self.rope, -1)
 
+    def note_max_logits(self, head_max) -> None:
+        """Fold one forward's per-head max logits ([N] of this rank's heads) into the step's."""
+        note_max_logits(self, head_max)
+
     def piece_weights(self, name: str) -> tuple:
         if name == "project":
             if self.q_lora_rank is None:
@@ -310,8 +349,10 @@ class MLAttention(Block):
             kv_lat, k_rot = self.kv_exchange(kv_lat, k_rot)
         if overridden(self.core_attention):  # the core runs eager (in blocks of rows): the pieces around it
             k, v = self.run("keys_values", q, kv_lat, k_rot)
+            if self.track_max_logits:
+                self.note_max_logits(self.core_attention.head_max_eager(q, k, mask_add))
             return self.run("output", self.core_attention(q, k, v, mask_add))
-        return self.run("attend", q, kv_lat, k_rot, mask_add)
+        return take_max_logits(self, self.run("attend", q, kv_lat, k_rot, mask_add))
 
     def forward(self, x, cos, sin, mask_add, *w):
         """:meth:`construct`'s math on the weights ``w`` (``piece_weights("forward")``), as one
@@ -368,7 +409,11 @@ class MLAttention(Block):
         [B,Sk,kv_lora] and ``k_rot`` [B,1,Sk,rope], through ``o_proj``: [B,S,H]; ``w`` is
         ``kv_b_proj``'s weight, then ``o_proj``'s."""
         k, v = self.keys_values(q, kv_lat, k_rot, w[0])
-        return self.output(self.core_attention(q, k, v, mask_add), *w[1:])
+        out = self.core_attention(q, k, v, mask_add)
+        if self.track_max_logits:  # (output, per-head max logit [N]): see track_max_attention_logits
+            out, rows = out
+            return self.output(out, *w[1:]), ops.amax(rows, (0, 2))
+        return self.output(out, *w[1:])
 
     def keys_values(self, q, kv_lat, k_rot, kv_b):
         """Keys [B,N,Sk,qk_head_dim] and values [B,N,Sk,dv] of the latent and roped key."""
@@ -389,3 +434,62 @@ class MLAttention(Block):
         b, n, s = out.shape[0], out.shape[1], out.shape[2]
         out = ops.transpose(out, (0, 2, 1, 3)).reshape(b, s, n * self.v_dim)
         return linear(out, o_w, o_b, self.matmul_dtype)
+
+
+# ---------------------------------------------------------------------- max attention logits
+# MindFormers' ``track_max_attention_logit`` (its flash attention's ``max_logits_val``): per
+# layer and head, the largest pre-softmax logit of the step's forwards, which Muon's QK-clip
+# and the MaxLogitsMonitor callback read. Here a compiled piece returns the maxima as one
+# more output; the eager code that called it folds them into the attention cell's running
+# maximum (a Python attribute, no Parameter, nothing written inside a graph).
+
+
+def note_max_logits(cell, head_max) -> None:
+    """Running maximum of ``cell``'s per-head max logits over the step's forwards."""
+    prev = cell.__dict__.get("_max_logits")
+    object.__setattr__(cell, "_max_logits", head_max if prev is None else ops.maximum(prev, head_max))
+
+
+def take_max_logits(cell, out):
+    """``out`` of a piece or layer that returns the max logits last while ``cell`` tracks
+    them: folds them in (:func:`note_max_logits`) and returns the rest (one item: itself)."""
+    if not cell.track_max_logits:
+        return out
+    note_max_logits(cell, out[-1])
+    return out[0] if len(out) == 2 else out[:-1]
+
+
+def attention_cells(model) -> list:
+    """``(layer index, attention cell)`` of every decoder layer (and MTP module: its index in
+    ``model.layers``) whose attention can track its max logits."""
+    out = []
+    for i, layer in enumerate(model.model.layers):
+        attn = getattr(layer, "self_attn", None)
+        if attn is not None and hasattr(type(attn), "track_max_logits"):
+            out.append((i, attn))
+    return out
+
+
+def track_max_attention_logits(model, enabled: bool = True) -> None:
+    """Make every attention of ``model`` record its per-head max pre-softmax logit
+    (MindFormers' ``track_max_attention_logit``); off (the default) costs nothing. Set it
+    before the model's first call: a compiled piece keeps the graph of its first call
+    (MindSpore caches it by cell and method)."""
+    for _, attn in attention_cells(model):
+        attn.track_max_logits = bool(enabled)
+        attn.core_attention.track_max_logits = bool(enabled)
+        object.__setattr__(attn, "_max_logits", None)
+
+
+def max_attention_logits(model, reset: bool = True) -> dict:
+    """``{layer index: float32 array [local heads]}``: the max logits recorded since the
+    last reset, of the layers that ran on this rank (this rank's heads under tensor
+    parallelism); ``reset`` starts the next step's record."""
+    out = {}
+    for i, attn in attention_cells(model):
+        m = attn.__dict__.get("_max_logits")
+        if m is not None:
+            out[i] = m.asnumpy().astype(np.float32).reshape(-1)
+        if reset:
+            object.__setattr__(attn, "_max_logits", None)
+    return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import ops
 
-from mindtrain.models.attention import MLAttention
+from mindtrain.models.attention import MLAttention, take_max_logits
 from mindtrain.models.blocks import Block, call_graph, overridden
 from mindtrain.models.mlp import MLP
 from mindtrain.models.moe import MoE
@@ -63,7 +63,8 @@ class DecoderLayer(Block):
     def construct(self, h, cos, sin, mask_add):
         whole = self.whole_graph()
         if whole is not None:
-            return call_graph(whole, h, cos, sin, mask_add, *self.piece_weights("forward"))
+            return take_max_logits(self.self_attn, call_graph(whole, h, cos, sin, mask_add,
+                                                              *self.piece_weights("forward")))
         return self.compose(h, cos, sin, mask_add)
 
     def forward(self, h, cos, sin, mask_add, *w):
@@ -71,15 +72,24 @@ class DecoderLayer(Block):
         return self.block(h, cos, sin, mask_add, *w)
 
     def block(self, h, cos, sin, mask_add, *w):
-        """Attention and MLP/MoE with their norms and residuals, on the weights ``w``."""
+        """Attention and MLP/MoE with their norms and residuals, on the weights ``w``; while
+        the attention tracks its max logits, they come last (``construct`` takes them)."""
         cos, sin, mask_add = ops.stop_gradient(cos), ops.stop_gradient(sin), ops.stop_gradient(mask_add)
         a = self.n_attention
-        h = h + self.self_attn.forward(self.input_layernorm.apply(h, w[0]), cos, sin, mask_add, *w[1:a + 1])
-        x = self.post_attention_layernorm.apply(h, w[a + 1])
+        x = self.input_layernorm.apply(h, w[0])
+        if self.self_attn.track_max_logits:
+            attn, head_max = self.self_attn.forward(x, cos, sin, mask_add, *w[1:a + 1])
+            h, counts, balance = self._mlp_block(h + attn, *w[a + 1:])
+            return h, counts, balance, head_max
+        return self._mlp_block(h + self.self_attn.forward(x, cos, sin, mask_add, *w[1:a + 1]), *w[a + 1:])
+
+    def _mlp_block(self, h, *w):
+        """The MLP/MoE half of :meth:`block` on ``w`` (its norm's weight, then the MLP's)."""
+        x = self.post_attention_layernorm.apply(h, w[0])
         if self.is_moe:
-            y, counts, balance = self.mlp.forward(x, *w[a + 2:])
+            y, counts, balance = self.mlp.forward(x, *w[1:])
             return h + y, counts, balance
-        y = self.mlp.forward(x, *w[a + 2:])
+        y = self.mlp.forward(x, *w[1:])
         return h + y, ops.zeros((1,), ms.int32), ops.zeros((), h.dtype)
 
     def compose(self, h, cos, sin, mask_add):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import nn, ops
 
+from mindtrain.models.attention import take_max_logits
 from mindtrain.models.blocks import call_graph
 from mindtrain.models.decoder import DecoderLayer
 from mindtrain.models.linear import Linear, linear
@@ -46,7 +47,8 @@ class MTPLayer(DecoderLayer):
     def construct(self, h_prev, emb_next, cos, sin, mask_add):
         whole = self.whole_graph()
         if whole is not None:
-            return call_graph(whole, h_prev, emb_next, cos, sin, mask_add, *self.piece_weights("forward"))
+            return take_max_logits(self.self_attn, call_graph(whole, h_prev, emb_next, cos, sin, mask_add,
+                                                              *self.piece_weights("forward")))
         h = self.eh_proj(ops.concat((self.enorm(emb_next), self.hnorm(h_prev)), -1))
         if h.dtype != ms.float32:  # mixed precision: the residual stream stays float32
             h = ops.cast(h, ms.float32)

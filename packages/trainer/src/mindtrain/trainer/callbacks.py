@@ -66,14 +66,46 @@ class TrainerCallback:
 
 @register(KIND, "MaxLogitsMonitor")
 class MaxLogitsMonitor(TrainerCallback):
-    """MindFormers' per-layer max-attention-logit dump. It reads logits that the model
-    tracks during attention; mindtrain's model does not track them, so naming it is an
-    error rather than a callback that prints nothing."""
+    """MindFormers' per-layer max-attention-logit dump (``MaxLogitsMonitor``): every
+    ``step_interval`` steps, one line per layer with its heads' max pre-softmax logits of the
+    step (all ranks'), then their mean and max, in MindFormers' format
+    (``step:[    3/   10] max_attention_logit/<layer>: [...]``). Naming it makes the model
+    track the logits (as MindFormers' ``configure_max_logits_tracking`` does)."""
 
     def __init__(self, step_interval: int = 1):
-        raise ConfigError("callbacks", "MaxLogitsMonitor needs the model to track max attention logits "
-                          "(MindFormers' track_max_attention_logit), which mindtrain's model does not; remove the "
-                          "entry")
+        if isinstance(step_interval, bool) or not isinstance(step_interval, int) or step_interval <= 0:
+            raise ConfigError("callbacks", f"MaxLogitsMonitor step_interval must be a positive int, "
+                              f"got {step_interval!r}")
+        self.step_interval = step_interval
+
+    def lines(self, state: TrainerState, table) -> list[str]:
+        """The lines of one step's ``table`` (``{layer: [heads]}``)."""
+        head = f"step:[{state.global_step:5d}/{state.max_steps:5d}] max_attention_logit/"
+        out, values = [], []
+        for i in sorted(table):
+            v = [float(x) for x in table[i]]
+            values += v
+            out.append(f"{head}model.layers.{i}.self_attn.core_attention.max_logits_val: "
+                       f"[{', '.join(f'{x:.4g}' for x in v)}]")
+        if values:
+            out.append(f"{head}mean: {sum(values) / len(values):.4g}")
+            out.append(f"{head}max: {max(values):.4g}")
+        return out
+
+    def on_step_end(self, args, state: TrainerState, **kwargs):
+        if state.global_step % self.step_interval:
+            return
+        table = getattr(kwargs.get("model"), "max_attention_logits", None)
+        for line in self.lines(state, table or {}):
+            print(line, flush=True)
+
+
+@register(KIND, "MaxLogitsReset")
+class MaxLogitsReset(MaxLogitsMonitor):
+    """MindFormers' deprecated name: :class:`MaxLogitsMonitor` every step."""
+
+    def __init__(self):
+        super().__init__(step_interval=1)
 
 
 def build_callbacks(entries: Sequence) -> list:

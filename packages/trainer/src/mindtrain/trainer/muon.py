@@ -25,7 +25,8 @@ piece with ``scatter_own`` (no communication; padding rows zero). Same as MindFo
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence
+import re
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 from mindspore import Parameter, Tensor, ops
@@ -36,6 +37,7 @@ from mindtrain.trainer.muon_rules import GATHER_BYTES
 from mindtrain.trainer.optimizer import AdamW, wants_decay
 
 MOMENTUM = "muon_m"
+_QK_WEIGHT = re.compile(r"(?:^|\.)layers\.(\d+)\.self_attn\.(q_b_proj|q_proj|kv_b_proj)\.weight$")
 
 
 def newton_schulz(x: Tensor, schedule: Sequence[tuple[float, float, float]], eps: float) -> Tensor:
@@ -110,6 +112,7 @@ class Muon:
         self.eps = float(cfg.eps)
         self.rms = float(cfg.matched_adamw_rms)
         self.layout = layout
+        self.model = model
         shards = layout.shards() if layout is not None else None
         self.global_shapes = ([tuple(s.global_shape) for s in shards] if shards is not None
                               else [tuple(p.shape) for p in self.params])
@@ -197,6 +200,56 @@ class Muon:
             u = local_updates[i]
             ops.assign(p, p * keep - (u if u.dtype == p.dtype else u.astype(p.dtype)) * self.lr)
         self.adamw.step([grads[i] for i in self.adamw_idx], lr=self.lr, grad_scale=grad_scale)
+
+    # ------------------------------------------------------------------ QK-clip
+    def qk_clip(self, max_logits: Mapping[int, np.ndarray], threshold: float) -> int:
+        """MindFormers' QK-clip (``Muon.qk_clip_enabled``), after the update: every MLA head
+        whose max pre-softmax logit of the step (``max_logits``: ``{layer: [heads]}``, all
+        ranks', :func:`mindtrain.trainer.max_logits.synced_max_logits`) reaches
+        ``threshold`` gets ``scale = threshold / max_logit``; its query weights' ``nope`` rows
+        are multiplied by ``sqrt(scale)`` and its ``rope`` rows by ``scale`` (``q_b_proj``, or
+        ``q_proj`` without a query LoRA), its key ``nope`` rows of ``kv_b_proj`` by
+        ``sqrt(scale)``; the values and the shared rope key (``kv_a_proj_with_mqa``) stay, so
+        the head's logits shrink by ``scale`` (MindFormers' ``apply_qk_clip_scaling``, Kimi
+        K2's MuonClip for MLA). Works on this rank's pieces (rows ``Shard.offset[0]`` on of
+        the full weight; FSDP padding untouched). Returns the number of heads clipped."""
+        model = self.model
+        if model is None or not max_logits:
+            return 0
+        heads, nope, rope, v = (model.num_attention_heads, model.qk_nope_head_dim, model.qk_rope_head_dim,
+                                model.v_head_dim)
+        shards = self.layout.shards() if self.layout is not None else None
+        clipped = set()
+        for i, name in enumerate(self.names):
+            hit = _QK_WEIGHT.search(name)
+            if hit is None or int(hit.group(1)) not in max_logits:
+                continue
+            layer = int(hit.group(1))
+            top = np.asarray(max_logits[layer], np.float64)
+            fire = top >= threshold
+            if not fire.any():
+                continue
+            clipped.update((layer, h) for h in np.flatnonzero(fire))
+            scale = np.where(fire, threshold / np.where(fire, top, 1.0), 1.0)
+            root = np.sqrt(scale)
+            if hit.group(2) == "kv_b_proj":
+                rows = np.concatenate([np.repeat(root[:, None], nope, 1), np.ones((heads, v))], 1)
+            else:  # q_b_proj / q_proj
+                rows = np.concatenate([np.repeat(root[:, None], nope, 1), np.repeat(scale[:, None], rope, 1)], 1)
+            rows = rows.reshape(-1)
+            p = self.params[i]
+            a = p.asnumpy().astype(np.float32).reshape(-1).copy()
+            if shards is None:
+                box_shape, first = tuple(p.shape), 0
+            else:
+                box_shape, first = tuple(shards[i].shape), shards[i].offset[0]
+            n = int(np.prod(box_shape))
+            if n == 0:
+                continue
+            box = a[:n].reshape(box_shape)
+            box *= rows[first:first + box_shape[0]].reshape((-1,) + (1,) * (len(box_shape) - 1)).astype(np.float32)
+            ops.assign(p, Tensor(a.reshape(tuple(p.shape))).astype(p.dtype))
+        return len(clipped)
 
     # ------------------------------------------------------------------ state
     def moment_sets(self) -> list[tuple[str, list[int], list[Parameter]]]:

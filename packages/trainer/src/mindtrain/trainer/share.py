@@ -18,6 +18,7 @@ from typing import Any, Optional, Sequence
 
 from mindtrain.config import MindTrainConfig, ParallelDims
 from mindtrain.trainer import checkpoint as ckpt
+from mindtrain.trainer.max_logits import wants_max_logits
 
 
 @dataclass
@@ -50,6 +51,10 @@ def build_share(cfg: MindTrainConfig, dims: ParallelDims, rank: int, checkpointe
     empty = not load_path or ckpt.loads_by_pieces(load_path)
     model = build_model(cfg.model, jit=cfg.compile.enable, compute_dtype=compute_dtype, recompute=cfg.recompute,
                         empty=empty, seed=seed)
+    if wants_max_logits(cfg):  # before the first (compiled) call
+        from mindtrain.models.attention import track_max_attention_logits
+
+        track_max_attention_logits(model)
     # an unwritable save_path or one without room is said now, not at the first save
     checkpointer.check_storage(sum(math.prod(p.shape) * 4 for p in model.get_parameters()))
     # a full-tensor checkpoint loads into the whole model here; a sharded one or an HF

@@ -29,6 +29,7 @@ from mindtrain.trainer.log_line import format_step_line, mtp_fields
 from mindtrain.trainer.lr_schedule import LRSchedule
 from mindtrain.trainer.metrics import MetricsWriter, new_run_dir
 from mindtrain.trainer.monitor import DeviceNorms
+from mindtrain.trainer.max_logits import reset_max_logits, synced_max_logits, wants_max_logits
 from mindtrain.trainer.muon import build_optimizer
 from mindtrain.trainer.preemption import REASONS, Preemption
 from mindtrain.trainer.runtime import Runtime, apply_context
@@ -135,6 +136,12 @@ class Trainer:
         self.optimizer = build_optimizer(self.params, cfg.optimizer, lr=self.schedule(1), layout=self.layout,
                                          model=cfg.model)
         self.flops_per_token = self._flops_per_token()
+        self._track_logits = wants_max_logits(cfg)
+        self._qk_clip = cfg.optimizer.type == "Muon" and bool(cfg.optimizer.qk_clip_enabled)
+        self.max_logits: dict = {}
+        """The last step's max attention logit per layer and head (all ranks'), when tracked."""
+        self.qk_clipped = 0
+        """Heads QK-clip scaled at the last step."""
         if resume is not None:
             self._load_state(resume)
         self.hooks.bind(self.model, self.optimizer, self.step)
@@ -183,7 +190,16 @@ class Trainer:
             self._batches = iter(self.loader)
         global_batch = self.global_batch_size()
         accum = global_batch // (self.dims.dp * self.cfg.training.local_batch_size)
+        if self._track_logits:
+            reset_max_logits(self.model)  # evaluation forwards since the last step count for nothing
         micro = self.layout.run_step([next(self._batches) for _ in range(accum)])
+        if self._track_logits:
+            from mindtrain.parallel import DeviceMesh
+
+            tp_rank = DeviceMesh(self.dims, self.rt.rank).rank("tp")
+            self.max_logits = synced_max_logits(self.model, self.rt.all_sum, self.rt.rank, self.rt.world_size,
+                                                tp_rank)
+            object.__setattr__(self.model, "max_attention_logits", self.max_logits)  # MaxLogitsMonitor reads it
         local = np.mean(np.array(micro, np.float64), axis=0)
         world = self.rt.world_size
         # every rank's figures in one all-reduce (each rank fills its own slot: a gather);
@@ -215,13 +231,20 @@ class Trainer:
             # clipping (torch's coefficient) is the update's gradient scale: one pass, no copy
             coef = max_norm / (grad_norm + 1e-6)
             self.optimizer.step(grads, lr=lr, grad_scale=coef if max_norm > 0 and coef < 1.0 else 1.0)
+            if self._qk_clip:
+                self.qk_clipped = self.optimizer.qk_clip(self.max_logits, self.cfg.optimizer.qk_clip_threshold)
             self.model.update_expert_bias(total_load)
         self.layout.finish_step()
         self.step += 1
         self.consumed_samples += global_batch
         elapsed = time.perf_counter() - start
         tokens_per_device = accum * self.cfg.training.local_batch_size * self.cfg.model.seq_length
-        return {"step": self.step, "loss": step_figures.lm_loss,
+        tracked = {}
+        if self._track_logits:  # the step's largest attention logit (all layers, heads, ranks)
+            tracked["max_attention_logit"] = float(max((v.max() for v in self.max_logits.values()), default=0.0))
+        if self._qk_clip:
+            tracked["qk_clipped_heads"] = 0 if skipped else self.qk_clipped
+        return {**tracked, "step": self.step, "loss": step_figures.lm_loss,
                 "load_balancing_loss": step_figures.load_balancing_loss,
                 "mtp_loss": step_figures.mtp_loss, "total_loss": step_figures.loss, "lr": lr, "grad_norm": grad_norm,
                 "per_step_time_ms": elapsed * 1000.0,

@@ -8,7 +8,7 @@ from mindspore import Tensor, ops
 
 from mindtrain.config.families import head_dim
 from mindtrain.config.plan import Region
-from mindtrain.models.attention import CoreAttention
+from mindtrain.models.attention import CoreAttention, note_max_logits, take_max_logits
 from mindtrain.models.blocks import Block, overridden
 from mindtrain.models.linear import Linear, linear
 from mindtrain.models.norm import RMSNorm
@@ -46,6 +46,7 @@ class Qwen3Attention(Block):
 
     matmul_dtype = None
     fast_kernels = False
+    track_max_logits = False  # see mindtrain.models.attention.track_max_attention_logits
     PIECES = ("project", "attend", "output")
 
     def __init__(self, cfg):
@@ -90,8 +91,15 @@ class Qwen3Attention(Block):
         if self.kv_exchange is not None:  # context parallelism: the whole sequence's keys and values
             k, v = self.kv_exchange(k, v)
         if overridden(self.core_attention):  # the core runs eager (in blocks of rows): the pieces around it
+            if self.track_max_logits:
+                g = self.num_heads // self.num_kv_heads
+                self.note_max_logits(self.core_attention.head_max_eager(q, self._repeat_kv(k, g), mask_add))
             return self.run("output", self.grouped_core(q, k, v, mask_add))
-        return self.run("attend", q, k, v, mask_add)
+        return take_max_logits(self, self.run("attend", q, k, v, mask_add))
+
+    def note_max_logits(self, head_max) -> None:
+        """Fold one forward's per-head max logits ([N] of this rank's heads) into the step's."""
+        note_max_logits(self, head_max)
 
     def forward(self, x, cos, sin, mask_add, *w):
         """:meth:`construct`'s math on the weights ``w`` (``piece_weights("forward")``), as one
@@ -132,7 +140,11 @@ class Qwen3Attention(Block):
     def attend(self, q, k, v, mask_add, *w):
         """Attention of the queries ``q`` over the keys ``k`` and values ``v`` of their groups,
         through ``o_proj`` (weight, then bias): [B,S,H]."""
-        return self.output(self.grouped_core(q, k, v, mask_add), *w)
+        out = self.grouped_core(q, k, v, mask_add)
+        if self.track_max_logits:  # (output, per-query-head max logit [N])
+            out, head_max = out
+            return self.output(out, *w), head_max
+        return self.output(out, *w)
 
     def grouped_core(self, q, k, v, mask_add):
         """softmax(q kᵀ + mask) v with each key/value head serving its group of query heads:
@@ -144,7 +156,10 @@ class Qwen3Attention(Block):
         kv = self.num_kv_heads
         g = n // kv
         if g == 1:
-            return self.core_attention(q, k, v, mask_add)
+            out = self.core_attention(q, k, v, mask_add)
+            if self.track_max_logits and not overridden(self.core_attention):  # an eager core: the output only
+                return out[0], ops.amax(out[1], (0, 2))
+            return out
         if overridden(self.core_attention):
             # an eager core in causal row blocks (recompute): per-head square blocks keep its
             # skipping of the keys the mask blocks, so each key/value head is repeated instead
@@ -152,6 +167,9 @@ class Qwen3Attention(Block):
         if mask_add.shape[0] != b or mask_add.shape[1] != n:
             mask_add = ops.broadcast_to(mask_add, (b, n, s, sk))
         out = self.core_attention(q.reshape(b, kv, g * s, d), k, v, mask_add.reshape(b, kv, g * s, sk))
+        if self.track_max_logits:  # row maxima [B, Nkv, g * S]: query head kv_head * g + j
+            out, rows = out
+            return out.reshape(b, n, s, d), ops.amax(rows.reshape(b, kv, g, s), (0, 3)).reshape(n)
         return out.reshape(b, n, s, d)
 
     @staticmethod
