@@ -17,6 +17,7 @@ import numpy as np
 from mindspore import Tensor, ops
 
 from mindtrain.config import ConfigError, UserError, validate_model
+from mindtrain.models.deepseek_v4.hf_names import file_to_model, model_to_file
 from mindtrain.models.hf_config import config_from_hf, config_to_hf
 from mindtrain.models.registry import build_model
 
@@ -28,9 +29,12 @@ _STACKED = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_proj|up_proj|
 _MTP_COPIES = re.compile(r"^model\.layers\.(\d+)\.(embed_tokens\.weight|shared_head\.head\.weight)$")
 
 
-def hf_tensor_names(name: str, shape) -> list[tuple[str, Optional[int]]]:
+def hf_tensor_names(name: str, shape, model_type: str = "deepseek_v3") -> list[tuple[str, Optional[int]]]:
     """The HF checkpoint tensors a model parameter is stored as: ``[(name, None)]``, or for
-    stacked routed experts one per expert, ``(per-expert name, expert index)``."""
+    stacked routed experts one per expert, ``(per-expert name, expert index)``. DeepSeek-V4's
+    files use the released checkpoints' names (:mod:`mindtrain.models.deepseek_v4.hf_names`)."""
+    if model_type == "deepseek_v4":
+        return model_to_file(name, shape)
     m = _STACKED.match(name)
     if m:
         return [(f"{m.group(1)}.{e}.{m.group(2)}.weight", e) for e in range(int(shape[0]))]
@@ -52,9 +56,12 @@ def hf_state_dict(model) -> dict[str, np.ndarray]:
     """The model's weights under HF checkpoint names (float32 numpy arrays), MTP copies
     included (:func:`hf_copies`)."""
     out: dict[str, np.ndarray] = {}
+    model_type = model.config.model_type
     for p in model.get_parameters():
         arr = p.asnumpy()
-        for hf_name, e in hf_tensor_names(p.name, arr.shape):
+        if p.name.endswith(".tid2eid"):  # DeepSeek-V4's token -> experts table: integer ids in files
+            arr = arr.astype(np.int64)
+        for hf_name, e in hf_tensor_names(p.name, arr.shape, model_type):
             out[hf_name] = arr if e is None else np.ascontiguousarray(arr[e])
     for copy, source in hf_copies(model.config):
         out[copy] = out[source]
@@ -72,6 +79,8 @@ def load_hf_state_dict(model, tensors: dict[str, np.ndarray], source: str = "che
     kernels, so a later ``set_data`` (a tensor-parallel or FSDP shard) is not seen by them
     (``ops.gather`` then reads the old full-size weight)."""
     params = {p.name: p for p in model.get_parameters()}
+    if model.config.model_type == "deepseek_v4":
+        tensors = v4_model_names(tensors)
     boxes = HFBoxes(source, model.config, {n: tuple(p.shape) for n, p in params.items()}, tensors=tensors,
                     allow_missing_mtp=allow_missing_mtp)
     boxes.check_shapes((n, tuple(p.shape)) for n, p in params.items())
@@ -81,6 +90,19 @@ def load_hf_state_dict(model, tensors: dict[str, np.ndarray], source: str = "che
             ops.assign(params[name], value)
         else:
             params[name].set_data(value)
+
+
+def v4_model_names(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """DeepSeek-V4 checkpoint tensors (released or transformers-written names) under the model's
+    names, each routed expert as HF's per-expert ``...mlp.experts.{e}.gate_proj.weight``."""
+    out = {}
+    for key, arr in tensors.items():
+        name, e = file_to_model(key)
+        if e is not None:
+            prefix, proj = name.rsplit(".", 1)
+            name = f"{prefix}.{e}.{proj}.weight"
+        out[name] = arr
+    return out
 
 
 def _read_safetensors(path: str) -> dict[str, np.ndarray]:
