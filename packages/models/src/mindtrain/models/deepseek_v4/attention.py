@@ -115,6 +115,7 @@ class Indexer(Compressor):
         std = cfg.initializer_range
         super().__init__(cfg.hidden_size, cfg.index_head_dim, 4, True, cfg.rms_norm_eps, std)
         self.heads, self.topk = cfg.index_n_heads, cfg.index_topk
+        self.recorded = None  # a list while the model's record_routing(True) is on: kept entries [B, S, T]
         self.q_b_proj = Linear(q_lora_rank, self.heads * self.dim, init_std=std)
         self.scorer = Scorer(cfg.hidden_size, self.heads, std)
 
@@ -139,6 +140,8 @@ class Indexer(Compressor):
         visible = ops.gather_elements(seq_bias.reshape(1, s, t).broadcast_to((b, s, t)), 2, top) > NEG / 2
         chosen = ops.one_hot(top, t, Tensor(1.0, ms.float32), Tensor(0.0, ms.float32))
         chosen = (chosen * ops.expand_dims(visible.astype(ms.float32), -1)).sum(2)
+        if self.recorded is not None:
+            self.recorded.append(chosen > 0.5)
         return ops.stop_gradient(ops.select(chosen > 0.5, ops.zeros_like(chosen), ops.fill(ms.float32, chosen.shape, NEG)))
 
 

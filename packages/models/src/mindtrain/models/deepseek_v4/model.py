@@ -186,6 +186,18 @@ class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
             new = bias.asnumpy() + speed * np.sign(row.mean() - row)
             ops.assign(bias, Tensor(new.astype(np.float32)))
 
+    def indexers(self) -> dict:
+        """The lightning indexer of each compressed-sparse layer, by layer index."""
+        return {i: layer.self_attn.compressor.indexer for i, layer in enumerate(self.model.layers)
+                if layer.kind == "csa"}
+
+    def record_routing(self, enabled: bool = True) -> None:
+        """Keep each router's top-k expert ids and each indexer's kept entries ([B, S, T] bool
+        per call, ``indexer.recorded``)."""
+        super().record_routing(enabled)
+        for indexer in self.indexers().values():
+            indexer.recorded = [] if enabled else None
+
     def parallel_plan(self) -> dict:
         raise NotImplementedError("DeepSeek-V4 has no parallel plan yet: it trains in one process")
 
