@@ -44,6 +44,15 @@ def test_logits_loss_grads_match_hf_eager(name):
             assert np.abs(want).max() > 1e-5, key
 
 
+def test_logits_loss_grads_match_hf_compiled():
+    """Built compiled (the default): the shared pieces V4 runs (norms, routed and shared
+    experts) run as ms.jit graphs inside the eager V4 layers, with the same results."""
+    model, ref = _load("deepseek_v4_ragged", True)
+    assert mm.is_compiled(model)
+    check_logits_loss_grads(model, {k: v for k, v in ref.items() if not k.startswith("grad.")
+                                    or np.abs(v).max() > 1e-3}, lm_loss_key="lm_loss")
+
+
 def test_structure_follows_the_config():
     model, _ = _load("deepseek_v4", False)
     cfg = model.config
@@ -207,3 +216,33 @@ def test_fresh_model_trains_a_step():
     params = model.trainable_params()
     (loss, _), grads = ms.value_and_grad(lambda x: model(x, labels=x), None, params, has_aux=True)(ids)
     assert np.isfinite(float(loss.asnumpy())) and all(np.isfinite(g.asnumpy()).all() for g in grads)
+
+
+def test_plan_counts_flops_and_splits():
+    """The config's parameter plan counts V4's indexer and hyper-connection streams (the
+    plan-equals-model check is test_plan_and_counting's); the attention stays whole under
+    tensor parallelism (HF's plan too), the experts split; the FLOPs count the keys each
+    query attends (window + compressed entries), not the whole sequence."""
+    from mindtrain.config.model_plan import param_specs
+
+    cfg = _v4(compress_ratios=[4, 8], seq_length=64, sliding_window=8, n_shared_experts=1)
+    specs = {p.name: p for p in param_specs(cfg)}
+    assert specs["model.layers.0.self_attn.compressor.indexer.q_b_proj.weight"].shape == (2 * 16, 24)
+    assert specs["model.layers.1.self_attn.compressor.position_bias"].shape == (8, 16)
+    assert specs["model.layers.0.attn_hc.fn"].shape == (8, 64) and specs["model.hc_head.hc_fn"].shape == (2, 64)
+    assert specs["model.layers.0.self_attn.q_b_proj.weight"].tp == "replicated"
+    assert specs["model.layers.0.mlp.experts.up_proj"].tp == "column"
+    model = mm.build_model(cfg, jit=False, empty=True)
+    total, active = mm.count_parameters(cfg)
+    assert total == sum(int(np.prod(p.shape)) for p in model.trainable_params())
+    assert active == total - 2 * 2 * 3 * 16 * 32  # 2 of 4 experts per token in both layers
+    plan = mm.parallel_plan(model)
+    assert plan.params["model.layers.0.self_attn.q_b_proj.weight"].tp == "replicated"
+    assert not plan.params["model.layers.0.mlp.gate.tid2eid"].trainable
+    no_matmul = sum(p.numel for n, p in specs.items() if n.endswith(("sinks", "position_bias", ".base", ".scale",
+                                                                     "hc_base", "hc_scale")))
+    matmul = sum(p.numel // p.shape[0] * 2 if p.expert else p.numel for n, p in specs.items()
+                 if n != "model.embed_tokens.weight" and not n.endswith("norm.weight")) - no_matmul
+    keys = (8 + 2) + (8 + 64 // 8)  # csa: window + index_topk; hca: window + 64 / 8 entries
+    attention = 6 * 4 * (2 * 16) * keys + 2 * 2 * 16 * (64 // 4)
+    assert mm.flops_per_token(cfg) == 6 * matmul + attention

@@ -308,6 +308,13 @@ def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
     check_zero_strategy(p.data_parallel_shard_strategy)
     reshard_after_forward(p.reshard_after_forward_policy, p.data_parallel_shard_strategy, p.pipeline_parallel > 1)
     tp = p.tensor_parallel
+    if m.model_type == "deepseek_v4":
+        for name in ("tensor_parallel", "context_parallel", "expert_parallel", "pipeline_parallel"):
+            if getattr(p, name) > 1:
+                raise ConfigError(f"{path}.{name}", f"{getattr(p, name)}: DeepSeek-V4 is not laid out over "
+                                                    f"{name.replace('_', ' ')} yet (its attention, indexer and "
+                                                    f"hyper-connection streams have no split); set it to 1 "
+                                                    f"(data parallelism / FSDP)")
     if m.num_attention_heads % tp:
         raise ConfigError(f"{path}.tensor_parallel",
                           f"{tp} must divide model.num_attention_heads ({m.num_attention_heads})")

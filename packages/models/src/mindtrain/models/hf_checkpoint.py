@@ -79,8 +79,6 @@ def load_hf_state_dict(model, tensors: dict[str, np.ndarray], source: str = "che
     kernels, so a later ``set_data`` (a tensor-parallel or FSDP shard) is not seen by them
     (``ops.gather`` then reads the old full-size weight)."""
     params = {p.name: p for p in model.get_parameters()}
-    if model.config.model_type == "deepseek_v4":
-        tensors = v4_model_names(tensors)
     boxes = HFBoxes(source, model.config, {n: tuple(p.shape) for n, p in params.items()}, tensors=tensors,
                     allow_missing_mtp=allow_missing_mtp)
     boxes.check_shapes((n, tuple(p.shape)) for n, p in params.items())
@@ -90,19 +88,6 @@ def load_hf_state_dict(model, tensors: dict[str, np.ndarray], source: str = "che
             ops.assign(params[name], value)
         else:
             params[name].set_data(value)
-
-
-def v4_model_names(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """DeepSeek-V4 checkpoint tensors (released or transformers-written names) under the model's
-    names, each routed expert as HF's per-expert ``...mlp.experts.{e}.gate_proj.weight``."""
-    out = {}
-    for key, arr in tensors.items():
-        name, e = file_to_model(key)
-        if e is not None:
-            prefix, proj = name.rsplit(".", 1)
-            name = f"{prefix}.{e}.{proj}.weight"
-        out[name] = arr
-    return out
 
 
 def _read_safetensors(path: str) -> dict[str, np.ndarray]:
@@ -156,9 +141,19 @@ class HFBoxes:
         self.global_shapes: dict[str, tuple[int, ...]] = {}
         per_expert: dict[str, dict[int, str]] = {}
         unexpected = []
+        v4 = cfg.model_type == "deepseek_v4"
         for key in where:
             if key.endswith("weight_scale_inv"):
                 raise UserError(f"{directory}: holds FP8 block-quantised weights ({key}); convert them to bf16/fp32 first")
+            if v4:  # the released / transformers-written names (mindtrain.models.deepseek_v4.hf_names)
+                name, e = file_to_model(key)
+                if e is not None:
+                    per_expert.setdefault(name, {})[e] = key
+                elif name in param_shapes:
+                    self._sources[name] = ("plain", key)
+                else:
+                    unexpected.append(key)
+                continue
             m = _EXPERT_FILE.match(key)
             if m:
                 per_expert.setdefault(f"{m.group(1)}.{m.group(3)}", {})[int(m.group(2))] = key
@@ -220,6 +215,8 @@ class HFBoxes:
             key = src[1] if src[0] != "experts" else src[1][0]
             dtype = self._slice(key).get_dtype() if self._arrays is None else np.asarray(self._arrays[key]).dtype.name
             dtype = dtype.upper()
+            if name.endswith(".tid2eid"):  # DeepSeek-V4's token -> experts table holds integer ids
+                continue
             if not dtype.startswith(("F", "BF")):
                 raise UserError(f"checkpoint.load_path: '{key}' in {self.folder} is {dtype.lower()}, but the "
                                 "model's parameters are floating point; the checkpoint is damaged or of another model")

@@ -174,4 +174,4 @@ def v4_to_hf(d: dict[str, Any], cfg) -> dict[str, Any]:
     d.pop("rope_scaling", None)
     d["partial_rotary_factor"] = factor
     d["num_nextn_predict_layers"] = 0  # not built (HF builds none either)
-    return d
+    return {k: v for k, v in d.items() if v is not None or k == "pad_token_id"}

@@ -198,8 +198,5 @@ class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
         for indexer in self.indexers().values():
             indexer.recorded = [] if enabled else None
 
-    def parallel_plan(self) -> dict:
-        raise NotImplementedError("DeepSeek-V4 has no parallel plan yet: it trains in one process")
-
 
 __all__ = ["DeepseekV4DecoderLayer", "DeepseekV4ForCausalLM", "DeepseekV4Model"]
