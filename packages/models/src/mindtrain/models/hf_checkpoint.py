@@ -17,7 +17,7 @@ import numpy as np
 from mindspore import Tensor, ops
 
 from mindtrain.config import ConfigError, UserError, validate_model
-from mindtrain.models.deepseek_v4.hf_names import file_to_model, model_to_file
+from mindtrain.models.hf_v4_names import file_to_model, model_to_file
 from mindtrain.models.hf_config import config_from_hf, config_to_hf
 from mindtrain.models.registry import build_model
 
@@ -32,7 +32,7 @@ _MTP_COPIES = re.compile(r"^model\.layers\.(\d+)\.(embed_tokens\.weight|shared_h
 def hf_tensor_names(name: str, shape, model_type: str = "deepseek_v3") -> list[tuple[str, Optional[int]]]:
     """The HF checkpoint tensors a model parameter is stored as: ``[(name, None)]``, or for
     stacked routed experts one per expert, ``(per-expert name, expert index)``. DeepSeek-V4's
-    files use the released checkpoints' names (:mod:`mindtrain.models.deepseek_v4.hf_names`)."""
+    files use the released checkpoints' names (:mod:`mindtrain.models.hf_v4_names`)."""
     if model_type == "deepseek_v4":
         return model_to_file(name, shape)
     m = _STACKED.match(name)
@@ -145,7 +145,7 @@ class HFBoxes:
         for key in where:
             if key.endswith("weight_scale_inv"):
                 raise UserError(f"{directory}: holds FP8 block-quantised weights ({key}); convert them to bf16/fp32 first")
-            if v4:  # the released / transformers-written names (mindtrain.models.deepseek_v4.hf_names)
+            if v4:  # the released / transformers-written names (mindtrain.models.hf_v4_names)
                 name, e = file_to_model(key)
                 if e is not None:
                     per_expert.setdefault(name, {})[e] = key

@@ -9,7 +9,7 @@ from typing import Any
 
 from mindtrain.config import ConfigError, ModelConfig
 from mindtrain.config.families import QWEN3_FAMILIES, family_fields, head_dim
-from mindtrain.models.deepseek_v4.hf_names import v4_from_hf, v4_to_hf
+from mindtrain.models.hf_v4_names import v4_from_hf, v4_to_hf
 
 # HF's defaults for keys a Qwen3 config.json may leave out, where ModelConfig's (DeepSeek-V3's)
 # differ: Qwen3Config.head_dim is 128 (Qwen3MoeConfig has none: hidden_size // heads),

@@ -1,4 +1,5 @@
-"""DeepSeek-V4's HF formats (pure Python, no MindSpore): config.json both ways, and the tensor
+"""DeepSeek-V4's HF formats (pure Python, no MindSpore; beside the deepseek_v4 folder so the checkpoint code
+reads them without importing the model): config.json both ways, and the tensor
 names of its checkpoint files.
 
 transformers keeps V4 in memory under its own names (``model.layers.0.self_attn.q_a_proj.weight``,
