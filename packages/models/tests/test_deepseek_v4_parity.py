@@ -183,7 +183,8 @@ def _v4(**kw):
                 hidden_size=32, moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=1, head_dim=16, q_lora_rank=24, qk_rope_head_dim=8, n_routed_experts=4,
                 num_experts_per_tok=2, compress_ratios=[0, 4], o_groups=2, o_lora_rank=8, index_n_heads=2,
-                index_head_dim=16, index_topk=2, hc_mult=2, num_hash_layers=1, max_position_embeddings=64)
+                index_head_dim=16, index_topk=2, hc_mult=2, num_hash_layers=1, max_position_embeddings=64,
+                scoring_func="sqrtsoftplus")
     base.update(kw)
     return ModelConfig(**base)
 
@@ -194,6 +195,7 @@ def _v4(**kw):
     (dict(num_hash_layers=3), "num_hash_layers"),
     (dict(o_groups=3), "o_groups"),
     (dict(scoring_func="softmax"), "scoring_func"),
+    (dict(intermediate_size=64), "intermediate_size"),
     (dict(num_nextn_predict_layers=1), "num_nextn_predict_layers"),
     (dict(index_head_dim=4), "index_head_dim"),
 ])
@@ -246,3 +248,19 @@ def test_plan_counts_flops_and_splits():
     keys = (8 + 2) + (8 + 64 // 8)  # csa: window + index_topk; hca: window + 64 / 8 entries
     attention = 6 * 4 * (2 * 16) * keys + 2 * 2 * 16 * (64 // 4)
     assert mm.flops_per_token(cfg) == 6 * matmul + attention
+
+
+def test_mindformers_names_read_into_v4():
+    """A model section in MindFormers' names (num_layers, moe_router_score_function, ...) reads
+    into the V4 fields; V4's own score function is not DeepSeek-V3's fixed sigmoid, and one
+    key/value head is the default."""
+    from mindtrain.config.model_names import to_canonical
+
+    base = {k: v for k, v in _v4().__dict__.items() if k not in ("num_key_value_heads", "num_hidden_layers",
+                                                                  "scoring_func", "initializer_range")}
+    out = to_canonical(dict(base, num_layers=2, moe_router_score_function="sqrtsoftplus", init_method_std=0.05))
+    cfg = ModelConfig(**out)
+    validate_model(cfg)
+    assert (cfg.num_hidden_layers, cfg.scoring_func, cfg.num_key_value_heads, cfg.initializer_range) == \
+        (2, "sqrtsoftplus", 1, 0.05)
+    assert to_canonical(dict(base, num_hidden_layers=2, scoring_func="sqrtsoftplus"))["num_key_value_heads"] == 1

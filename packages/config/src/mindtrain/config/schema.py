@@ -403,8 +403,10 @@ class ModelConfig:
     num_hash_layers: int = 3
     """DeepSeek-V4: the first this many layers route each token by a fixed token-id -> experts
     table (tid2eid) instead of a learned top-k (HF's mlp_layer_types "hash_moe")."""
-    scoring_func: str = "sqrtsoftplus"
-    """DeepSeek-V4: router score of each expert's logit: sqrtsoftplus (sqrt(softplus(x))) or sigmoid."""
+    scoring_func: str = "sigmoid"
+    """DeepSeek-V4: router score of each expert's logit: sqrtsoftplus (sqrt(softplus(x)), the
+    released models' and HF's default, which config.json files read without the key get) or
+    sigmoid (DeepSeek-V3's, the schema default: the defaults are DeepSeek-V3's)."""
     swiglu_limit: float = 10.0
     """DeepSeek-V4: the experts' SwiGLU clamps gate pre-activations above at this and up
     pre-activations to [-limit, limit]; 0 turns the clamp off."""

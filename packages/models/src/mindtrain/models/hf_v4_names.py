@@ -98,6 +98,8 @@ def v4_from_hf(hf: dict[str, Any], kwargs: dict[str, Any]) -> None:
     ``partial_rotary_factor``. Raises ValueError (the caller's ConfigError) on what mindtrain
     cannot express."""
     n = hf["num_hidden_layers"]
+    kwargs.setdefault("scoring_func", "sqrtsoftplus")  # DeepseekV4Config's default
+    kwargs.setdefault("num_key_value_heads", 1)
     rates = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
     rates.update(hf.get("compress_rates") or {})
     for key, short in (("compress_rate_csa", "compressed_sparse_attention"),
