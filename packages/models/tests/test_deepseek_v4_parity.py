@@ -218,6 +218,12 @@ def test_fresh_model_trains_a_step():
     params = model.trainable_params()
     (loss, _), grads = ms.value_and_grad(lambda x: model(x, labels=x), None, params, has_aux=True)(ids)
     assert np.isfinite(float(loss.asnumpy())) and all(np.isfinite(g.asnumpy()).all() for g in grads)
+    # the default positions are accepted, packed documents refused
+    pos = np.broadcast_to(np.arange(32, dtype=np.int32), (2, 32)).copy()
+    assert float(model(ids, labels=ids, position_ids=Tensor(pos))[0].asnumpy()) == float(loss.asnumpy())
+    pos[1, 16:] = np.arange(16)
+    with pytest.raises(ValueError, match="position_ids"):
+        model(ids, labels=ids, position_ids=Tensor(pos))
 
 
 def test_plan_counts_flops_and_splits():

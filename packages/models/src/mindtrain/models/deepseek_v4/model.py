@@ -67,7 +67,7 @@ class DeepseekV4Model(nn.Cell):
 class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
     """DeepSeek-V4 causal LM (model_type ``deepseek_v4``). ``model(ids)`` -> float32 logits,
     ``model(ids, labels=, loss_mask=)`` -> ``(loss, metrics)`` as DeepSeek-V3's. Positions are
-    0..S-1 of each row and attention is causal within the row: ``position_ids`` and
+    0..S-1 of each row and attention is causal within the row: other ``position_ids`` and an
     ``attention_mask`` (packed documents) are refused."""
 
     def __init__(self, cfg: ModelConfig, moe_block: int = 32, compute_dtype: Optional[str] = None):
@@ -90,10 +90,15 @@ class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
         self.recompute_wrappers: dict = {}
 
     def construct(self, input_ids, labels=None, loss_mask=None, position_ids=None, attention_mask=None):
-        if position_ids is not None or attention_mask is not None:
-            raise ValueError("DeepSeek-V4: position_ids and attention_mask (packed documents) are not supported; "
-                             "each row is one sequence from position 0")
         b, s = input_ids.shape
+        if position_ids is not None:  # accepted when they are the default 0..S-1 of every row
+            pos = position_ids.asnumpy() if isinstance(position_ids, Tensor) else np.asarray(position_ids)
+            if not (pos == np.arange(s)).all():
+                raise ValueError("DeepSeek-V4: position_ids other than 0..S-1 per row (packed documents) are not "
+                                 "supported; each row is one sequence from position 0")
+        if attention_mask is not None:
+            raise ValueError("DeepSeek-V4: attention_mask (packed documents) is not supported; each row is one "
+                             "causal sequence")
         tables = self.tables(s)
         h = self.embed(input_ids)
         h, counts, balances = self.run_layers(h, range(self.num_layers), tables, input_ids)
