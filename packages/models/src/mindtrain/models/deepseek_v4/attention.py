@@ -159,8 +159,9 @@ class DeepseekV4Attention(nn.Cell):
     ``kv_norm``, ``o_a_proj`` (grouped: [o_groups x o_lora_rank, heads x head_dim / o_groups]),
     ``o_b_proj``, ``sinks`` [heads] and, in compressed layers, ``compressor``.
 
-    ``construct(x [B,S,H], tables)`` -> [B,S,H]; ``tables`` (from the model) holds the rope
-    tables, the pair rotations and the masks of the sequence length."""
+    ``construct(x [B,S,H], *tables)`` -> [B,S,H]; ``tables`` (from the model, named by
+    ``table_keys``) are the rope tables, the pair rotations and the masks of the sequence
+    length, flat so that a recompute wrapper sees each tensor."""
 
     REGION = Region.declare("attention")  # its region in the parallel plan (mindtrain.models.parallel_plan)
     matmul_dtype = None
@@ -188,7 +189,10 @@ class DeepseekV4Attention(nn.Cell):
             self.compressor = None
         self.bmm_t = ops.BatchMatMul(transpose_b=True)
 
-    def construct(self, x, tables):
+    table_keys: tuple = ()  # the names of the tables construct is given, in order (set by the model)
+
+    def construct(self, x, *values):
+        tables = dict(zip(self.table_keys, values))
         b, s, _ = x.shape
         n, d = self.num_heads, self.head_dim
         cd = self.matmul_dtype

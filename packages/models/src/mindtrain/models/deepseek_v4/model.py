@@ -30,7 +30,7 @@ from mindtrain.models.precision import check_param_dtype, current_device, resolv
 
 class DeepseekV4DecoderLayer(nn.Cell):
     """``self_attn``, ``mlp``, ``input_layernorm``, ``post_attention_layernorm``, ``attn_hc``,
-    ``ffn_hc``. ``construct(streams [B,S,N,H], ids [B,S], tables)`` -> (streams, tokens per
+    ``ffn_hc``. ``construct(streams [B,S,N,H], ids [B,S], *tables)`` -> (streams, tokens per
     expert [E], zero balance)."""
 
     def __init__(self, cfg, layer_idx: int, moe_block: int = 32):
@@ -45,9 +45,11 @@ class DeepseekV4DecoderLayer(nn.Cell):
         self.attn_hc = HyperConnection(cfg)
         self.ffn_hc = HyperConnection(cfg)
 
-    def construct(self, streams, ids, tables):
+    def construct(self, streams, ids, *tables):
+        """``tables``: the model's tables of the sequence length as flat tensors in the order
+        of ``table_keys`` (flat, so a recompute wrapper sees each input tensor)."""
         post, comb, x = self.attn_hc(streams)
-        streams = hyper_update(streams, post, comb, self.self_attn(self.input_layernorm(x), tables))
+        streams = hyper_update(streams, post, comb, self.self_attn(self.input_layernorm(x), *tables))
         post, comb, x = self.ffn_hc(streams)
         y, counts, balance = self.mlp(self.post_attention_layernorm(x), ids)
         return hyper_update(streams, post, comb, y), counts, balance
@@ -120,8 +122,11 @@ class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
 
     def run_layers(self, h, layer_ids, tables, input_ids):
         counts, balances = [], []
+        keys = tuple(tables)
+        values = tuple(tables[k] for k in keys)
         for i in layer_ids:
-            h, c, bal = self._layer(i)(h, input_ids, tables)
+            self.model.layers[i].self_attn.table_keys = keys
+            h, c, bal = self._layer(i)(h, input_ids, *values)
             counts.append(c)
             balances.append(bal)
         return h, counts, balances
