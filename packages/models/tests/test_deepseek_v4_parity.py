@@ -285,3 +285,14 @@ def test_mindformers_names_read_into_v4():
     assert (cfg.num_hidden_layers, cfg.scoring_func, cfg.num_key_value_heads, cfg.initializer_range) == \
         (2, "sqrtsoftplus", 1, 0.05)
     assert to_canonical(dict(base, num_hidden_layers=2, scoring_func="sqrtsoftplus"))["num_key_value_heads"] == 1
+
+
+@pytest.mark.parametrize("field", ["tensor_parallel", "context_parallel", "expert_parallel", "pipeline_parallel"])
+def test_layouts_v4_lacks_are_refused_in_one_line(field):
+    from mindtrain.config.schema import ParallelismConfig
+    from mindtrain.config.validate import validate_parallelism
+
+    validate_parallelism(ParallelismConfig(), _v4())
+    with pytest.raises(ConfigError) as err:
+        validate_parallelism(ParallelismConfig(**{field: 2}), _v4())
+    assert str(err.value).startswith(f"parallelism.{field}: 2: DeepSeek-V4 is not laid out")
