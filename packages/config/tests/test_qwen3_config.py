@@ -105,7 +105,7 @@ def test_values_of_another_model_are_refused(field, value):
                                          r"qwen3_moe model does not read; .* mlp_only_layers"),
     (dict(QWEN3, mlp_only_layers=[1]), r"^model\.mlp_only_layers: is a Qwen3-MoE setting, which a qwen3 model"),
     (dict(num_hidden_layers=2, first_k_dense_replace=1, head_dim=64),
-     r"^model\.head_dim: is a Qwen3 / Qwen3-MoE setting, which a deepseek_v3 model does not read"),
+     r"^model\.head_dim: is a DeepSeek-V4 / Qwen3 / Qwen3-MoE setting, which a deepseek_v3 model does not read"),
     (dict(QWEN3, num_key_value_heads=3), r"^model\.num_key_value_heads: 3 must divide num_attention_heads \(4\)"),
     (dict(QWEN3, head_dim=15), r"^model\.head_dim: must be even"),
     (dict(MOE, mlp_only_layers=[4]), r"^model\.mlp_only_layers\[0\]: must be a layer id in 0\.\.3"),

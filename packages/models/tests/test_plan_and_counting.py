@@ -94,6 +94,14 @@ PLAN_CONFIGS = {
     "qwen3_bias": dict(QWEN3, attention_bias=True),
     "qwen3_tied": dict(QWEN3, tie_word_embeddings=True, head_dim=None),
     "qwen3_moe": dict(QWEN3_MOE),
+    # DeepSeek-V4: every attention kind (sliding, compressed sparse with the indexer, heavily
+    # compressed at ratio 8), hash and learned routers, 3 hyper-connection streams, 2 shared experts
+    "deepseek_v4": dict(model_type="deepseek_v4", architectures="DeepseekV4ForCausalLM", vocab_size=64,
+                        hidden_size=32, moe_intermediate_size=16, num_hidden_layers=3, num_attention_heads=4,
+                        num_key_value_heads=1, head_dim=16, q_lora_rank=24, qk_rope_head_dim=8, n_routed_experts=4,
+                        num_experts_per_tok=2, n_shared_experts=2, compress_ratios=[0, 4, 8], o_groups=2,
+                        o_lora_rank=8, index_n_heads=2, index_head_dim=16, index_topk=2, hc_mult=3,
+                        num_hash_layers=1, seq_length=16, max_position_embeddings=64),
 }
 
 

@@ -319,3 +319,30 @@ def test_muon_estimate_and_optimizer_pick_the_same_parameters():
     assert "model.layers.1.mlp.experts.down_proj" in muon and "model.layers.0.self_attn.q_b_proj.weight" in muon
     (stage,) = estimate(cfg, 1, device="CPU").stages
     assert stage.optimizer == 4 * sum(p.numel * (1 if p.name in muon else 2) for p in specs)
+
+
+def test_deepseek_v4_layers_follow_the_family():
+    """DeepSeek-V4's layers (configs/pynative_ds4_tiny.yaml): the scores over every key plus
+    the layer's compressed entries and the sink, a compressor only in compressed layers (the
+    indexer's share in the compressed sparse one), the hyper-connection streams as the layer
+    input; its parameters and FLOPs are the config's plan's."""
+    from mindtrain.config import families
+    from mindtrain.config.model_plan import count_parameters, flops_per_token
+    from mindtrain.trainer.estimate import _Shapes, _layer_input, layer_module
+
+    cfg = load_config(os.path.join(ROOT, "configs", "pynative_ds4_tiny.yaml"))
+    m = cfg.model
+    dims = resolve_parallelism(cfg.parallelism, 1)
+    s, n = m.seq_length, m.num_attention_heads
+    z = _Shapes(b=1, s=s, sk=s, tl=s, ta=s, heads=n, inter=0, moe_inter=m.moe_intermediate_size, c=4)
+    paths = [{sub.path: sub.own for sub in layer_module(m, i, z, dims).walk()} for i in range(3)]
+    assert families.v4_attention_kinds(m) == ["sliding", "csa", "hca"]
+    for i, entries in enumerate((0, s // 4, s // 16)):
+        assert paths[i]["self_attn.core_attention"] == 2 * n * s * (s + entries + 1) * 4
+    assert "self_attn.compressor" not in paths[0]
+    assert paths[1]["self_attn.compressor"] > paths[2]["self_attn.compressor"] > 0  # the indexer's share
+    assert all("mlp.shared_experts" in p for p in paths)
+    assert _layer_input(m, 0, z) == m.hc_mult * s * m.hidden_size * 4
+    total, _ = count_parameters(m)
+    est = estimate(cfg, 1, "CPU")
+    assert est.stages[0].optimizer == 8 * total and est.flops_per_token == flops_per_token(m)

@@ -16,10 +16,10 @@ from typing import Any
 
 from mindtrain.config.schema import ModelConfig
 
-MODEL_TYPES = {"deepseek_v3": "DeepseekV3ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-               "qwen3_moe": "Qwen3MoeForCausalLM"}
+MODEL_TYPES = {"deepseek_v3": "DeepseekV3ForCausalLM", "deepseek_v4": "DeepseekV4ForCausalLM",
+               "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 """model_type -> the architecture (model class) it must name."""
-FAMILY_NAMES = {"deepseek_v3": "DeepSeek-V3", "qwen3": "Qwen3", "qwen3_moe": "Qwen3-MoE"}
+FAMILY_NAMES = {"deepseek_v3": "DeepSeek-V3", "deepseek_v4": "DeepSeek-V4", "qwen3": "Qwen3", "qwen3_moe": "Qwen3-MoE"}
 QWEN3_FAMILIES = ("qwen3", "qwen3_moe")
 
 # MindFormers-only switches (kernels, dtypes of parts of the compute; start-up notes on CPU)
@@ -37,10 +37,16 @@ _DEEPSEEK = ("n_shared_experts", "routed_scaling_factor", "kv_lora_rank", "q_lor
              "num_nextn_predict_layers", "mtp_loss_scaling_factor", "aux_loss_alpha", "bias_update_speed",
              "mla_qkv_concat")
 _QWEN3 = ("head_dim", "tie_word_embeddings")
+_DEEPSEEK_V4 = ("head_dim", "q_lora_rank", "qk_rope_head_dim", "n_shared_experts", "routed_scaling_factor",
+                "bias_update_speed", "compress_ratios", "compress_rope_theta", "sliding_window", "o_groups",
+                "o_lora_rank", "index_n_heads", "index_head_dim", "index_topk", "hc_mult", "hc_sinkhorn_iters",
+                "hc_eps", "num_hash_layers", "scoring_func", "swiglu_limit")
+_V4_NOT_READ = ("intermediate_size", "norm_topk_prob")  # V4 has no dense MLP; its routing weights are always normalised
 _QWEN3_MOE = ("decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef", "output_router_logits")
 
 FAMILY_FIELDS: dict[str, frozenset[str]] = {
     "deepseek_v3": frozenset(_COMMON + _MOE + _DEEPSEEK),
+    "deepseek_v4": frozenset(_COMMON + _MOE + _DEEPSEEK_V4) - frozenset(_V4_NOT_READ),
     "qwen3": frozenset(_COMMON + _QWEN3),
     "qwen3_moe": frozenset(_COMMON + _QWEN3 + _MOE + _QWEN3_MOE),
 }
@@ -79,15 +85,24 @@ def moe_layer_ids(m: ModelConfig) -> list[int]:
     """The model layers (decoder layers, then DeepSeek-V3's MTP modules) whose feed-forward
     block is a mixture of experts. DeepSeek-V3: from ``first_k_dense_replace`` on, MTP
     included. Qwen3-MoE (HF's rule): layer i when ``(i + 1) % decoder_sparse_step == 0``, it
-    is not in ``mlp_only_layers`` and there are experts. Qwen3: none."""
+    is not in ``mlp_only_layers`` and there are experts. DeepSeek-V4: every layer (hash-routed
+    or learned). Qwen3: none."""
     n = m.num_hidden_layers
     if m.model_type == "deepseek_v3":
         return list(range(m.first_k_dense_replace, n + m.num_nextn_predict_layers))
+    if m.model_type == "deepseek_v4":
+        return list(range(n))
     if m.model_type != "qwen3_moe" or m.n_routed_experts <= 0:
         return []
     step = max(int(m.decoder_sparse_step), 1)
     dense = set(m.mlp_only_layers or ())
     return [i for i in range(n) if i not in dense and (i + 1) % step == 0]
+
+
+def v4_attention_kinds(m: ModelConfig) -> list[str]:
+    """DeepSeek-V4's attention per decoder layer from ``compress_ratios``: ``sliding`` (0),
+    ``csa`` (4: overlapping pooling and the lightning indexer) or ``hca`` (any other ratio)."""
+    return ["sliding" if r == 0 else "csa" if r == 4 else "hca" for r in m.compress_ratios[:m.num_hidden_layers]]
 
 
 def has_moe(m: ModelConfig) -> bool:
@@ -96,4 +111,4 @@ def has_moe(m: ModelConfig) -> bool:
 
 
 __all__ = ["FAMILY_FIELDS", "FAMILY_NAMES", "MODEL_TYPES", "QWEN3_FAMILIES", "family_fields", "has_moe", "head_dim",
-           "moe_layer_ids", "unread_fields"]
+           "moe_layer_ids", "unread_fields", "v4_attention_kinds"]

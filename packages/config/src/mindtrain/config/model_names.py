@@ -76,6 +76,10 @@ FIXED: dict[str, tuple[tuple[Any, ...], str]] = {
     "moe_layer_freq": ((1,), "mindtrain places MoE layers after first_k_dense_replace dense layers"),
 }
 
+# FIXED names DeepSeek-V4 gives other values (its router scores with sqrtsoftplus, its
+# attention is not MLA, every layer is MoE, hash-routed layers first)
+V4_OWN = ("scoring_func", "moe_router_score_function", "multi_latent_attention", "topk_method", "moe_layer_freq")
+
 # YaRN parameters of MLATransformerConfig and their MindFormers defaults.
 YARN_DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707}
 YARN_FACTOR_NAMES = ("rotary_scaling_factor", "scaling_factor")
@@ -154,12 +158,22 @@ def to_canonical(data: dict, path: str = "model") -> dict:
     """
     if data.get("model_type") in QWEN3_FAMILIES:
         return _qwen3_canonical(data, path)
+    fixed, hf_names, renames = FIXED, (), RENAMES
+    if data.get("model_type") == "deepseek_v4":
+        # V4 shares one key/value head (HF's default) and names its score function itself
+        data = dict(data)
+        if "num_key_value_heads" not in data and "num_query_groups" not in data:
+            data["num_key_value_heads"] = 1
+        fixed = {k: v for k, v in FIXED.items() if k not in V4_OWN}
+        hf_names = ("scoring_func",)
+        renames = dict(RENAMES, moe_router_score_function=("scoring_func", _same))
     # HF's DeepseekV3Config: num_key_value_heads defaults to num_attention_heads (MLA has one per head).
     data = _normalised(data)
-    if not any(k in MINDFORMERS_ONLY for k in data) and data.get("hidden_act") not in ("fusedswiglu", "swiglu"):
+    if (not any(k in MINDFORMERS_ONLY and k not in hf_names for k in data)
+            and data.get("hidden_act") not in ("fusedswiglu", "swiglu")):
         return data
     out, origin, rest = _take_names(
-        data, path, lambda k: k not in MINDFORMERS_ONLY, FIXED, RENAMES,
+        data, path, lambda k: k not in MINDFORMERS_ONLY or k in hf_names, fixed, renames,
         lambda key, value: {"aux_loss_alpha": 0.0} if key == "moe_router_load_balancing_type" and value == "none"
         else {})
     _map_swiglu(out)  # MindFormers' SwiGLU is DeepSeek-V3's MLP

@@ -1,4 +1,4 @@
-"""The parameters a ``ModelConfig`` describes (DeepSeek-V3, Qwen3, Qwen3-MoE) and its training
+"""The parameters a ``ModelConfig`` describes (DeepSeek-V3, DeepSeek-V4, Qwen3, Qwen3-MoE) and its training
 FLOPs, as plain data.
 
 One description of the model's trainable parameters, written once, without MindSpore: each
@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from mindtrain.config.families import QWEN3_FAMILIES, head_dim, moe_layer_ids
+from mindtrain.config.families import QWEN3_FAMILIES, head_dim, moe_layer_ids, v4_attention_kinds
 from mindtrain.config.plan import UnitPlan
 from mindtrain.config.schema import ModelConfig
 
@@ -151,12 +151,69 @@ def _qwen3_layer_shapes(m: ModelConfig, i: int, moe: bool) -> list[tuple[str, tu
     return [(f"model.layers.{i}.{name}", shape) for name, shape in out]
 
 
+def _v4_layer_shapes(m: ModelConfig, i: int) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of DeepSeek-V4 decoder layer ``i``'s trainable parameters, in the model's
+    (HF's) order (a cell's own parameters before its sub-cells'): the attention (its compressor and, compressed sparse, the indexer), the MoE
+    (router weight, stacked experts, shared expert; the correction bias and the token ->
+    experts table are not trained), the two norms, the two hyper-connections."""
+    h, n, d, qr = m.hidden_size, m.num_attention_heads, m.head_dim, m.q_lora_rank
+    g, orank, hc = m.o_groups, m.o_lora_rank, m.hc_mult
+    kind = v4_attention_kinds(m)[i]
+    a = "self_attn."
+    out: list[tuple[str, tuple[int, ...]]] = [
+        (a + "sinks", (n,)), (a + "q_a_proj.weight", (qr, h)), (a + "q_a_norm.weight", (qr,)), (a + "q_b_proj.weight", (n * d, qr)),
+        (a + "kv_proj.weight", (d, h)), (a + "kv_norm.weight", (d,)), (a + "o_a_proj.weight", (g * orank, n * d // g)),
+        (a + "o_b_proj.weight", (h, g * orank))]
+
+    def pooling(prefix: str, dim: int, ratio: int, overlap: bool) -> list[tuple[str, tuple[int, ...]]]:
+        width = 2 * dim if overlap else dim
+        return [(prefix + "position_bias", (ratio, width)), (prefix + "kv_proj.weight", (width, h)),
+                (prefix + "gate_proj.weight", (width, h)), (prefix + "kv_norm.weight", (dim,))]
+
+    c = a + "compressor."
+    if kind == "csa":
+        ci, ni = m.index_head_dim, m.index_n_heads
+        out += pooling(c, d, 4, True) + pooling(c + "indexer.", ci, 4, True)
+        out += [(c + "indexer.q_b_proj.weight", (ni * ci, qr)), (c + "indexer.scorer.weights_proj.weight", (ni, h))]
+    elif kind == "hca":
+        out += pooling(c, d, int(m.compress_ratios[i]), False)
+    e, im, si = m.n_routed_experts, m.moe_intermediate_size, m.moe_intermediate_size * m.n_shared_experts
+    out += [("mlp.gate.weight", (e, h)), ("mlp.experts.gate_proj", (e, im, h)), ("mlp.experts.up_proj", (e, im, h)),
+            ("mlp.experts.down_proj", (e, h, im))]
+    if m.n_shared_experts:
+        out += [("mlp.shared_experts.gate_proj.weight", (si, h)), ("mlp.shared_experts.up_proj.weight", (si, h)),
+                ("mlp.shared_experts.down_proj.weight", (h, si))]
+    out += [("input_layernorm.weight", (h,)), ("post_attention_layernorm.weight", (h,))]
+    mix = (2 + hc) * hc
+    for name in ("attn_hc", "ffn_hc"):
+        out += [(f"{name}.fn", (mix, hc * h)), (f"{name}.base", (mix,)), (f"{name}.scale", (3,))]
+    return [(f"model.layers.{i}.{name}", shape) for name, shape in out]
+
+
+def _v4_specs(m: ModelConfig) -> list[ParamSpec]:
+    """DeepSeek-V4: the attention stays whole under tensor parallelism (HF's plan shards only
+    the experts), so its parameters are replicated whatever their names."""
+    h, v, hc = m.hidden_size, m.vocab_size, m.hc_mult
+    shapes = [("model.embed_tokens.weight", (v, h))]
+    for i in range(m.num_hidden_layers):
+        shapes += _v4_layer_shapes(m, i)
+    shapes += [("model.norm.weight", (h,)), ("model.hc_head.hc_fn", (hc, hc * h)), ("model.hc_head.hc_base", (hc,)),
+               ("model.hc_head.hc_scale", (1,)), ("lm_head.weight", (v, h))]
+    out = []
+    for name, shape in shapes:
+        style, dim = ("replicated", None) if ".self_attn." in name else tp_split(name)
+        out.append(ParamSpec(name, tuple(shape), style, dim, is_expert(name), unit_of(name, m.num_hidden_layers)))
+    return out
+
+
 def param_specs(m: ModelConfig) -> list[ParamSpec]:
     """Every trainable parameter of the model ``m`` describes: the embedding, the decoder
     layers, DeepSeek-V3's MTP modules, the final norm and lm_head (absent when Qwen3 ties it
     to the embedding; DeepSeek-V3's router correction biases are buffers, not listed)."""
     h, v = m.hidden_size, m.vocab_size
     shapes = [("model.embed_tokens.weight", (v, h))]
+    if m.model_type == "deepseek_v4":
+        return _v4_specs(m)
     if m.model_type in QWEN3_FAMILIES:
         moe = set(moe_layer_ids(m))
         for i in range(m.num_hidden_layers):
@@ -209,6 +266,8 @@ def flops_per_token(m: ModelConfig, seq_length: Optional[int] = None) -> float:
     s = seq_length or m.seq_length
     matmul = sum(_active(p, m) for p in param_specs(m)
                  if p.name != "model.embed_tokens.weight" and not p.name.endswith("norm.weight"))
+    if m.model_type == "deepseek_v4":
+        return float(6 * (matmul - _v4_not_matmul(m)) + _v4_attention_flops(m, s))
     if m.model_type in QWEN3_FAMILIES:
         if m.tie_word_embeddings:  # the head's matmul uses the embedding matrix
             matmul += m.vocab_size * m.hidden_size
@@ -220,6 +279,35 @@ def flops_per_token(m: ModelConfig, seq_length: Optional[int] = None) -> float:
         qk, v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
     attention = 6 * m.num_attention_heads * s * (qk + v) * n_layers
     return float(6 * matmul + attention)
+
+
+def _v4_not_matmul(m: ModelConfig) -> int:
+    """DeepSeek-V4 parameters that are not a token's matmul weights: sinks, position biases,
+    hyper-connection biases and scales (the hyper-connection ``fn`` matrices are matmuls)."""
+    return sum(p.numel for p in param_specs(m)
+               if p.name.endswith(("sinks", "position_bias", ".base", ".scale", "hc_base", "hc_scale")))
+
+
+def _v4_attention_flops(m: ModelConfig, s: int) -> float:
+    """DeepSeek-V4's attention term per token, 6 x (scores + weighted sum) x the keys a query
+    attends: each layer's sliding window (min(S, window)) plus its compressed entries (all S /
+    ratio of them for heavily compressed attention, index_topk for compressed sparse); the
+    lightning indexer scores every compressed entry (index heads x index_head_dim, one
+    product: 2 FLOPs forward per multiply-add, its backward is not taken: no gradient flows
+    through the choice)."""
+    n, d = m.num_attention_heads, m.head_dim
+    window = min(s, m.sliding_window)
+    total = 0.0
+    for kind, ratio in zip(v4_attention_kinds(m), m.compress_ratios):
+        keys = window
+        if kind == "hca":
+            keys += s // int(ratio)
+        elif kind == "csa":
+            entries = s // 4
+            keys += min(m.index_topk, entries)
+            total += 2 * m.index_n_heads * m.index_head_dim * entries
+        total += 6 * n * keys * (d + d)
+    return total
 
 
 __all__ = ["ParamSpec", "TP_RULES", "count_parameters", "flops_per_token", "is_expert", "param_specs", "tp_split",

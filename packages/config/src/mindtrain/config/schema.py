@@ -310,13 +310,13 @@ class TrainDatasetConfig:
 @dataclass
 class ModelConfig:
     """One flat model section for every family (``model_type``): ``deepseek_v3``
-    (DeepseekV3ForCausalLM), ``qwen3`` (Qwen3ForCausalLM) and ``qwen3_moe``
-    (Qwen3MoeForCausalLM). The defaults are DeepSeek-V3's; each family reads its own fields
+    (DeepseekV3ForCausalLM), ``deepseek_v4`` (DeepseekV4ForCausalLM), ``qwen3``
+    (Qwen3ForCausalLM) and ``qwen3_moe`` (Qwen3MoeForCausalLM). The defaults are DeepSeek-V3's; each family reads its own fields
     (:data:`mindtrain.config.families.FAMILY_FIELDS`) and a field it does not read must keep
     its default (a one-line error names it)."""
 
     model_type: str = "deepseek_v3"
-    """Registry key of the model family: deepseek_v3, qwen3 or qwen3_moe."""
+    """Registry key of the model family: deepseek_v3, deepseek_v4, qwen3 or qwen3_moe."""
     architectures: str = "DeepseekV3ForCausalLM"
     """Model class (a string, not a list): DeepseekV3ForCausalLM, Qwen3ForCausalLM or
     Qwen3MoeForCausalLM."""
@@ -376,6 +376,44 @@ class ModelConfig:
     """Qwen3-MoE: add router_aux_loss_coef x the load-balancing loss to the loss, as HF's
     Qwen3MoeForCausalLM does when it outputs router logits (HF's default: false; the loss is
     reported either way)."""
+    compress_ratios: list[int] = field(default_factory=list)
+    """DeepSeek-V4: per layer, how many tokens each compressed key/value entry pools (MindFormers'
+    name): 0 = sliding-window attention only, 4 = compressed sparse attention (overlapping
+    gated pooling of 4 tokens, a lightning indexer keeping index_topk entries per query), any
+    other ratio = heavily compressed attention (non-overlapping pooling; 128 in the released
+    models). HF's layer_types + compress_rates are read into it. Entries past
+    num_hidden_layers (MindFormers lists the MTP module's) are not read."""
+    compress_rope_theta: float = 160000.0
+    """DeepSeek-V4: rope base of the compressed layers (their queries, keys and compressed
+    entries); rope_scaling (YaRN) applies to these only, without its attention factor."""
+    sliding_window: int = 128
+    """DeepSeek-V4: keys a query sees in every layer's sliding-window branch (itself included)."""
+    o_groups: int = 8
+    """DeepSeek-V4: head groups of the grouped low-rank output projection."""
+    o_lora_rank: int = 1024
+    """DeepSeek-V4: each head group's rank in the output projection."""
+    index_n_heads: int = 64
+    """DeepSeek-V4: query heads of the lightning indexer."""
+    index_head_dim: int = 128
+    """DeepSeek-V4: head size of the lightning indexer."""
+    index_topk: int = 512
+    """DeepSeek-V4: compressed entries each query keeps in compressed sparse attention."""
+    hc_mult: int = 4
+    """DeepSeek-V4: residual streams of the manifold-constrained hyper-connections."""
+    hc_sinkhorn_iters: int = 20
+    """DeepSeek-V4: Sinkhorn-Knopp iterations making the stream-mixing matrix doubly stochastic."""
+    hc_eps: float = 1.0e-6
+    """DeepSeek-V4: floor of the hyper-connection weights and Sinkhorn normalisation."""
+    num_hash_layers: int = 3
+    """DeepSeek-V4: the first this many layers route each token by a fixed token-id -> experts
+    table (tid2eid) instead of a learned top-k (HF's mlp_layer_types "hash_moe")."""
+    scoring_func: str = "sigmoid"
+    """DeepSeek-V4: router score of each expert's logit: sqrtsoftplus (sqrt(softplus(x)), the
+    released models' and HF's default, which config.json files read without the key get) or
+    sigmoid (DeepSeek-V3's, the schema default: the defaults are DeepSeek-V3's)."""
+    swiglu_limit: float = 10.0
+    """DeepSeek-V4: the experts' SwiGLU clamps gate pre-activations above at this and up
+    pre-activations to [-limit, limit]; 0 turns the clamp off."""
     hidden_act: str = "silu"
     max_position_embeddings: int = 163840
     initializer_range: float = 0.02

@@ -118,6 +118,8 @@ def validate_model(m: ModelConfig, path: str = "model") -> None:
                                             f"remove it (or set model_type){_INSTEAD.get((m.model_type, name), '')}")
     if m.model_type in QWEN3_FAMILIES:
         _validate_qwen3(m, path)
+    elif m.model_type == "deepseek_v4":
+        _validate_deepseek_v4(m, path)
     else:
         _validate_deepseek_v3(m, path)
     _validate_common(m, path)
@@ -132,6 +134,12 @@ _INSTEAD = {
     ("qwen3_moe", "n_shared_experts"): "; Qwen3-MoE has no shared experts",
     ("qwen3_moe", "routed_scaling_factor"): "; Qwen3-MoE does not scale its routing weights",
     ("deepseek_v3", "tie_word_embeddings"): "; DeepSeek-V3 has its own lm_head",
+    ("deepseek_v4", "num_nextn_predict_layers"): "; DeepSeek-V4's MTP modules are not built (HF's "
+                                                 "DeepseekV4ForCausalLM does not build them either)",
+    ("deepseek_v4", "first_k_dense_replace"): "; every DeepSeek-V4 layer is a mixture of experts "
+                                              "(num_hash_layers of them hash-routed)",
+    ("deepseek_v4", "intermediate_size"): "; DeepSeek-V4 has no dense MLP (moe_intermediate_size sizes "
+                                          "the experts)",
 }
 
 
@@ -176,6 +184,59 @@ def _validate_deepseek_v3(m: ModelConfig, path: str) -> None:
             raise ConfigError(f"{path}.rope_scaling.type", f"only 'yarn' is supported, got {kind!r}")
         if kind == "yarn" and float(m.rope_scaling.get("factor", 0)) <= 0:
             raise ConfigError(f"{path}.rope_scaling.factor", "must be > 0 for yarn scaling")
+
+
+def _validate_deepseek_v4(m: ModelConfig, path: str) -> None:
+    """DeepSeek-V4: one shared key/value head, queries through a low-rank projection, hybrid
+    sliding / compressed attention per layer, hyper-connection streams, hash-routed then
+    learned mixtures of experts."""
+    for name in ("seq_length", "vocab_size", "hidden_size", "moe_intermediate_size", "num_hidden_layers",
+                 "num_attention_heads", "qk_rope_head_dim", "max_position_embeddings", "sliding_window", "o_groups",
+                 "o_lora_rank", "hc_mult", "hc_sinkhorn_iters", "n_routed_experts", "num_experts_per_tok"):
+        _positive(getattr(m, name), f"{path}.{name}")
+    _non_negative(m.n_shared_experts, f"{path}.n_shared_experts")
+    _non_negative(m.swiglu_limit, f"{path}.swiglu_limit")
+    if not m.head_dim:
+        raise ConfigError(f"{path}.head_dim", "DeepSeek-V4 needs head_dim (the one key/value head's size, also each "
+                                              "query head's and value's), e.g. 512")
+    if m.q_lora_rank is None or m.q_lora_rank <= 0:
+        raise ConfigError(f"{path}.q_lora_rank", "DeepSeek-V4 projects queries through a low rank; set it > 0")
+    if m.num_key_value_heads != 1:
+        raise ConfigError(f"{path}.num_key_value_heads", f"DeepSeek-V4 shares one key/value head; set it to 1, "
+                                                         f"got {m.num_key_value_heads}")
+    if m.qk_rope_head_dim % 2 or m.qk_rope_head_dim > m.head_dim:
+        raise ConfigError(f"{path}.qk_rope_head_dim", f"must be even and at most head_dim ({m.head_dim}), "
+                                                      f"got {m.qk_rope_head_dim}")
+    if (m.num_attention_heads * m.head_dim) % m.o_groups:
+        raise ConfigError(f"{path}.o_groups", f"{m.o_groups} must divide num_attention_heads x head_dim "
+                                              f"({m.num_attention_heads * m.head_dim})")
+    n = m.num_hidden_layers
+    ratios = list(m.compress_ratios)
+    if len(ratios) < n:
+        raise ConfigError(f"{path}.compress_ratios", f"needs one entry per layer ({n}: 0 sliding window, 4 "
+                                                     f"compressed sparse, e.g. 128 heavily compressed), got {len(ratios)}")
+    if any(int(r) < 0 for r in ratios):
+        raise ConfigError(f"{path}.compress_ratios", f"entries must be >= 0, got {ratios}")
+    if 4 in ratios[:n]:
+        for name in ("index_n_heads", "index_head_dim", "index_topk"):
+            _positive(getattr(m, name), f"{path}.{name}")
+        if m.qk_rope_head_dim > m.index_head_dim:
+            raise ConfigError(f"{path}.index_head_dim", f"must be at least qk_rope_head_dim ({m.qk_rope_head_dim}), "
+                                                        f"got {m.index_head_dim}")
+    if not 0 <= m.num_hash_layers <= n:
+        raise ConfigError(f"{path}.num_hash_layers", f"must be between 0 and num_hidden_layers ({n}), "
+                                                     f"got {m.num_hash_layers}")
+    if m.num_experts_per_tok > m.n_routed_experts:
+        raise ConfigError(f"{path}.num_experts_per_tok", f"{m.num_experts_per_tok} exceeds n_routed_experts "
+                                                         f"({m.n_routed_experts})")
+    if m.scoring_func not in ("sqrtsoftplus", "sigmoid"):
+        raise ConfigError(f"{path}.scoring_func", f"must be sqrtsoftplus or sigmoid, got {m.scoring_func!r}")
+    if m.hidden_act != "silu":
+        raise ConfigError(f"{path}.hidden_act", f"only 'silu' is supported, got {m.hidden_act!r}")
+    if m.rope_scaling is not None:
+        kind = m.rope_scaling.get("type", m.rope_scaling.get("rope_type"))
+        if kind not in ("yarn", "default", None):
+            raise ConfigError(f"{path}.rope_scaling.type", f"only 'yarn' is supported, got {kind!r}")
 
 
 def _validate_qwen3(m: ModelConfig, path: str) -> None:
@@ -247,6 +308,13 @@ def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
     check_zero_strategy(p.data_parallel_shard_strategy)
     reshard_after_forward(p.reshard_after_forward_policy, p.data_parallel_shard_strategy, p.pipeline_parallel > 1)
     tp = p.tensor_parallel
+    if m.model_type == "deepseek_v4":
+        for name in ("tensor_parallel", "context_parallel", "expert_parallel", "pipeline_parallel"):
+            if getattr(p, name) > 1:
+                raise ConfigError(f"{path}.{name}", f"{getattr(p, name)}: DeepSeek-V4 is not laid out over "
+                                                    f"{name.replace('_', ' ')} yet (its attention, indexer and "
+                                                    f"hyper-connection streams have no split); set it to 1 "
+                                                    f"(data parallelism / FSDP)")
     if m.num_attention_heads % tp:
         raise ConfigError(f"{path}.tensor_parallel",
                           f"{tp} must divide model.num_attention_heads ({m.num_attention_heads})")

@@ -1,10 +1,11 @@
-"""DeepSeek-V3 (MLA, MoE, MTP), Qwen3 and Qwen3-MoE for MindSpore eager mode, with HF weight names."""
+"""DeepSeek-V3 (MLA, MoE, MTP), DeepSeek-V4, Qwen3 and Qwen3-MoE for MindSpore eager mode, with HF weight names."""
 
 from mindtrain.models.__about__ import __version__
 from mindtrain.models.attention import MLAttention
 from mindtrain.models.counting import count_parameters, flops_per_token
 from mindtrain.models.decoder import DecoderLayer
 from mindtrain.models.deepseek_v3 import DeepseekV3ForCausalLM, DeepseekV3Model
+from mindtrain.models.deepseek_v4 import DeepseekV4ForCausalLM
 from mindtrain.models.execution import apply_compile, apply_recompute, is_compiled
 from mindtrain.models.experts import RoutedExperts
 from mindtrain.models.hf_checkpoint import from_pretrained, hf_state_dict, load_hf_state_dict, save_pretrained
@@ -24,12 +25,13 @@ from mindtrain.models.weights import Init, init_of, initial_values, is_empty, ma
 
 # the built-in models (registry.py imports none, so models may build through it)
 register_model("deepseek_v3", "DeepseekV3ForCausalLM", DeepseekV3ForCausalLM)
+register_model("deepseek_v4", "DeepseekV4ForCausalLM", DeepseekV4ForCausalLM)
 register_model("qwen3", "Qwen3ForCausalLM", Qwen3ForCausalLM)
 register_model("qwen3_moe", "Qwen3MoeForCausalLM", Qwen3MoeForCausalLM)
 
 __all__ = [
     "__version__",
-    "DecoderLayer", "DeepseekV3ForCausalLM", "DeepseekV3Model", "FastKernelsUnavailable", "Init", "MLAttention", "MLP",
+    "DecoderLayer", "DeepseekV3ForCausalLM", "DeepseekV3Model", "DeepseekV4ForCausalLM", "FastKernelsUnavailable", "Init", "MLAttention", "MLP",
     "MoE", "MTPLayer", "Qwen3Attention", "Qwen3ForCausalLM", "Qwen3MoE", "Qwen3MoeForCausalLM", "RMSNorm",
     "RotaryEmbedding", "RoutedExperts", "TopkRouter",
     "apply_compile", "apply_recompute", "build_model", "config_from_hf", "config_to_hf", "count_parameters", "effective_compute_dtype",

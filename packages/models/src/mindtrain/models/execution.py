@@ -131,6 +131,8 @@ def configure_row_blocks(model: nn.Cell) -> None:
     compiled = is_compiled(model)
     for i, layer in enumerate(_layers(model)):
         attn = layer.self_attn
-        core = attn.core_attention
+        core = getattr(attn, "core_attention", None)
+        if core is None:  # an attention without the shared core (DeepSeek-V4's runs its own)
+            continue
         core.recompute_in_row_blocks(core_recomputed(model, i) and core_in_row_blocks(
             compiled, attn.num_heads, cfg.seq_length, core.row_block_elements))

@@ -17,6 +17,15 @@ from mindtrain.models.precision import to_compute
 from mindtrain.models.weights import Init, new_weight
 
 
+def swiglu(gate, up, limit: float = 0.0):
+    """``silu(gate) * up``; with ``limit`` (DeepSeek-V4) the gate is clamped above at it and
+    the up projection to [-limit, limit] first."""
+    if limit:
+        gate = ops.clamp(gate, max=limit)
+        up = ops.clamp(up, -limit, limit)
+    return ops.silu(gate) * up
+
+
 class RoutedExperts(Block):
     """``gate_proj [E, I, H]``, ``up_proj [E, I, H]``, ``down_proj [E, H, I]`` (expert dim 0).
 
@@ -28,9 +37,10 @@ class RoutedExperts(Block):
     fast_kernels = False
 
     def __init__(self, n_experts: int, hidden_size: int, intermediate_size: int, init_std: float = 0.02,
-                 block: int = 32):
+                 block: int = 32, swiglu_limit: float = 0.0):
         super().__init__()
         self.n_experts = n_experts
+        self.swiglu_limit = float(swiglu_limit)  # DeepSeek-V4's clamped SwiGLU (0: none)
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
         self.block = block
@@ -52,7 +62,7 @@ class RoutedExperts(Block):
         """x [T, H], topk_idx [T, K] int32, topk_weight [T, K] and the stacked expert weights
         -> ([T, H], tokens per expert [E]); the output is in the matmul dtype."""
         cd = self.matmul_dtype
-        if self.fast_kernels:
+        if self.fast_kernels and not self.swiglu_limit:
             return kernels.fast_routed_experts(x, topk_idx, topk_weight, gate_proj, up_proj, down_proj, cd)
         t, h = x.shape
         k = topk_idx.shape[1]
@@ -90,7 +100,7 @@ class RoutedExperts(Block):
         scale = ops.matmul(slot_weight.reshape(-1, 1), ops.ones((1, self.intermediate_size), topk_weight.dtype))
         gate = self.bmm_t(xb, ops.gather(to_compute(gate_proj, cd), block_expert, 0))
         up = self.bmm_t(xb, ops.gather(to_compute(up_proj, cd), block_expert, 0))
-        act = (ops.silu(gate) * up) * to_compute(scale.reshape(n_blocks, b, self.intermediate_size), cd)
+        act = (swiglu(gate, up, self.swiglu_limit)) * to_compute(scale.reshape(n_blocks, b, self.intermediate_size), cd)
         out = self.bmm_t(act, ops.gather(to_compute(down_proj, cd), block_expert, 0)).reshape(n_slots, h)
         dest_tk = ops.stop_gradient(dest).reshape(t, k)
         y = ops.gather(out, dest_tk[:, 0], 0)

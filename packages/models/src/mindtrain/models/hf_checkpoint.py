@@ -17,6 +17,7 @@ import numpy as np
 from mindspore import Tensor, ops
 
 from mindtrain.config import ConfigError, UserError, validate_model
+from mindtrain.models.hf_v4_names import file_to_model, model_to_file
 from mindtrain.models.hf_config import config_from_hf, config_to_hf
 from mindtrain.models.registry import build_model
 
@@ -28,9 +29,12 @@ _STACKED = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_proj|up_proj|
 _MTP_COPIES = re.compile(r"^model\.layers\.(\d+)\.(embed_tokens\.weight|shared_head\.head\.weight)$")
 
 
-def hf_tensor_names(name: str, shape) -> list[tuple[str, Optional[int]]]:
+def hf_tensor_names(name: str, shape, model_type: str = "deepseek_v3") -> list[tuple[str, Optional[int]]]:
     """The HF checkpoint tensors a model parameter is stored as: ``[(name, None)]``, or for
-    stacked routed experts one per expert, ``(per-expert name, expert index)``."""
+    stacked routed experts one per expert, ``(per-expert name, expert index)``. DeepSeek-V4's
+    files use the released checkpoints' names (:mod:`mindtrain.models.hf_v4_names`)."""
+    if model_type == "deepseek_v4":
+        return model_to_file(name, shape)
     m = _STACKED.match(name)
     if m:
         return [(f"{m.group(1)}.{e}.{m.group(2)}.weight", e) for e in range(int(shape[0]))]
@@ -52,9 +56,12 @@ def hf_state_dict(model) -> dict[str, np.ndarray]:
     """The model's weights under HF checkpoint names (float32 numpy arrays), MTP copies
     included (:func:`hf_copies`)."""
     out: dict[str, np.ndarray] = {}
+    model_type = model.config.model_type
     for p in model.get_parameters():
         arr = p.asnumpy()
-        for hf_name, e in hf_tensor_names(p.name, arr.shape):
+        if p.name.endswith(".tid2eid"):  # DeepSeek-V4's token -> experts table: integer ids in files
+            arr = arr.astype(np.int64)
+        for hf_name, e in hf_tensor_names(p.name, arr.shape, model_type):
             out[hf_name] = arr if e is None else np.ascontiguousarray(arr[e])
     for copy, source in hf_copies(model.config):
         out[copy] = out[source]
@@ -134,9 +141,19 @@ class HFBoxes:
         self.global_shapes: dict[str, tuple[int, ...]] = {}
         per_expert: dict[str, dict[int, str]] = {}
         unexpected = []
+        v4 = cfg.model_type == "deepseek_v4"
         for key in where:
             if key.endswith("weight_scale_inv"):
                 raise UserError(f"{directory}: holds FP8 block-quantised weights ({key}); convert them to bf16/fp32 first")
+            if v4:  # the released / transformers-written names (mindtrain.models.hf_v4_names)
+                name, e = file_to_model(key)
+                if e is not None:
+                    per_expert.setdefault(name, {})[e] = key
+                elif name in param_shapes:
+                    self._sources[name] = ("plain", key)
+                else:
+                    unexpected.append(key)
+                continue
             m = _EXPERT_FILE.match(key)
             if m:
                 per_expert.setdefault(f"{m.group(1)}.{m.group(3)}", {})[int(m.group(2))] = key
@@ -198,6 +215,8 @@ class HFBoxes:
             key = src[1] if src[0] != "experts" else src[1][0]
             dtype = self._slice(key).get_dtype() if self._arrays is None else np.asarray(self._arrays[key]).dtype.name
             dtype = dtype.upper()
+            if name.endswith(".tid2eid"):  # DeepSeek-V4's token -> experts table holds integer ids
+                continue
             if not dtype.startswith(("F", "BF")):
                 raise UserError(f"checkpoint.load_path: '{key}' in {self.folder} is {dtype.lower()}, but the "
                                 "model's parameters are floating point; the checkpoint is damaged or of another model")

@@ -1,5 +1,5 @@
 """Conversion between an HF ``config.json`` dict and mindtrain's flat ModelConfig, for each
-family: DeepSeek-V3 (official names), Qwen3 and Qwen3-MoE (HF's Qwen3Config /
+family: DeepSeek-V3 (official names), DeepSeek-V4 (DeepseekV4Config's), Qwen3 and Qwen3-MoE (HF's Qwen3Config /
 Qwen3MoeConfig names)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from typing import Any
 
 from mindtrain.config import ConfigError, ModelConfig
 from mindtrain.config.families import QWEN3_FAMILIES, family_fields, head_dim
+from mindtrain.models.hf_v4_names import v4_from_hf, v4_to_hf
 
 # HF's defaults for keys a Qwen3 config.json may leave out, where ModelConfig's (DeepSeek-V3's)
 # differ: Qwen3Config.head_dim is 128 (Qwen3MoeConfig has none: hidden_size // heads),
@@ -34,6 +35,17 @@ def config_from_hf(hf: dict[str, Any], **overrides: Any) -> ModelConfig:
     if hf["model_type"] in QWEN3_FAMILIES:
         _qwen3_from_hf(hf, kwargs)
     arch = hf.get("architectures")
+    if hf["model_type"] == "deepseek_v4":
+        try:
+            v4_from_hf(hf, kwargs)
+        except ValueError as err:
+            raise ConfigError("config.json", str(err)) from None
+        if isinstance(arch, (list, tuple)) and arch:
+            kwargs["architectures"] = arch[0]
+        if isinstance(kwargs.get("eos_token_id"), list):
+            kwargs["eos_token_id"] = kwargs["eos_token_id"][0]
+        kwargs.update(overrides)
+        return ModelConfig(**kwargs)
     if isinstance(arch, (list, tuple)):
         if not arch:
             raise ConfigError("config.json.architectures", "is empty")
@@ -74,6 +86,15 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
     kept as extra keys, fields of other families are left out."""
     if cfg.model_type in QWEN3_FAMILIES:
         return _qwen3_to_hf(cfg)
+    if cfg.model_type == "deepseek_v4":
+        names = family_fields(cfg.model_type)
+        d = {k: v for k, v in dataclasses.asdict(cfg).items() if k in names}
+        d["architectures"] = [cfg.architectures]
+        d["torch_dtype"] = "float32"
+        try:
+            return v4_to_hf(d, cfg)
+        except ValueError as err:
+            raise ConfigError("model", str(err)) from None
     d = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NOT_IN_DEEPSEEK_JSON}
     d["architectures"] = [cfg.architectures]
     d["torch_dtype"] = "float32"

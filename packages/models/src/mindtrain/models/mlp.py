@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from mindspore import ops
-
 from mindtrain.config.plan import Region
 from mindtrain.models import kernels
 from mindtrain.models.blocks import Block
+from mindtrain.models.experts import swiglu
 from mindtrain.models.linear import Linear, linear
 
 
@@ -19,8 +18,9 @@ class MLP(Block):
     fast_kernels = False
     matmul_dtype = None
 
-    def __init__(self, hidden_size: int, intermediate_size: int, init_std: float = 0.02):
+    def __init__(self, hidden_size: int, intermediate_size: int, init_std: float = 0.02, swiglu_limit: float = 0.0):
         super().__init__()
+        self.swiglu_limit = float(swiglu_limit)  # DeepSeek-V4's clamped SwiGLU (0: none)
         self.gate_proj = Linear(hidden_size, intermediate_size, init_std=init_std)
         self.up_proj = Linear(hidden_size, intermediate_size, init_std=init_std)
         self.down_proj = Linear(intermediate_size, hidden_size, init_std=init_std)
@@ -36,5 +36,8 @@ class MLP(Block):
         parallelism's sequence gather)."""
         cd = self.matmul_dtype
         gate, up = linear(x, gate_w, None, cd), linear(x, up_w, None, cd)
-        act = kernels.fast_swiglu(gate, up) if self.fast_kernels else ops.silu(gate) * up
+        if self.fast_kernels and not self.swiglu_limit:
+            act = kernels.fast_swiglu(gate, up)
+        else:
+            act = swiglu(gate, up, self.swiglu_limit)
         return linear(act, down_w, None, cd)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from mindtrain.config.model_plan import is_expert, tp_split, unit_of, units as plan_units
+from mindtrain.config.model_plan import is_expert, param_specs, tp_split, unit_of, units as plan_units
 from mindtrain.config.plan import ParallelPlan, ParamPlan, Region, UnitPlan
 
 
@@ -85,11 +85,14 @@ def parallel_plan(model) -> ParallelPlan:
     by_name = {u.name: u for u in units}
     regions = _regions(model)
 
+    # the config's parameter plan gives each trainable parameter its split (a family may keep
+    # parts whole: DeepSeek-V4's attention); buffers follow the name rules
+    splits = {s.name: (s.tp, s.tp_dim) for s in param_specs(cfg)}
     params: dict[str, ParamPlan] = {}
     for p in model.get_parameters():
         name = p.name
         unit = unit_of(name, n_layers)
-        style, dim = tp_split(name)
+        style, dim = splits.get(name) or tp_split(name)
         expert = is_expert(name)
         params[name] = ParamPlan(
             shape=tuple(p.shape),

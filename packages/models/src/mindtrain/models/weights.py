@@ -32,14 +32,19 @@ _CHUNK = 1 << 22  # elements made at a time (bounds the temporaries)
 
 @dataclass(frozen=True)
 class Init:
-    """How a parameter starts: ``normal`` (mean 0, ``std``), ``zeros`` or ``ones``."""
+    """How a parameter starts: ``normal`` (mean 0, ``std``), ``zeros``, ``ones`` or ``hash``
+    (element i is ``i % modulus``: DeepSeek-V4's token -> experts table, each token's K
+    experts distinct and the tokens spread evenly)."""
 
     kind: str
     std: float = 0.0
+    modulus: int = 0
 
     def __post_init__(self):
-        if self.kind not in ("normal", "zeros", "ones"):
-            raise ValueError(f"Init.kind must be normal, zeros or ones, got {self.kind!r}")
+        if self.kind not in ("normal", "zeros", "ones", "hash"):
+            raise ValueError(f"Init.kind must be normal, zeros, ones or hash, got {self.kind!r}")
+        if self.kind == "hash" and self.modulus <= 0:
+            raise ValueError("Init('hash') needs a modulus > 0")
 
 
 _building = {"empty": False}
@@ -102,6 +107,13 @@ def initial_values(name: str, init: Init, global_shape: Sequence[int], offset: O
         return np.zeros(shape, np.float32)
     if init.kind == "ones":
         return np.ones(shape, np.float32)
+    if init.kind == "hash":
+        index = np.zeros((1,) * len(shape), np.int64)
+        for d, (o, n) in enumerate(zip(offset, shape)):
+            stride = math.prod(global_shape[d + 1:])
+            index = index + (np.arange(o, o + n, dtype=np.int64) * stride).reshape(
+                [-1 if k == d else 1 for k in range(len(shape))])
+        return (index % init.modulus).astype(np.float32)
     out = np.empty(shape, np.float32)
     if out.size == 0:
         return out

@@ -360,9 +360,58 @@ def _gqa_attention(m: ModelConfig, z: _Shapes, dims: ParallelDims) -> Module:
     return Module("self_attn", own, [core])
 
 
-def _attention(m: ModelConfig, z: _Shapes, dims: ParallelDims) -> Module:
+def _v4_attention(m: ModelConfig, i: int, z: _Shapes) -> Module:
+    """DeepSeek-V4's attention (``mindtrain.models.deepseek_v4.attention``, counted from its
+    code, float32): the query latent and its norm, the queries (unweighted norm, rope), the one
+    key/value head (norm, rope), the compressed entries appended to the keys, the scores over
+    all S keys plus the entries and the sink (the model masks the window rather than slicing
+    it), the output (rope undone, grouped low-rank projection). ``self_attn.compressor``: the
+    pooling (its projections, gates, softmax, normed and roped entries) and, in compressed
+    sparse layers, the indexer (its pooling, queries and relu scores; no backward through the
+    choice, its pooling's tensors are kept all the same)."""
+    h, n, d, qr, c, t = m.hidden_size, z.heads, m.head_dim, m.q_lora_rank, z.c, z.ta
+    kind = families.v4_attention_kinds(m)[i]
+    ratio = int(m.compress_ratios[i])
+    entries = z.sk // ratio if kind != "sliding" else 0
+    own = t * h * c if c != F32 else 0
+    own += t * qr * c + _rms(t, qr) + t * qr * F32          # q latent, its norm and output
+    own += t * n * d * c + 2 * t * n * d * F32              # q, its unweighted norm
+    own += 3 * t * n * d * F32 + t * n * d * F32            # rope (rotated, two products), transposed
+    own += t * d * c + _rms(t, d) + 3 * t * d * F32         # the key/value head, norm, rope
+    own += z.b * (z.sk + entries) * d * F32                 # keys with the entries appended
+    own += 5 * t * n * d * F32                              # output, transposed, rope undone
+    own += t * n * d * F32 + 2 * t * m.o_groups * m.o_lora_rank * F32   # grouped projection
+    children = []
+    if entries:
+        def pooling(dim: int, width: int) -> int:
+            slots = 2 * ratio if kind == "csa" else ratio
+            return (2 * t * width * c + 4 * z.b * entries * slots * dim * F32   # kv, gate; the slots, softmax
+                    + _rms(z.b * entries, dim) + 3 * z.b * entries * dim * F32)  # norm, rope
+        comp = pooling(d, 2 * d if kind == "csa" else d)
+        if kind == "csa":
+            ni, ci = m.index_n_heads, m.index_head_dim
+            comp += pooling(ci, 2 * ci) + 4 * t * ni * ci * F32 + 3 * z.b * z.s * ni * entries * F32
+        children.append(Module("self_attn.compressor", comp))
+    scores = z.b * n * z.s * (z.sk + entries + 1)
+    children.append(Module("self_attn.core_attention", 2 * scores * F32))  # the probabilities and their slice
+    return Module("self_attn", own, children)
+
+
+def _hyper_connections(m: ModelConfig, z: _Shapes) -> int:
+    """DeepSeek-V4's two hyper-connections per layer (``deepseek_v4.hyper``): the normed
+    flattened streams, the mixing logits, the Sinkhorn iterations' matrices, the collapse and
+    the update (mixed streams, the spread output, their sum)."""
+    hc, h, t = m.hc_mult, m.hidden_size, z.tl
+    one = 2 * t * hc * h * F32 + t * (2 + hc) * hc * F32 + 2 * m.hc_sinkhorn_iters * t * hc * hc * F32
+    one += t * hc * h * F32 + 3 * t * hc * h * F32
+    return 2 * one
+
+
+def _attention(m: ModelConfig, z: _Shapes, dims: ParallelDims, i: int = 0) -> Module:
     if m.model_type in families.QWEN3_FAMILIES:
         return _gqa_attention(m, z, dims)
+    if m.model_type == "deepseek_v4":
+        return _v4_attention(m, i, z)
     h, n, c = m.hidden_size, z.heads, z.c
     dn, dr, dv = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
     kl, ql = m.kv_lora_rank, m.q_lora_rank
@@ -425,7 +474,7 @@ def layer_module(m: ModelConfig, i: int, z: _Shapes, dims: ParallelDims) -> Modu
     """Layer ``i``'s kept tensors as a module tree (paths as the model's cells name them)."""
     h = m.hidden_size
     tl = z.tl
-    children = [Module("input_layernorm", _rms(tl, h)), _attention(m, z, dims),
+    children = [Module("input_layernorm", _rms(tl, h)), _attention(m, z, dims, i),
                 Module("post_attention_layernorm", _rms(tl, h))]
     if i not in families.moe_layer_ids(m):
         children.append(_mlp("mlp", z.ta, h, z.inter, z.c, z.ta != z.tl))
@@ -435,11 +484,15 @@ def layer_module(m: ModelConfig, i: int, z: _Shapes, dims: ParallelDims) -> Modu
     own = 3 * tl * h * F32
     if i >= m.num_hidden_layers:  # MTP: embedding of the shifted tokens, both norms, their concat
         own += tl * h * F32 + 2 * (_rms(tl, h) + tl * h * F32) + 2 * tl * h * F32
+    if m.model_type == "deepseek_v4":
+        own += _hyper_connections(m, z)
     return Module("", own, children)
 
 
 def _layer_input(m: ModelConfig, i: int, z: _Shapes) -> int:
     n = z.tl * m.hidden_size * F32
+    if m.model_type == "deepseek_v4":  # the hyper-connection streams
+        return m.hc_mult * n
     return 2 * n if i >= m.num_hidden_layers else n
 
 
@@ -539,6 +592,10 @@ def activation_bytes(cfg: MindTrainConfig, dims: ParallelDims, units: list[str],
         # product and the label scatter's result
         transient = max(transient, 4 * tokens * v * F32)
     mask = b * m.num_attention_heads * s * m.seq_length * F32 if layer_ids else 0
+    if m.model_type == "deepseek_v4":  # one cached [S, S] window mask; the head collapses the streams first
+        mask = s * m.seq_length * F32 if layer_ids else 0
+        if "head" in units:
+            kept += 3 * z.tl * m.hc_mult * h * F32
     if breakdown is not None:
         kinds["attention mask"] = mask
         kinds["backward transient"] = transient

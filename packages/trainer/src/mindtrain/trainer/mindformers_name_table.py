@@ -96,6 +96,11 @@ def locate(name: str, cfg: Any) -> tuple[str, str]:
     """MindFormers' name of the tensor holding mindtrain's parameter ``name`` and how the
     parameter sits in it (the ``how`` of :data:`_LAYER`: "same", "q", "gate_t", ...); a name
     this map does not know is a UserError."""
+    if getattr(cfg, "model_type", "deepseek_v3") == "deepseek_v4":
+        # MindFormers' PyNative V4 (GPTModel with its dsv4 attention variants) is not mapped:
+        # DeepSeek-V3's table would give wrong names for V4's same-named weights
+        raise UserError(f"checkpoint.layout: mindformers: no MindFormers name for parameter '{name}' "
+                        "(DeepSeek-V4's MindFormers names are not mapped yet; use layout: mindtrain)")
     if name in TOP_NAMES:
         return TOP_NAMES[name], "same"
     m = _OURS_LAYER.match(name)

@@ -1,0 +1,229 @@
+"""DeepSeek-V4's attention (HF DeepseekV4Attention's math and parameter names): one shared
+key/value head, queries through a low-rank projection, learnable per-head sinks, a grouped
+low-rank output projection, and per layer one of three kinds of keys:
+
+- ``sliding``: the last ``sliding_window`` tokens (itself included);
+- ``hca`` (heavily compressed): the sliding keys plus one entry per ``ratio`` tokens, a
+  softmax-gated pooling of non-overlapping windows (:class:`Compressor`);
+- ``csa`` (compressed sparse, ratio 4): the sliding keys plus overlapping pooled entries (two
+  series per token, each entry pooling 2 x ratio tokens), of which a lightning indexer
+  (:class:`Indexer`) keeps ``index_topk`` per query.
+
+Runs eagerly: the indexer's top-k and the variable entry counts are host-side shapes. A
+compressed entry ``w`` (tokens ``w*ratio .. (w+1)*ratio - 1``) is visible to query ``t`` when
+``w < (t + 1) // ratio``, as HF's ``block_bias``.
+"""
+
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, nn, ops
+
+from mindtrain.config.plan import Region
+from mindtrain.models.linear import Linear, linear
+from mindtrain.models.norm import RMSNorm, rms_norm
+from mindtrain.models.weights import Init, new_weight
+
+NEG = -1e30  # a blocked key / empty pooling slot (exp() of it is exactly 0, as HF's -inf)
+
+
+def unweighted_rms_norm(x, eps: float):
+    """``x / sqrt(mean(x^2) + eps)`` over the last axis (HF DeepseekV4UnweightedRMSNorm)."""
+    return x * ops.rsqrt(ops.mean(ops.square(x), -1, keep_dims=True) + eps)
+
+
+def apply_rope(x, cos, sin, rotation, inverse: bool = False):
+    """``x * cos + (x @ R) * sin`` (``- ...`` with ``inverse``: HF's rope at ``-sin``) of x [..., d];
+    cos/sin broadcast against x."""
+    shape = x.shape
+    rotated = ops.matmul(x.reshape(-1, shape[-1]), rotation).reshape(shape)
+    return x * cos - rotated * sin if inverse else x * cos + rotated * sin
+
+
+def causal_entry_bias(seq: int, ratio: int, n_entries: int) -> np.ndarray:
+    """[S, T] additive bias: 0 where query t may see compressed entry w (w < (t + 1) // ratio)."""
+    t = np.arange(seq)[:, None]
+    w = np.arange(n_entries)[None, :]
+    return np.where(w < (t + 1) // ratio, 0.0, NEG).astype(np.float32)
+
+
+class Compressor(nn.Cell):
+    """Softmax-gated pooling of every ``ratio`` tokens into one entry of ``dim`` channels
+    (HF DeepseekV4HCACompressor / the pooling of DeepseekV4CSACompressor and the indexer):
+    ``kv_proj``, ``gate_proj``, ``position_bias [ratio, width]`` and ``kv_norm``. With
+    ``overlap`` (compressed sparse attention) each token projects two series (width 2 x dim):
+    entry w pools window w-1's first series with window w's second (2 x ratio slots).
+    ``construct(x [B,S,H], cos, sin [T, dim] at the entries' positions, rotation)`` -> [B, T, dim]
+    (normed, roped), T = S // ratio; None when T is 0."""
+
+    matmul_dtype = None
+
+    def __init__(self, hidden: int, dim: int, ratio: int, overlap: bool, eps: float, std: float):
+        super().__init__()
+        self.dim, self.ratio, self.overlap, self.eps = dim, ratio, overlap, float(eps)
+        width = 2 * dim if overlap else dim
+        self.kv_proj = Linear(hidden, width, init_std=std)
+        self.gate_proj = Linear(hidden, width, init_std=std)
+        self.position_bias = new_weight((ratio, width), Init("zeros"), "position_bias")
+        self.kv_norm = RMSNorm(dim, eps)
+
+    def construct(self, x, cos, sin, rotation):
+        b, s, _ = x.shape
+        m, d = self.ratio, self.dim
+        nw = s // m
+        if nw == 0:
+            return None
+        cd = self.matmul_dtype
+        if nw * m != s:
+            x = x[:, :nw * m]
+        kv = linear(x, self.kv_proj.weight, None, cd).reshape(b, nw, m, -1)
+        gate = linear(x, self.gate_proj.weight, None, cd).reshape(b, nw, m, -1) + self.position_bias
+        if self.overlap:
+            cur_kv, cur_gate = kv[..., d:], gate[..., d:]
+            empty_kv = ops.zeros((b, 1, m, d), kv.dtype)
+            empty_gate = ops.fill(gate.dtype, (b, 1, m, d), NEG)
+            if nw > 1:
+                prev_kv = ops.concat((empty_kv, kv[:, :-1, :, :d]), 1)
+                prev_gate = ops.concat((empty_gate, gate[:, :-1, :, :d]), 1)
+            else:
+                prev_kv, prev_gate = empty_kv, empty_gate
+            kv = ops.concat((prev_kv, cur_kv), 2)
+            gate = ops.concat((prev_gate, cur_gate), 2)
+        pooled = (kv * ops.softmax(gate, 2)).sum(2)                       # [B, nw, d]
+        pooled = rms_norm(pooled, self.kv_norm.weight, self.eps)
+        return apply_rope(pooled, cos, sin, rotation)
+
+
+class Scorer(nn.Cell):
+    """HF DeepseekV4IndexerScorer's parameter: ``weights_proj`` (the per-head weights)."""
+
+    def __init__(self, hidden: int, heads: int, std: float):
+        super().__init__()
+        self.weights_proj = Linear(hidden, heads, init_std=std)
+
+
+class Indexer(Compressor):
+    """The lightning indexer (HF DeepseekV4Indexer): its own overlapping pooling at
+    ``index_head_dim`` (``kv_proj``, ``gate_proj``, ``position_bias``, ``kv_norm``),
+    ``q_b_proj`` from the query latent and ``scorer.weights_proj``. Score of entry s for
+    query t: ``sum_h w_{t,h} relu(q_{t,h} . k_s) / sqrt(index_head_dim)``; ``select`` returns
+    the additive bias [B, S, T] keeping the ``index_topk`` best visible entries per query (no
+    gradient flows through the choice, as in HF)."""
+
+    def __init__(self, cfg, q_lora_rank: int):
+        std = cfg.initializer_range
+        super().__init__(cfg.hidden_size, cfg.index_head_dim, 4, True, cfg.rms_norm_eps, std)
+        self.heads, self.topk = cfg.index_n_heads, cfg.index_topk
+        self.recorded = None  # a list while the model's record_routing(True) is on: kept entries [B, S, T]
+        self.q_b_proj = Linear(q_lora_rank, self.heads * self.dim, init_std=std)
+        self.scorer = Scorer(cfg.hidden_size, self.heads, std)
+
+    def select(self, x, q_latent, tables, seq_bias):
+        """Additive bias [B, S, T] over the compressed entries (``seq_bias`` [S, T]: the
+        causal one), or None without entries."""
+        b, s, _ = x.shape
+        keys = Compressor.construct(self, x, tables["index_entry_cos"], tables["index_entry_sin"], tables["index_rotation"])
+        if keys is None:
+            return None
+        t = keys.shape[1]
+        cd = self.matmul_dtype
+        q = linear(q_latent, self.q_b_proj.weight, None, cd).reshape(b, s, self.heads, self.dim)
+        q = apply_rope(q, tables["index_q_cos"], tables["index_q_sin"], tables["index_rotation"])
+        scores = ops.bmm(q.reshape(b, s * self.heads, self.dim), ops.transpose(keys, (0, 2, 1)))
+        scores = ops.relu(scores.reshape(b, s, self.heads, t)) * (self.dim ** -0.5)
+        weights = linear(x, self.scorer.weights_proj.weight, None, cd) * (self.heads ** -0.5)
+        index = (scores * ops.expand_dims(weights, -1)).sum(2)               # [B, S, T]
+        index = ops.stop_gradient(index) + seq_bias
+        k = min(self.topk, t)
+        _, top = ops.topk(index, k)                                          # [B, S, k]
+        visible = ops.gather_elements(seq_bias.reshape(1, s, t).broadcast_to((b, s, t)), 2, top) > NEG / 2
+        chosen = ops.one_hot(top, t, Tensor(1.0, ms.float32), Tensor(0.0, ms.float32))
+        chosen = (chosen * ops.expand_dims(visible.astype(ms.float32), -1)).sum(2)
+        if self.recorded is not None:
+            self.recorded.append(chosen > 0.5)
+        return ops.stop_gradient(ops.select(chosen > 0.5, ops.zeros_like(chosen), ops.fill(ms.float32, chosen.shape, NEG)))
+
+
+class CSACompressor(Compressor):
+    """Compressed sparse attention's compressor (HF DeepseekV4CSACompressor): overlapping
+    pooling at ``head_dim`` and the :class:`Indexer`."""
+
+    def __init__(self, cfg, q_lora_rank: int):
+        super().__init__(cfg.hidden_size, cfg.head_dim, 4, True, cfg.rms_norm_eps, cfg.initializer_range)
+        self.indexer = Indexer(cfg, q_lora_rank)
+
+
+class DeepseekV4Attention(nn.Cell):
+    """HF DeepseekV4Attention: ``q_a_proj``, ``q_a_norm``, ``q_b_proj``, ``kv_proj``,
+    ``kv_norm``, ``o_a_proj`` (grouped: [o_groups x o_lora_rank, heads x head_dim / o_groups]),
+    ``o_b_proj``, ``sinks`` [heads] and, in compressed layers, ``compressor``.
+
+    ``construct(x [B,S,H], *tables)`` -> [B,S,H]; ``tables`` (from the model, named by
+    ``table_keys``) are the rope tables, the pair rotations and the masks of the sequence
+    length, flat so that a recompute wrapper sees each tensor."""
+
+    REGION = Region.declare("attention")  # its region in the parallel plan (mindtrain.models.parallel_plan)
+    matmul_dtype = None
+
+    def __init__(self, cfg, kind: str, ratio: int):
+        super().__init__()
+        std = cfg.initializer_range
+        h, n, d = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
+        self.kind, self.ratio = kind, ratio
+        self.num_heads, self.head_dim, self.eps = n, d, float(cfg.rms_norm_eps)
+        self.o_groups, self.o_lora_rank = cfg.o_groups, cfg.o_lora_rank
+        self.q_a_proj = Linear(h, cfg.q_lora_rank, init_std=std)
+        self.q_a_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+        self.q_b_proj = Linear(cfg.q_lora_rank, n * d, init_std=std)
+        self.kv_proj = Linear(h, d, init_std=std)
+        self.kv_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.o_a_proj = Linear(n * d // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank, init_std=std)
+        self.o_b_proj = Linear(cfg.o_groups * cfg.o_lora_rank, h, init_std=std)
+        self.sinks = new_weight((n,), Init("zeros"), "sinks")
+        if kind == "csa":
+            self.compressor = CSACompressor(cfg, cfg.q_lora_rank)
+        elif kind == "hca":
+            self.compressor = Compressor(h, d, ratio, False, cfg.rms_norm_eps, std)
+        else:
+            self.compressor = None
+        self.bmm_t = ops.BatchMatMul(transpose_b=True)
+
+    table_keys: tuple = ()  # the names of the tables construct is given, in order (set by the model)
+
+    def construct(self, x, *values):
+        tables = dict(zip(self.table_keys, values))
+        b, s, _ = x.shape
+        n, d = self.num_heads, self.head_dim
+        cd = self.matmul_dtype
+        rope = "main" if self.kind == "sliding" else "compress"
+        cos, sin, rot = tables[f"{rope}_cos"], tables[f"{rope}_sin"], tables["rotation"]
+        q_latent = rms_norm(linear(x, self.q_a_proj.weight, None, cd), self.q_a_norm.weight, self.eps)
+        q = linear(q_latent, self.q_b_proj.weight, None, cd).reshape(b, s, n, d)
+        q = apply_rope(unweighted_rms_norm(q, self.eps), cos.reshape(1, s, 1, d), sin.reshape(1, s, 1, d), rot)
+        kv = rms_norm(linear(x, self.kv_proj.weight, None, cd), self.kv_norm.weight, self.eps)
+        kv = apply_rope(kv, cos, sin, rot)                                    # [B, S, d]
+        mask = ops.broadcast_to(tables["sliding_mask"], (b, s, s))
+        if self.compressor is not None:
+            entries = self.compressor(x, tables[f"entry_cos.{self.ratio}"], tables[f"entry_sin.{self.ratio}"], rot)
+            if entries is not None:
+                seq_bias = tables[f"entry_bias.{self.ratio}"]
+                if self.kind == "csa":
+                    bias = self.compressor.indexer.select(x, q_latent, tables, seq_bias)
+                else:
+                    bias = ops.broadcast_to(seq_bias, (b, s, entries.shape[1]))
+                kv = ops.concat((kv, entries), 1)
+                mask = ops.concat((mask, bias), 2)
+        sk = kv.shape[1]
+        qh = ops.transpose(q, (0, 2, 1, 3)).reshape(b, n * s, d)
+        scores = self.bmm_t(qh, kv).reshape(b, n, s, sk) * (d ** -0.5) + ops.expand_dims(mask, 1)
+        sinks = ops.broadcast_to(self.sinks.reshape(1, n, 1, 1), (b, n, s, 1))
+        probs = ops.softmax(ops.concat((scores, sinks), -1), -1)[..., :sk]
+        out = ops.bmm(probs.reshape(b, n * s, sk), kv).reshape(b, n, s, d)
+        out = ops.transpose(out, (0, 2, 1, 3))                              # [B, S, N, d]
+        out = apply_rope(out, cos.reshape(1, s, 1, d), sin.reshape(1, s, 1, d), rot, inverse=True)
+        g = self.o_groups
+        grouped = ops.transpose(out.reshape(b * s, g, n * d // g), (1, 0, 2))  # [G, BS, in]
+        w = self.o_a_proj.weight.reshape(g, self.o_lora_rank, n * d // g)
+        low = ops.transpose(self.bmm_t(grouped, w), (1, 0, 2)).reshape(b, s, g * self.o_lora_rank)
+        return linear(low, self.o_b_proj.weight, None, cd)

@@ -1,0 +1,212 @@
+"""DeepSeek-V4 for causal LM training: HF DeepseekV4ForCausalLM's math and parameter names.
+
+The causal-LM machinery (embedding, the head + loss cell, expert-load bookkeeping, checkpoints)
+is :class:`~mindtrain.models.deepseek_v3.DeepseekV3ForCausalLM`'s; V4 gives it its decoder
+layers (hybrid attention, hyper-connection streams, hash / learned mixtures of experts), the
+streams' final collapse (``hc_head``) before the norm, and its rope tables and masks. It runs
+eagerly (the indexer's choice is a host-side top-k); MTP modules are not built (HF builds none).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, nn, ops
+
+from mindtrain.config import ModelConfig, RecomputePlan
+from mindtrain.config.families import v4_attention_kinds
+from mindtrain.models import kernels
+from mindtrain.models.deepseek_v3 import DeepseekV3ForCausalLM, Embedding, _HeadLoss
+from mindtrain.models.deepseek_v4.attention import NEG, DeepseekV4Attention, causal_entry_bias
+from mindtrain.models.deepseek_v4.hyper import HyperConnection, HyperHead, hyper_update
+from mindtrain.models.deepseek_v4.moe import DeepseekV4MoE
+from mindtrain.models.deepseek_v4.rope import compress_scaling, pair_rotation, rope_tables
+from mindtrain.models.linear import Linear
+from mindtrain.models.norm import RMSNorm
+from mindtrain.models.precision import check_param_dtype, current_device, resolve_compute_dtype
+
+
+class DeepseekV4DecoderLayer(nn.Cell):
+    """``self_attn``, ``mlp``, ``input_layernorm``, ``post_attention_layernorm``, ``attn_hc``,
+    ``ffn_hc``. ``construct(streams [B,S,N,H], ids [B,S], *tables)`` -> (streams, tokens per
+    expert [E], zero balance)."""
+
+    def __init__(self, cfg, layer_idx: int, moe_block: int = 32):
+        super().__init__()
+        ratio = int(cfg.compress_ratios[layer_idx])
+        self.kind = v4_attention_kinds(cfg)[layer_idx]
+        self.is_moe = True
+        self.self_attn = DeepseekV4Attention(cfg, self.kind, ratio)
+        self.mlp = DeepseekV4MoE(cfg, hashed=layer_idx < cfg.num_hash_layers, block=moe_block)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn_hc = HyperConnection(cfg)
+        self.ffn_hc = HyperConnection(cfg)
+
+    def construct(self, streams, ids, *tables):
+        """``tables``: the model's tables of the sequence length as flat tensors in the order
+        of ``table_keys`` (flat, so a recompute wrapper sees each input tensor)."""
+        post, comb, x = self.attn_hc(streams)
+        streams = hyper_update(streams, post, comb, self.self_attn(self.input_layernorm(x), *tables))
+        post, comb, x = self.ffn_hc(streams)
+        y, counts, balance = self.mlp(self.post_attention_layernorm(x), ids)
+        return hyper_update(streams, post, comb, y), counts, balance
+
+
+class DeepseekV4Model(nn.Cell):
+    """``embed_tokens``, ``layers``, ``norm``, ``hc_head``."""
+
+    def __init__(self, cfg: ModelConfig, moe_block: int = 32):
+        super().__init__()
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, cfg.initializer_range)
+        self.layers = nn.CellList([DeepseekV4DecoderLayer(cfg, i, moe_block) for i in range(cfg.num_hidden_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hc_head = HyperHead(cfg)
+
+
+class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
+    """DeepSeek-V4 causal LM (model_type ``deepseek_v4``). ``model(ids)`` -> float32 logits,
+    ``model(ids, labels=, loss_mask=)`` -> ``(loss, metrics)`` as DeepSeek-V3's. Positions are
+    0..S-1 of each row and attention is causal within the row: other ``position_ids`` and an
+    ``attention_mask`` (packed documents) are refused."""
+
+    def __init__(self, cfg: ModelConfig, moe_block: int = 32, compute_dtype: Optional[str] = None):
+        nn.Cell.__init__(self)  # pylint: disable=non-parent-init-called
+        check_param_dtype(cfg.param_init_dtype, current_device())
+        self.compute_dtype = resolve_compute_dtype(cfg.compute_dtype, compute_dtype, current_device())
+        self.fast_kernels = kernels.fast_kernels_enabled()
+        self.config = cfg
+        self.model = DeepseekV4Model(cfg, moe_block)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, init_std=cfg.initializer_range)
+        self.head_loss = _HeadLoss()
+        self.num_layers = cfg.num_hidden_layers
+        self.num_mtp = 0
+        self.moe_layer_ids = list(range(cfg.num_hidden_layers))
+        self._expert_load = None
+        self._rope_mask_cache: dict = {}
+        self._configure_cells()
+        self.layer_runners: dict = {}
+        self.recompute_plan = RecomputePlan()
+        self.recompute_wrappers: dict = {}
+
+    def construct(self, input_ids, labels=None, loss_mask=None, position_ids=None, attention_mask=None):
+        b, s = input_ids.shape
+        if position_ids is not None:  # accepted when they are the default 0..S-1 of every row
+            pos = position_ids.asnumpy() if isinstance(position_ids, Tensor) else np.asarray(position_ids)
+            if not (pos == np.arange(s)).all():
+                raise ValueError("DeepSeek-V4: position_ids other than 0..S-1 per row (packed documents) are not "
+                                 "supported; each row is one sequence from position 0")
+        if attention_mask is not None:
+            raise ValueError("DeepSeek-V4: attention_mask (packed documents) is not supported; each row is one "
+                             "causal sequence")
+        tables = self.tables(s)
+        h = self.embed(input_ids)
+        h, counts, balances = self.run_layers(h, range(self.num_layers), tables, input_ids)
+        if labels is None:
+            return self.logits(h)
+        if loss_mask is None:
+            loss_mask = ops.ones(labels.shape, ms.float32)
+        loss, metrics = self.combine_losses(self.lm_loss(h, labels, loss_mask), [], [])
+        if counts:
+            load = ops.stack([c.astype(ms.float32) for c in counts])
+            self._expert_load = load if self._expert_load is None else self._expert_load + load
+        return loss, metrics
+
+    def embed(self, input_ids):
+        """The embeddings [B, S, H] copied onto the ``hc_mult`` streams: [B, S, N, H]."""
+        h = self.model.embed_tokens(input_ids)
+        b, s, d = h.shape
+        return ops.broadcast_to(ops.expand_dims(h, 2), (b, s, self.config.hc_mult, d))
+
+    def run_layers(self, h, layer_ids, tables, input_ids):
+        counts, balances = [], []
+        keys = tuple(tables)
+        values = tuple(tables[k] for k in keys)
+        for i in layer_ids:
+            self.model.layers[i].self_attn.table_keys = keys
+            h, c, bal = self._layer(i)(h, input_ids, *values)
+            counts.append(c)
+            balances.append(bal)
+        return h, counts, balances
+
+    def collapse(self, h):
+        """The streams [B,S,N,H] collapsed by ``hc_head``: [B,S,H] (before the final norm)."""
+        return self.model.hc_head(h)
+
+    def logits(self, h):
+        logits = self.lm_head(self.model.norm(self.collapse(h)))
+        return logits if logits.dtype == ms.float32 else ops.cast(logits, ms.float32)
+
+    def lm_loss(self, h, labels, loss_mask):
+        norm = self.model.norm
+        return self.head_loss(self.collapse(h), norm.weight, norm.eps, self.lm_head.weight, labels, loss_mask)
+
+    def tables(self, s: int) -> dict:
+        """Rope tables, pair rotations and masks of sequence length ``s`` (cached)."""
+        key = ("v4", s)
+        if key in self._rope_mask_cache:
+            return self._rope_mask_cache[key]
+        cfg = self.config
+        d, rd, ci = cfg.head_dim, cfg.qk_rope_head_dim, cfg.index_head_dim
+        max_pos = cfg.max_position_embeddings
+        scaling = compress_scaling(cfg.rope_scaling)
+        pos = np.arange(s)
+        out: dict = {"rotation": pair_rotation(d, rd)}
+        out["main_cos"], out["main_sin"] = rope_tables(pos, d, rd, cfg.rope_theta, None, max_pos)
+        out["compress_cos"], out["compress_sin"] = rope_tables(pos, d, rd, cfg.compress_rope_theta, scaling, max_pos)
+        q_idx = pos[:, None]
+        out["sliding_mask"] = np.where((pos[None, :] <= q_idx) & (pos[None, :] > q_idx - cfg.sliding_window),
+                                       0.0, NEG).astype(np.float32)
+        kinds = v4_attention_kinds(cfg)
+        for kind, ratio in zip(kinds, cfg.compress_ratios):
+            ratio = int(ratio)
+            nw = s // ratio if ratio else 0
+            if kind == "sliding" or nw == 0 or f"entry_cos.{ratio}" in out:
+                continue
+            entry_pos = np.arange(nw) * ratio
+            out[f"entry_cos.{ratio}"], out[f"entry_sin.{ratio}"] = rope_tables(
+                entry_pos, d, rd, cfg.compress_rope_theta, scaling, max_pos)
+            out[f"entry_bias.{ratio}"] = causal_entry_bias(s, ratio, nw)
+            if kind == "csa":
+                out["index_rotation"] = pair_rotation(ci, rd)
+                out["index_entry_cos"], out["index_entry_sin"] = rope_tables(
+                    entry_pos, ci, rd, cfg.compress_rope_theta, scaling, max_pos)
+                cos, sin = rope_tables(pos, ci, rd, cfg.compress_rope_theta, scaling, max_pos)
+                out["index_q_cos"], out["index_q_sin"] = cos.reshape(1, s, 1, ci), sin.reshape(1, s, 1, ci)
+        tables = {k: Tensor(v) for k, v in out.items()}
+        if len(self._rope_mask_cache) > 8:
+            self._rope_mask_cache = {}
+        self._rope_mask_cache[key] = tables
+        return tables
+
+    def update_expert_bias(self, load) -> None:
+        """``bias += bias_update_speed * sign(mean(load) - load)`` for the learned routers;
+        the hash-routed layers have no bias (their rows of ``load`` are skipped)."""
+        speed = self.config.bias_update_speed
+        if not speed:
+            return
+        load = load.asnumpy() if isinstance(load, Tensor) else np.asarray(load)
+        for row, idx in zip(load.astype(np.float64), self.moe_layer_ids):
+            gate = self.model.layers[idx].mlp.gate
+            if not hasattr(gate, "e_score_correction_bias"):
+                continue
+            bias = gate.e_score_correction_bias
+            new = bias.asnumpy() + speed * np.sign(row.mean() - row)
+            ops.assign(bias, Tensor(new.astype(np.float32)))
+
+    def indexers(self) -> dict:
+        """The lightning indexer of each compressed-sparse layer, by layer index."""
+        return {i: layer.self_attn.compressor.indexer for i, layer in enumerate(self.model.layers)
+                if layer.kind == "csa"}
+
+    def record_routing(self, enabled: bool = True) -> None:
+        """Keep each router's top-k expert ids and each indexer's kept entries ([B, S, T] bool
+        per call, ``indexer.recorded``)."""
+        super().record_routing(enabled)
+        for indexer in self.indexers().values():
+            indexer.recorded = [] if enabled else None
+
+
+__all__ = ["DeepseekV4DecoderLayer", "DeepseekV4ForCausalLM", "DeepseekV4Model"]
