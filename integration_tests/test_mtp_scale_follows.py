@@ -49,9 +49,9 @@ def _split_run(model, batch):
     first, last = (ModelStage(model, plan, part) for part in partition_units(plan["units"], 2))
     mb = split_batch(batch, 1, 0, model.config.num_attention_heads, len(last.mtp_ids),
                      inputs=model.whole_sequence_inputs)
-    h = first.forward_only(None, mb)
-    gh, g_last, f_last, _ = last.backward(h, None, mb)
-    _, g_first, f_first, _ = first.backward(None, gh, mb)
+    h, _ = first.forward_only(None, mb)
+    gh, g_last, f_last, _, _ = last.backward(h, None, mb)
+    _, g_first, f_first, _, _ = first.backward(None, gh, mb)
     figures = dict(zip(METRICS, (f_first.asnumpy() + f_last.asnumpy()).tolist()))
     grads = {}
     for stage, g in ((first, g_first), (last, g_last)):

@@ -17,7 +17,7 @@ from mindtrain.models.precision import to_compute
 from mindtrain.models.weights import Init, new_weight
 
 
-def swiglu(gate, up, limit: float = 0.0):
+def gated_silu(gate, up, limit: float = 0.0):
     """``silu(gate) * up``; with ``limit`` (DeepSeek-V4) the gate is clamped above at it and
     the up projection to [-limit, limit] first."""
     if limit:
@@ -100,7 +100,7 @@ class RoutedExperts(Block):
         scale = ops.matmul(slot_weight.reshape(-1, 1), ops.ones((1, self.intermediate_size), topk_weight.dtype))
         gate = self.bmm_t(xb, ops.gather(to_compute(gate_proj, cd), block_expert, 0))
         up = self.bmm_t(xb, ops.gather(to_compute(up_proj, cd), block_expert, 0))
-        act = (swiglu(gate, up, self.swiglu_limit)) * to_compute(scale.reshape(n_blocks, b, self.intermediate_size), cd)
+        act = (gated_silu(gate, up, self.swiglu_limit)) * to_compute(scale.reshape(n_blocks, b, self.intermediate_size), cd)
         out = self.bmm_t(act, ops.gather(to_compute(down_proj, cd), block_expert, 0)).reshape(n_slots, h)
         dest_tk = ops.stop_gradient(dest).reshape(t, k)
         y = ops.gather(out, dest_tk[:, 0], 0)

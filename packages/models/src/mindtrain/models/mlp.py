@@ -5,7 +5,7 @@ from __future__ import annotations
 from mindtrain.config.plan import Region
 from mindtrain.models import kernels
 from mindtrain.models.blocks import Block
-from mindtrain.models.experts import swiglu
+from mindtrain.models.experts import gated_silu
 from mindtrain.models.linear import Linear, linear
 
 
@@ -39,5 +39,5 @@ class MLP(Block):
         if self.fast_kernels and not self.swiglu_limit:
             act = kernels.fast_swiglu(gate, up)
         else:
-            act = swiglu(gate, up, self.swiglu_limit)
+            act = gated_silu(gate, up, self.swiglu_limit)
         return linear(act, down_w, None, cd)
