@@ -176,14 +176,9 @@ def _validate_deepseek_v3(m: ModelConfig, path: str) -> None:
                               f"({m.topk_group}) groups of {m.n_routed_experts // m.n_group}")
         if (m.n_routed_experts // m.n_group) < 2 and m.n_group > 1:
             raise ConfigError(f"{path}.n_group", "each group needs at least 2 experts (group score = sum of its top 2)")
-    if m.hidden_act != "silu":
-        raise ConfigError(f"{path}.hidden_act", f"only 'silu' is supported, got {m.hidden_act!r}")
-    if m.rope_scaling is not None:
-        kind = m.rope_scaling.get("type", m.rope_scaling.get("rope_type"))
-        if kind not in ("yarn", "default", None):
-            raise ConfigError(f"{path}.rope_scaling.type", f"only 'yarn' is supported, got {kind!r}")
-        if kind == "yarn" and float(m.rope_scaling.get("factor", 0)) <= 0:
-            raise ConfigError(f"{path}.rope_scaling.factor", "must be > 0 for yarn scaling")
+    kind = _silu_and_rope_kind(m, path)
+    if kind == "yarn" and float(m.rope_scaling.get("factor", 0)) <= 0:
+        raise ConfigError(f"{path}.rope_scaling.factor", "must be > 0 for yarn scaling")
 
 
 def _validate_deepseek_v4(m: ModelConfig, path: str) -> None:
@@ -231,12 +226,20 @@ def _validate_deepseek_v4(m: ModelConfig, path: str) -> None:
                                                          f"({m.n_routed_experts})")
     if m.scoring_func not in ("sqrtsoftplus", "sigmoid"):
         raise ConfigError(f"{path}.scoring_func", f"must be sqrtsoftplus or sigmoid, got {m.scoring_func!r}")
+    _silu_and_rope_kind(m, path)
+
+
+def _silu_and_rope_kind(m: ModelConfig, path: str):
+    """The DeepSeek families' shared checks: SiLU gating and YaRN (or no) rope scaling; returns
+    the rope scaling kind (None without scaling)."""
     if m.hidden_act != "silu":
         raise ConfigError(f"{path}.hidden_act", f"only 'silu' is supported, got {m.hidden_act!r}")
-    if m.rope_scaling is not None:
-        kind = m.rope_scaling.get("type", m.rope_scaling.get("rope_type"))
-        if kind not in ("yarn", "default", None):
-            raise ConfigError(f"{path}.rope_scaling.type", f"only 'yarn' is supported, got {kind!r}")
+    if m.rope_scaling is None:
+        return None
+    kind = m.rope_scaling.get("type", m.rope_scaling.get("rope_type"))
+    if kind not in ("yarn", "default", None):
+        raise ConfigError(f"{path}.rope_scaling.type", f"only 'yarn' is supported, got {kind!r}")
+    return kind
 
 
 def _validate_qwen3(m: ModelConfig, path: str) -> None:
