@@ -29,8 +29,7 @@ _LAZY = {
     "Layout": "layout",
     "grad_norm": "layout",
     "grad_sq_sums": "layout",
-    "full_arrays": "layout",
-    "local_arrays": "layout",
+    "ModelShare": "share",
     "split_piece": "layout",
 }
 _MODULES = ("collectives", "functional", "fsdp", "failure")

@@ -114,7 +114,8 @@ class FSDP:
     def __init__(self, model: nn.Cell, group: Group, units: Sequence[str] = (),
                  strategy: str = ZERO3, shared: Optional[Mapping[str, Sequence[str]]] = None,
                  reduce_op: str = "avg", param_groups: Optional[Mapping[str, Group]] = None,
-                 reshard_after_forward: bool = True, replicate: Optional[Group] = None):
+                 reshard_after_forward: bool = True, replicate: Optional[Group] = None,
+                 params: Optional[Sequence[Parameter]] = None):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
         if reduce_op not in ("avg", "sum"):
@@ -137,7 +138,8 @@ class FSDP:
         self._pending_root: dict[str, Tensor] = {}
         self._reduced = True
 
-        named = {p.name: p for p in model.get_parameters() if p.requires_grad}
+        # ``params``: the parameters this rank owns (a pipeline stage's), default all of the model's
+        named = {p.name: p for p in (model.get_parameters() if params is None else params) if p.requires_grad}
         cells = dict(model.cells_and_names())
         unit_params: dict[str, list[str]] = {}
         for u in units:
@@ -616,7 +618,7 @@ def fully_shard(model: nn.Cell, mesh_or_group, units: Sequence[str] = (),
                 strategy: str = ZERO3, shared: Optional[Mapping[str, Sequence[str]]] = None,
                 reduce_op: str = "avg", dim: str = "dp",
                 param_groups: Optional[Mapping[str, Any]] = None, reshard_after_forward: bool = True,
-                replicate: Any = None) -> FSDP:
+                replicate: Any = None, params: Optional[Sequence[Parameter]] = None) -> FSDP:
     """Shard ``model``'s trainable parameters over the mesh's ``dim`` group (or a Group).
 
     ``units``: sub-Cell paths (as in ``model.cells_and_names()``, e.g. a plan unit's ``path``)
@@ -632,6 +634,7 @@ def fully_shard(model: nn.Cell, mesh_or_group, units: Sequence[str] = (),
     keeps them gathered until the unit's backward (MindFormers' ``"never"`` policy).
     ``replicate`` (a Group or mesh dimension name; HSDP): ranks holding the same shards of the
     parameters sharded over ``dim``; their gradients are reduced over it too.
+    ``params``: shard only these parameters of ``model`` (what one pipeline stage owns).
     """
     mesh = mesh_or_group if isinstance(mesh_or_group, DeviceMesh) else None
     group = mesh.group(dim) if mesh is not None else mesh_or_group
@@ -646,4 +649,5 @@ def fully_shard(model: nn.Cell, mesh_or_group, units: Sequence[str] = (),
         if mesh is None:
             raise ValueError("fully_shard: replicate by dimension name needs a DeviceMesh")
         replicate = mesh.group(replicate)
-    return FSDP(model, group, units, strategy, shared, reduce_op, overrides, reshard_after_forward, replicate)
+    return FSDP(model, group, units, strategy, shared, reduce_op, overrides, reshard_after_forward, replicate,
+                params)

@@ -5,14 +5,12 @@ arrays.
 A layout (FSDP x TP x EP in one process per rank, or a pipeline stage with CP inside) holds
 each parameter as a *piece*: an FSDP dim-0 shard over ``dp``, a TP split, an EP / ``edp``
 slice of the stacked experts, or the whole tensor. :func:`grad_norm` adds the squares of
-those pieces over the ranks that hold distinct ones; :func:`full_arrays` and
-:func:`local_arrays` undo and redo the split, given the objects that made it (any of them
-may be ``None``).
+those pieces over the ranks that hold distinct ones;
+:class:`~mindtrain.parallel.share.ModelShare` undoes and redoes the split.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Protocol, Sequence, Union, runtime_checkable
@@ -141,27 +139,6 @@ class Shard:
         return out.reshape(tuple(local_shape))
 
 
-def shards_of(fsdp, tp, ep, dense_names: Sequence[str], expert_names: Sequence[str],
-              shapes: Mapping[str, Sequence[int]]) -> list[Shard]:
-    """The :class:`Shard` of each parameter ``dense_names + expert_names`` (``shapes``: full
-    shapes by name), given the objects that split them (any may be ``None``): the TP split,
-    then FSDP's dim-0 shard of the TP piece; for expert weights their TP split, then EP's
-    experts and their ``edp`` rows. Mirrors :func:`local_arrays`."""
-    out = []
-    for name in dense_names:
-        offset, shape = [0] * len(shapes[name]), list(shapes[name])
-        if tp is not None:
-            tp.narrow(name, offset, shape)
-        if fsdp is not None:
-            fsdp.narrow(name, offset, shape)
-        out.append(Shard(name, tuple(shapes[name]), tuple(offset), tuple(shape)))
-    for name in expert_names:
-        offset, shape = [0] * len(shapes[name]), list(shapes[name])
-        ep.narrow(name, offset, shape)
-        out.append(Shard(name, tuple(shapes[name]), tuple(offset), tuple(shape)))
-    return out
-
-
 def narrow_even(offset: list, shape: list, dim: int, parts: int, index: int) -> None:
     """Narrow the box to piece ``index`` of ``parts`` equal pieces along ``dim`` (the box
     form of :func:`split_piece`)."""
@@ -254,94 +231,5 @@ def grad_norm(grads: Sequence[Tensor], groups: Union[Group, Sequence[Group]],
     return float(math.sqrt(sum(grad_sq_sums(grads, groups, replicas).values())))
 
 
-def full_arrays(fsdp, tp, ep, dense_names: Sequence[str], expert_names: Sequence[str],
-                tensors: Sequence[Tensor]) -> dict[str, np.ndarray]:
-    """Full-shape arrays, keyed by name, of ``tensors`` laid out like the parameters
-    ``dense_names + expert_names`` (the parameters themselves or optimizer moments): undo
-    FSDP (dim-0 shards), TP (splits over ``tp``) and EP (experts over ``ep``, their rows over
-    ``edp``, their TP split). A collective: every rank calls it and gets the result."""
-    n_dense = len(dense_names)
-    dense = list(tensors[:n_dense])
-    if fsdp is not None:
-        arrays = fsdp.gather_full(dense, list(dense_names))
-    else:
-        arrays = [t.asnumpy().copy() for t in dense]
-    out = {}
-    for name, a in zip(dense_names, arrays):
-        out[name] = tp.full_param(name, a) if tp is not None else a
-    for name, t in zip(expert_names, tensors[n_dense:]):
-        out[name] = ep.full_value(name, t)
-    return out
-
-
-def own_full_arrays(fsdp, tp, ep, expert_names: Sequence[str], named: Sequence[tuple[str, Tensor]]
-                    ) -> dict[str, np.ndarray]:
-    """Full arrays of some of this rank's own parameters: ``named`` pairs a subset of the
-    parameter names (the same subset, in the same order, on every rank of the groups that
-    hold their pieces) with tensors laid out like those parameters. A collective over those
-    groups only (FSDP, TP, EP), never across pipeline stages; memory is the subset's."""
-    experts = set(expert_names)
-    dense = [(n, t) for n, t in named if n not in experts]
-    if fsdp is not None and dense:
-        arrays = fsdp.gather_full([t for _, t in dense], [n for n, _ in dense])
-    else:
-        arrays = [t.asnumpy().copy() for _, t in dense]
-    out = {n: (tp.full_param(n, a) if tp is not None else a) for (n, _), a in zip(dense, arrays)}
-    for n, t in named:
-        if n in experts:
-            out[n] = ep.full_value(n, t)
-    return {n: out[n] for n, _ in named}
-
-
-def own_local_arrays(fsdp, tp, ep, expert_names: Sequence[str], full: Mapping[str, Any]) -> list[Tensor]:
-    """This rank's pieces of the full arrays ``full`` (some of its own parameters, by name),
-    in ``full``'s order: the inverse of :func:`own_full_arrays` (no communication)."""
-    experts = set(expert_names)
-    names = list(full)
-    dense = [n for n in names if n not in experts]
-    arrays = [tp.local_param(n, full[n]) if tp is not None else np.asarray(full[n]) for n in dense]
-    if fsdp is not None and dense:
-        local = dict(zip(dense, fsdp.shard_full(arrays, dense)))
-    else:
-        local = {n: Tensor(np.ascontiguousarray(a)) for n, a in zip(dense, arrays)}
-    for n in names:
-        if n in experts:
-            local[n] = Tensor(ep.local_value(n, full[n]))
-    return [local[n] for n in names]
-
-
-def local_arrays(fsdp, tp, ep, dense_names: Sequence[str], expert_names: Sequence[str],
-                 full: Mapping[str, Any]) -> list[Tensor]:
-    """This rank's pieces of full arrays, aligned with ``dense_names + expert_names``: the
-    inverse of :func:`full_arrays` (no communication)."""
-    dense = [tp.local_param(name, full[name]) if tp is not None else np.asarray(full[name])
-             for name in dense_names]
-    if fsdp is not None:
-        local = fsdp.shard_full(dense, list(dense_names))
-    else:
-        local = [Tensor(np.ascontiguousarray(a)) for a in dense]
-    for name in expert_names:
-        local.append(Tensor(ep.local_value(name, full[name])))
-    return local
-
-
-def load_pieces(fsdp, named_dense: Sequence[tuple[str, Tensor]], named_experts: Sequence[tuple[str, Tensor]],
-                pieces: Iterable[np.ndarray]) -> None:
-    """Write local pieces (aligned with ``named_dense + named_experts``, each of its tensor's
-    shape; an iterator is consumed one piece at a time) into the weights: FSDP's shards (then
-    its gathered copies), the others in place (``ops.assign``: their existing buffers, which
-    compiled layers read) or, without storage yet, as their first storage."""
-    pieces = iter(pieces)
-    dense = itertools.islice(pieces, len(named_dense))
-    if fsdp is not None:
-        fsdp.load_shards(dense, [n for n, _ in named_dense])
-    else:
-        for (_, p), a in zip(named_dense, dense):
-            write_param(p, a)
-    for (_, p), a in zip(named_experts, pieces):
-        write_param(p, a)
-
-
-__all__ = ["Layout", "Shard", "full_arrays", "narrow_even", "shards_of", "grad_norm", "grad_sq_sums", "is_empty", "load_pieces", "local_arrays",
-           "narrow_param", "write_param",
+__all__ = ["Layout", "Shard", "narrow_even", "grad_norm", "grad_sq_sums", "is_empty", "narrow_param", "write_param",
            "split_piece"]

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -43,12 +43,8 @@ from mindspore import Tensor, ops
 from mindtrain.config import ConfigError, StepFigures
 from mindtrain.parallel import collectives as C
 from mindtrain.parallel.context_parallel import apply_context_parallel, split_batch
-from mindtrain.parallel.expert_parallel import apply_expert_parallel
-from mindtrain.parallel.fsdp import FSDP
-from mindtrain.parallel.layout import (Shard, full_arrays, grad_norm, load_pieces, local_arrays, own_full_arrays,
-                                      own_local_arrays, shards_of)
 from mindtrain.parallel.mesh import DeviceMesh, Group
-from mindtrain.parallel.tensor_parallel import apply_tensor_parallel
+from mindtrain.parallel.share import ModelShare
 from mindtrain.parallel.pipeline_schedule import op_messages, resolve_schedule, stage_ops
 from mindtrain.config.pipeline import partition_units
 from mindtrain.parallel.pipeline_stage import METRICS, ModelStage
@@ -85,24 +81,7 @@ def _unit_params(plan: Mapping[str, Any], unit: str) -> list[str]:
     return next(u["params"] for u in plan["units"] if u["name"] == unit)
 
 
-class _StageParameters:
-    """The dense parameters of one stage, presented to :class:`FSDP` as the thing to shard
-    (FSDP only lists a model's parameters and sub-Cells)."""
-
-    def __init__(self, params):
-        self._params = list(params)
-
-    def get_parameters(self):
-        return iter(self._params)
-
-    def trainable_params(self):
-        return list(self._params)
-
-    def cells_and_names(self):
-        return iter(())
-
-
-class PipelineSchedule:
+class PipelineSchedule(ModelShare):
     """Runs one optimizer step's micro-batches through this rank's stage.
 
     ``model`` is the whole model (same initial weights on every rank), ``plan`` its
@@ -154,12 +133,7 @@ class PipelineSchedule:
             # object and reach every msrun started later from it (its scheduler would then
             # wait 900 s for a failed rank's heartbeat)
             relax_receive_timeout()
-        self.model = model
-        self.plan = plan
-        self.mesh = mesh
         self.pp = mesh.group("pp")
-        self.cp = mesh.group("cp")
-        self.dp = mesh.group("dp")
         self.seq_length = seq_length
         if chunks > 1 and self.pp.size == 1:
             raise ConfigError("parallelism.pipeline_parallel_interleave_num",
@@ -172,57 +146,42 @@ class PipelineSchedule:
         self.parts = [[u for c in range(chunks) for u in self.virtual_parts[c * self.num_stages + r]]
                       for r in range(self.num_stages)]
         """Unit names per rank of the ``pp`` group (its chunks in order)."""
-        self.tp = apply_tensor_parallel(model, plan, mesh, split_experts)
-        self.ep = apply_expert_parallel(model, plan, mesh, dispatcher, split_experts)
+        self._lay_out(model, plan, mesh, split_experts, dispatcher)
         apply_context_parallel(model, self.cp, seq_length, cp_method, ulysses_degree)
         self.chunks = [ModelStage(model, plan, self.virtual_parts[c * self.num_stages + self.stage_index])
                        for c in range(chunks)]
         self.stage = self.chunks[0]
         """This rank's first (without interleaving: only) chunk."""
-        # this rank's dense weights over all its chunks, each once
+        # the trimmed model this rank owns: the dense weights of all its chunks, each once
         named: dict[str, Any] = {}
         for ch in self.chunks:
             named.update((n, p) for n, p in zip(ch.param_names, ch.params) if n not in named)
-        self.stage_params = list(named.values())
-        """The dense weights of all this rank's chunks (full, as the model holds them)."""
         order = {n: i for i, n in enumerate(named)}
         self._chunk_index = [[order[n] for n in ch.param_names] for ch in self.chunks]
         self.last_timing: dict[str, float] = {}
         """``step_s`` (wall time of the last :meth:`step`) and ``busy_s`` (its stage compute)."""
-        self.dense_names = list(named)
         # Weights used on two stages (the embedding by the MTP modules): their gradients are
         # summed over the stages that hold them, so each holder updates them identically.
-        self._tied = self._tied_group(plan)
+        tied, tied_names = self._tied_group(plan)
         mine = set(self.parts[self.stage_index])
-        # grad norm counts a tied weight once: on the stage that owns its unit
-        self._norm_mask = [plan["params"][n]["unit"] in mine for n in self.dense_names]
-        self._tied_idx = [i for i, n in enumerate(self.dense_names) if n in self._tied_names]
-        self._tp_replicated = [i for i, n in enumerate(self.dense_names) if n in self.tp.replicated]
         # this stage's routed-expert weights, owned by expert parallelism (not autograd leaves)
-        self.expert_names = [n for u in self.parts[self.stage_index]
-                             for n in _unit_params(plan, u) if n in self.ep.slots]
-        self.fsdp: Optional[FSDP] = None
-        if dp_sharding is not None and self.dp.size > 1:
-            self.fsdp = FSDP(_StageParameters(self.stage_params), self.dp, strategy=dp_sharding)
+        experts = [n for u in self.parts[self.stage_index] for n in _unit_params(plan, u) if n in self.ep.slots]
+        # the same layout as a ShardedLayout's, on the stage's weights; under ZeRO-3 the stage
+        # gathers them once per step (no per-unit gathers), as torchtitan's FSDP + PP does
+        self._own(list(named.values()), experts, dp_sharding, tied=tied, tied_names=tied_names,
+                  # grad norm counts a tied weight once: on the stage that owns its unit
+                  counted=[plan["params"][n]["unit"] in mine for n in named])
         # ZeRO-2/3: every micro-batch's gradients are reduced at once and only the shard kept
         self._shard_each = self.fsdp is not None and self.fsdp.strategy != "optim"
-        self._zero3 = self.fsdp is not None and self.fsdp.strategy == "optim_grads_params"
-        dense = self.fsdp.params if self.fsdp is not None else self.stage_params
-        self.param_names = self.dense_names + self.expert_names
-        """Names of :attr:`params`: the stage's dense weights, then its expert weights."""
-        self.params = list(dense) + [self.ep.slots[n].param for n in self.expert_names]
-        """What the optimizer updates: dense weights (their ``dp`` shards with ZeRO-1), then
-        this rank's expert weights (their ``ep``/``edp`` shards)."""
-        self.named_params = list(zip(self.param_names, self.params))
-        """``(name, tensor)`` of :attr:`params` (the :class:`~mindtrain.parallel.layout.Layout` view)."""
         self._grads: Optional[list[Tensor]] = None
         self._load: Optional[Tensor] = None
 
     # ---------------------------------------------------------------- setup
-    def _tied_group(self, plan) -> Optional[Group]:
-        self._tied_names: list[str] = []
+    def _tied_group(self, plan) -> tuple[Optional[Group], list[str]]:
+        """The group of this rank's stage and the others holding a weight of its (the MTP
+        modules' embedding), and those weights' names."""
         if self.num_stages == 1:
-            return None
+            return None, []
         holders: dict[str, list[int]] = {}
         for name, users in plan.get("shared", {}).items():
             stages = sorted({s for s, part in enumerate(self.parts) for u in users if u in part})
@@ -232,15 +191,14 @@ class PipelineSchedule:
         if len(groups) > 1:
             raise NotImplementedError(f"tied weights across different stage sets: {holders}")
         if not groups:
-            return None
+            return None, []
         stages = groups.pop()
         if self.stage_index not in stages:
-            return None
-        self._tied_names = [n for n in holders]
+            return None, []
         ranks = tuple(self.pp.ranks[s] for s in stages)
         if ranks == self.pp.ranks:
-            return self.pp
-        return Group("pp_tied", ranks, ranks.index(self.mesh.global_rank), C.new_group(ranks))
+            return self.pp, list(holders)
+        return Group("pp_tied", ranks, ranks.index(self.mesh.global_rank), C.new_group(ranks)), list(holders)
 
     # ---------------------------------------------------------------- step
     def split(self, batch: Mapping[str, Any]) -> dict:
@@ -264,7 +222,7 @@ class PipelineSchedule:
         start = time.perf_counter()
         busy = 0.0
         self.ep.zero_grad()
-        if self._zero3:
+        if self.zero3:
             self.fsdp.gather_params()
         mbs = [self.split(b) for b in micro_batches]
         m = len(mbs)
@@ -312,11 +270,11 @@ class PipelineSchedule:
             grads = [ops.zeros(p.shape, p.dtype) if g is None else g
                      for g, p in zip(partial.pop(i), self.stage_params)]
             if self._shard_each:
-                grads = self._reduce_micro(grads)
+                grads = self.reduce_dense(grads)
             acc = grads if acc is None else [a + g for a, g in zip(acc, grads)]
         for work in pending:
             work.wait()
-        if self._zero3:
+        if self.zero3:
             self.fsdp.free_params()
         result = self._finish(acc, figures, load, m)
         self.last_timing = {"step_s": time.perf_counter() - start, "busy_s": busy}
@@ -328,7 +286,7 @@ class PipelineSchedule:
         Returns one :class:`~mindtrain.config.StepFigures`, the mean over the micro-batches
         reduced over the mesh as :meth:`run_step`'s. Under ZeRO-3 the stage's weights are
         gathered for the call and freed after it."""
-        if self._zero3:
+        if self.zero3:
             self.fsdp.gather_params()
         try:
             mbs = [self.split(b) for b in batches]
@@ -352,7 +310,7 @@ class PipelineSchedule:
             for work in pending:
                 work.wait()
         finally:
-            if self._zero3:
+            if self.zero3:
                 self.fsdp.free_params()
         # each virtual stage's figures are its share of a micro-batch: sum them, average over
         # micro-batches, add up the CP and stage shares, average over dp
@@ -372,78 +330,27 @@ class PipelineSchedule:
         carry = flat[n:]
         return flat[:n].reshape(act_shape), carry if backward else carry.reshape(2, extra // 2)
 
-    def _reduce_micro(self, grads: list) -> list:
-        """ZeRO-2/3: one micro-batch's stage gradients summed over CP and averaged over
-        ``dp``, of which this rank keeps its shard."""
-        if self.cp.size > 1:
-            grads = self._sum_over(list(grads), list(range(len(grads))), self.cp)
-        return self.fsdp.reduce_scatter(grads)
-
     def _finish(self, acc, figures, load, m):
-        reduced = self._shard_each  # the gradients are already reduced shards
-        sizes = [int(np.prod(g.shape)) for g in acc] if not reduced else []
-        # every chunk's figures are its share of a micro-batch: sum them, average over micro-batches
+        # the dense gradients: reduced over dp x cp by the layout's one reduction (ZeRO-2/3 did
+        # it per micro-batch), then tied and TP-replicated weights summed, expert ones appended
+        grads = self.complete(acc if self._shard_each else self.reduce_dense(acc))
+        # every chunk's figures are its share of a micro-batch: sum them, average over
+        # micro-batches; CP shares add up, data-parallel ranks are averaged (load: summed)
         fig = ops.stack(figures).sum(0) / float(m)
-        n_load = int(np.prod(load.shape))
-        # One all-reduce over dp x cp carries gradient shares, figures and expert load: CP
-        # shares add up, data-parallel ranks are averaged (load: summed) below.
-        flat = ops.cat(([] if reduced else [g.reshape(-1) for g in acc]) + [fig, load.reshape(-1)])
-        flat = C.all_reduce(flat, self.mesh.group("dp_cp"))
-        n = sum(sizes)
-        inv_dp = 1.0 / self.dp.size
-        if reduced:
-            grads = list(acc)
-        else:
-            grads = [g.reshape(a.shape) for g, a in zip(ops.split(flat[:n] * inv_dp, sizes), acc)] if acc else []
-        tail = flat[n:]
-        if self._tied is not None and self._tied_idx:
-            grads = self._sum_over(grads, self._tied_idx, self._tied)
-        if self.tp.size > 1 and self._tp_replicated:
-            # every TP rank computed a partial gradient of a replicated weight
-            grads = self._sum_over(grads, self._tp_replicated, self.tp.group)
+        tail = C.all_reduce(ops.cat([fig, load.reshape(-1)]), self.mesh.group("dp_cp"))
         # figures and load: the stages' contributions are disjoint, so summing over pp collects them
         tail = C.all_reduce(tail, self.pp)
         # the stage packs its figures in METRICS order; from here on they travel by name
+        inv_dp = 1.0 / self.dp.size
         figures = StepFigures.from_named(METRICS, (tail[:len(METRICS)].asnumpy().astype(np.float64) * inv_dp).tolist())
-        load = tail[len(METRICS):len(METRICS) + n_load].reshape(load.shape)
-        if self.fsdp is not None and not reduced:
-            grads = self.fsdp.shard_full(grads, self.dense_names)
-        # expert gradients come from expert parallelism averaged over dp x cp; CP shares add up
-        cp = float(self.cp.size)
-        experts = [self.ep.slots[n].grad for n in self.expert_names]
-        experts = [ops.zeros(self.ep.slots[n].param.shape, ms.float32) if g is None else g * cp
-                   for n, g in zip(self.expert_names, experts)]
-        return grads + experts, figures, load
-
-    @staticmethod
-    def _sum_over(grads: list, idx: Sequence[int], group: Group) -> list:
-        """``grads`` with the entries ``idx`` summed over ``group`` (one all-reduce)."""
-        sizes = [int(np.prod(grads[i].shape)) for i in idx]
-        total = C.all_reduce(ops.cat([grads[i].reshape(-1) for i in idx]), group)
-        out = list(grads)
-        for i, t in zip(idx, ops.split(total, sizes)):
-            out[i] = t.reshape(grads[i].shape)
-        return out
-
-    def grad_norm(self, grads: Sequence[Tensor]) -> float:
-        """Global L2 norm of the whole model's gradient (each weight counted once), from
-        ``grads`` aligned with :attr:`params`; the same float on every rank."""
-        # each rank's squares are divided by how many ranks hold the same values
-        dense_rep = self.cp.size * (1 if self.fsdp is not None else self.dp.size)
-        expert_rep = self.ep.replicas if self.expert_names else 1
-        tp_rep = set(self._tp_replicated)
-        n_dense = len(self.dense_names)
-        # a tied weight counts on the stage that owns its unit only
-        counted = [i for i in range(len(grads)) if i >= n_dense or self._norm_mask[i]]
-        replicas = [dense_rep * (self.tp.size if i in tp_rep else 1) if i < n_dense else expert_rep
-                    for i in counted]
-        return grad_norm([grads[i] for i in counted], self.mesh.group("world"), replicas)
+        n_load = int(np.prod(load.shape))
+        return grads, figures, tail[len(METRICS):len(METRICS) + n_load].reshape(load.shape)
 
     def to_full(self, tensors: Sequence[Tensor]) -> dict[str, np.ndarray]:
         """Full arrays of every stage's tensors laid out like :attr:`params` (the weights
         themselves or optimizer moments), on every rank: each stage un-shards its own, then
         they are broadcast over ``pp`` stage by stage (collective over the mesh)."""
-        mine = full_arrays(self.fsdp, self.tp, self.ep, self.dense_names, self.expert_names, tensors)
+        mine = super().to_full(tensors)
         if self.num_stages == 1:
             return mine
         out: dict[str, np.ndarray] = {}
@@ -460,47 +367,11 @@ class PipelineSchedule:
                     out[n] = C.broadcast(x, stage, self.pp).asnumpy()
         return out
 
-    def to_local(self, full: Mapping[str, Any]) -> list[Tensor]:
-        """This rank's pieces of full arrays, aligned with :attr:`params` (no communication)."""
-        return local_arrays(self.fsdp, self.tp, self.ep, self.dense_names, self.expert_names, full)
-
-    def gather_own(self, named: Sequence[tuple[str, Tensor]]) -> dict[str, np.ndarray]:
-        """See :meth:`mindtrain.parallel.layout.Layout.gather_own` (this stage's parameters)."""
-        return own_full_arrays(self.fsdp, self.tp, self.ep, self.expert_names, named)
-
-    def scatter_own(self, full: Mapping[str, Any]) -> list[Tensor]:
-        """See :meth:`mindtrain.parallel.layout.Layout.scatter_own`."""
-        return own_local_arrays(self.fsdp, self.tp, self.ep, self.expert_names, full)
-
-    def shards(self) -> list[Shard]:
-        """Where each of :attr:`params` sits in its full array."""
-        shapes = {n: tuple(self.plan["params"][n]["shape"]) for n in self.param_names}
-        return shards_of(self.fsdp, self.tp if self.tp.size > 1 else None, self.ep, self.dense_names,
-                         self.expert_names, shapes)
-
-    def load_params(self, pieces: Iterable[np.ndarray]) -> None:
-        """Write this rank's pieces (aligned with :attr:`params`) into the weights."""
-        n = len(self.dense_names)
-        load_pieces(self.fsdp, self.named_params[:n], self.named_params[n:], pieces)
-
-    def memory_bytes(self) -> int:
-        """Bytes of parameters resident on this rank between steps: the stage's full weights
-        (kept resident; freed under ZeRO-3), its FSDP shards and its expert pieces."""
-        resident = sum(q.size * q.itemsize for q in self.stage_params)
-        shards = sum(q.size * q.itemsize for q in self.fsdp.params) if self.fsdp is not None else 0
-        return int(resident + shards + self.ep.param_bytes(self.expert_names))
-
-    def ep_sent_bytes(self) -> int:
-        """See :meth:`mindtrain.parallel.layout.Layout.ep_sent_bytes`."""
-        return int(self.ep.sent_bytes)
-
     def finish_step(self) -> None:
         """After the optimizer updated :attr:`params`: with ZeRO-1/2 all-gather the updated
         shards into the stage's full weights (ZeRO-3 gathers them at the next step); drop
         the gradients."""
-        if self.fsdp is not None:
-            self.fsdp.finish_step()
-        self.ep.zero_grad()
+        super().finish_step()
         self._grads = None
 
     # ---------------------------------------------------------------- Layout
