@@ -20,6 +20,12 @@ a dense MLP, a mixture-of-experts block, the output head (its norm, projection a
 
 TP_STYLES = ("column", "row", "vocab", "replicated")
 UNIT_KINDS = ("embedding", "decoder", "head", "mtp")
+ZERO3_UNIT_KINDS = ("decoder", "mtp")
+"""The unit kinds ZeRO-3 gathers one at a time outside a pipeline (mindtrain-parallel's
+``ShardedLayout``); the others (embedding, head) are its root, gathered for the micro-batch."""
+MOE_BLOCK = 32
+"""Slots per block of the portable routed-experts dispatch (each block's expert weights are
+gathered; mindtrain-models' default ``moe_block``, mindtrain-estimate's count)."""
 
 
 class _Record:
@@ -149,4 +155,4 @@ class ParallelPlan(_Record):
         return [r.path for r in self.regions if r.role == role]
 
 
-__all__ = ["ParallelPlan", "ParamPlan", "ROLES", "Region", "TP_STYLES", "UNIT_KINDS", "UnitPlan"]
+__all__ = ["ParallelPlan", "ParamPlan", "ROLES", "Region", "TP_STYLES", "UNIT_KINDS", "UnitPlan", "ZERO3_UNIT_KINDS", "MOE_BLOCK"]

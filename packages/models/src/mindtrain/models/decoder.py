@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mindspore as ms
+from mindtrain.config.plan import MOE_BLOCK
 from mindspore import ops
 
 from mindtrain.models.attention import MLAttention, take_max_logits
@@ -25,7 +26,7 @@ class DecoderLayer(Block):
 
     PIECES = ("forward",)
 
-    def __init__(self, cfg, layer_idx: int, moe_block: int = 32):
+    def __init__(self, cfg, layer_idx: int, moe_block: int = MOE_BLOCK):
         super().__init__()
         self.is_moe = layer_idx >= cfg.first_k_dense_replace
         self.self_attn = MLAttention(cfg)

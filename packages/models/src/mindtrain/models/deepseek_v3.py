@@ -10,6 +10,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from mindtrain.config import ModelConfig, RecomputePlan
+from mindtrain.config.plan import MOE_BLOCK
 from mindtrain.models import kernels
 from mindtrain.models.attention_mask import additive_mask
 from mindtrain.models.decoder import DecoderLayer
@@ -40,7 +41,7 @@ class Embedding(nn.Cell):
 class DeepseekV3Model(nn.Cell):
     """``embed_tokens``, ``layers`` (decoder layers, then the MTP modules), ``norm``."""
 
-    def __init__(self, cfg: ModelConfig, moe_block: int = 32):
+    def __init__(self, cfg: ModelConfig, moe_block: int = MOE_BLOCK):
         super().__init__()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, cfg.initializer_range)
         layers = [DecoderLayer(cfg, i, moe_block) for i in range(cfg.num_hidden_layers)]
@@ -111,7 +112,7 @@ class DeepseekV3ForCausalLM(nn.Cell):
     switch (:mod:`mindtrain.models.kernels`) is read here, once.
     """
 
-    def __init__(self, cfg: ModelConfig, moe_block: int = 32, compute_dtype: Optional[str] = None):
+    def __init__(self, cfg: ModelConfig, moe_block: int = MOE_BLOCK, compute_dtype: Optional[str] = None):
         super().__init__()
         check_param_dtype(cfg.param_init_dtype, current_device())
         self.compute_dtype = resolve_compute_dtype(cfg.compute_dtype, compute_dtype, current_device())

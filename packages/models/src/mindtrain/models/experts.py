@@ -9,6 +9,7 @@ code compiles once under ms.jit and an expert with no tokens needs no special ca
 from __future__ import annotations
 
 import mindspore as ms
+from mindtrain.config.plan import MOE_BLOCK
 from mindspore import Tensor, ops
 
 from mindtrain.models import kernels
@@ -37,7 +38,7 @@ class RoutedExperts(Block):
     fast_kernels = False
 
     def __init__(self, n_experts: int, hidden_size: int, intermediate_size: int, init_std: float = 0.02,
-                 block: int = 32, swiglu_limit: float = 0.0):
+                 block: int = MOE_BLOCK, swiglu_limit: float = 0.0):
         super().__init__()
         self.n_experts = n_experts
         self.swiglu_limit = float(swiglu_limit)  # DeepSeek-V4's clamped SwiGLU (0: none)

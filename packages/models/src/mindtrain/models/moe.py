@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mindspore import Tensor, ops
 
-from mindtrain.config.plan import Region
+from mindtrain.config.plan import MOE_BLOCK, Region
 from mindtrain.models.blocks import Block
 
 from mindtrain.models.experts import RoutedExperts
@@ -40,7 +40,7 @@ class MoE(Block):
 
     REGION = Region.declare("moe")  # its region in the parallel plan (mindtrain.models.parallel_plan)
 
-    def __init__(self, cfg, block: int = 32):
+    def __init__(self, cfg, block: int = MOE_BLOCK):
         super().__init__()
         std = cfg.initializer_range
         self.n_experts = cfg.n_routed_experts

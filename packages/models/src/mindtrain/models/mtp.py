@@ -10,6 +10,7 @@ names follow the official checkpoint: ``model.layers.{num_hidden_layers + k - 1}
 from __future__ import annotations
 
 import mindspore as ms
+from mindtrain.config.plan import MOE_BLOCK
 from mindspore import nn, ops
 
 from mindtrain.models.attention import take_max_logits
@@ -33,7 +34,7 @@ class SharedHead(nn.Cell):
 class MTPLayer(DecoderLayer):
     """``construct(h_prev, emb_next, cos, sin, mask_add)`` -> (h, tokens per expert, balance loss)."""
 
-    def __init__(self, cfg, layer_idx: int, moe_block: int = 32):
+    def __init__(self, cfg, layer_idx: int, moe_block: int = MOE_BLOCK):
         super().__init__(cfg, layer_idx, moe_block)
         self.enorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.hnorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

@@ -31,6 +31,7 @@ import mindspore as ms
 from mindspore import Tensor, ops
 
 from mindtrain.config import ZERO3
+from mindtrain.config.plan import ZERO3_UNIT_KINDS
 from mindtrain.parallel import collectives as C
 from mindtrain.parallel.expert_parallel import apply_expert_parallel
 from mindtrain.parallel.fsdp import FSDP, fully_shard
@@ -44,7 +45,7 @@ def zero3_units(model, plan) -> tuple[tuple[str, ...], dict[str, list[str]]]:
     a unit that the model also uses outside it (an MTP module's shared-head norm, applied
     by the head) stays gathered with the root."""
     cells = dict(model.cells_and_names())
-    units = tuple(u["path"] for u in plan["units"] if u["kind"] in ("decoder", "mtp") and u.get("path") in cells)
+    units = tuple(u["path"] for u in plan["units"] if u["kind"] in ZERO3_UNIT_KINDS and u.get("path") in cells)
     shared = {name: [] for name, p in plan["params"].items() if p.get("applied_outside") and p["trainable"]}
     return units, shared
 

@@ -71,6 +71,7 @@ from mindtrain.config import families
 from mindtrain.config.model_plan import ParamSpec, flops_per_token, param_specs
 from mindtrain.config.model_plan import units as model_units
 from mindtrain.config.pipeline import partition_units
+from mindtrain.config.plan import MOE_BLOCK, ZERO3_UNIT_KINDS
 from mindtrain.config.schema import RecomputeConfig
 
 PROG = "mindtrain-estimate"
@@ -81,8 +82,6 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 DEFAULT_DEVICE_MEMORY = 64 * 2 ** 30
 """Device memory when neither --device-memory nor context.max_device_memory says: one
 Ascend 910B (64 GB HBM)."""
-MOE_BLOCK = 32
-"""Slots per block of the portable routed-experts dispatch (the model's ``moe_block``)."""
 
 
 # ------------------------------------------------------------------ layout
@@ -243,16 +242,17 @@ def stage_bytes(cfg: MindTrainConfig, dims: ParallelDims, stage: int, units: lis
             dims.tp if dims.tp > 1 and p.tp != "replicated" else 1)
     expert_live = max(per_layer.values(), default=0)
     expert_sharded = bool(experts) and (m.n_routed_experts // dims.ep) % edp == 0 and edp > 1
+    kinds = {u.name: u.kind for u in model_units(m)}
     units_numel: dict[str, int] = {}
     for p in dense:
         units_numel[p.unit] = units_numel.get(p.unit, 0) + _local_numel(p, dims)
-    # ZeRO-3 outside a pipeline wraps each layer as a unit; in a pipeline stage everything
-    # is the root (mindtrain.parallel.compose.ShardedLayout)
+    # ZeRO-3 outside a pipeline gathers the ZERO3_UNIT_KINDS units one at a time; in a pipeline
+    # stage everything is the root (mindtrain.parallel.share.ModelShare)
     has_units = zero3 and not pipeline
     if zero3:
         if has_units:
-            root = sum(v for u, v in units_numel.items() if u in ("embedding", "head"))
-            unit_max = max((v for u, v in units_numel.items() if u not in ("embedding", "head")), default=0)
+            root = sum(v for u, v in units_numel.items() if kinds[u] not in ZERO3_UNIT_KINDS)
+            unit_max = max((v for u, v in units_numel.items() if kinds[u] in ZERO3_UNIT_KINDS), default=0)
             out.gathered = F32 * (root + unit_max)
             out.units_replay = True
             if cfg.compile.enable:

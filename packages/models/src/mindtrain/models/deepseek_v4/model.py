@@ -17,6 +17,7 @@ from mindspore import Tensor, nn, ops
 
 from mindtrain.config import ModelConfig, RecomputePlan
 from mindtrain.config.families import v4_attention_kinds
+from mindtrain.config.plan import MOE_BLOCK
 from mindtrain.models import kernels
 from mindtrain.models.deepseek_v3 import DeepseekV3ForCausalLM, Embedding, _HeadLoss
 from mindtrain.models.deepseek_v4.attention import NEG, DeepseekV4Attention, causal_entry_bias
@@ -33,7 +34,7 @@ class DeepseekV4DecoderLayer(nn.Cell):
     ``ffn_hc``. ``construct(streams [B,S,N,H], ids [B,S], *tables)`` -> (streams, tokens per
     expert [E], zero balance)."""
 
-    def __init__(self, cfg, layer_idx: int, moe_block: int = 32):
+    def __init__(self, cfg, layer_idx: int, moe_block: int = MOE_BLOCK):
         super().__init__()
         ratio = int(cfg.compress_ratios[layer_idx])
         self.kind = v4_attention_kinds(cfg)[layer_idx]
@@ -58,7 +59,7 @@ class DeepseekV4DecoderLayer(nn.Cell):
 class DeepseekV4Model(nn.Cell):
     """``embed_tokens``, ``layers``, ``norm``, ``hc_head``."""
 
-    def __init__(self, cfg: ModelConfig, moe_block: int = 32):
+    def __init__(self, cfg: ModelConfig, moe_block: int = MOE_BLOCK):
         super().__init__()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, cfg.initializer_range)
         self.layers = nn.CellList([DeepseekV4DecoderLayer(cfg, i, moe_block) for i in range(cfg.num_hidden_layers)])
@@ -72,7 +73,7 @@ class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
     0..S-1 of each row and attention is causal within the row: other ``position_ids`` and an
     ``attention_mask`` (packed documents) are refused."""
 
-    def __init__(self, cfg: ModelConfig, moe_block: int = 32, compute_dtype: Optional[str] = None):
+    def __init__(self, cfg: ModelConfig, moe_block: int = MOE_BLOCK, compute_dtype: Optional[str] = None):
         nn.Cell.__init__(self)  # pylint: disable=non-parent-init-called
         check_param_dtype(cfg.param_init_dtype, current_device())
         self.compute_dtype = resolve_compute_dtype(cfg.compute_dtype, compute_dtype, current_device())

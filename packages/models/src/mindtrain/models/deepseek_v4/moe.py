@@ -10,7 +10,7 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import nn, ops
 
-from mindtrain.config.plan import Region
+from mindtrain.config.plan import MOE_BLOCK, Region
 from mindtrain.models.experts import RoutedExperts
 from mindtrain.models.linear import linear
 from mindtrain.models.mlp import MLP
@@ -87,7 +87,7 @@ class DeepseekV4MoE(nn.Cell):
 
     REGION = Region.declare("moe")  # its region in the parallel plan (mindtrain.models.parallel_plan)
 
-    def __init__(self, cfg, hashed: bool, block: int = 32):
+    def __init__(self, cfg, hashed: bool, block: int = MOE_BLOCK):
         super().__init__()
         std = cfg.initializer_range
         self.hashed = hashed

@@ -16,6 +16,7 @@ from mindspore import nn, ops
 
 from mindtrain.config import ModelConfig, RecomputePlan
 from mindtrain.config.families import head_dim, moe_layer_ids
+from mindtrain.config.plan import MOE_BLOCK
 from mindtrain.models import kernels
 from mindtrain.models.blocks import Block
 from mindtrain.models.decoder import DecoderLayer
@@ -36,7 +37,7 @@ class Qwen3DecoderLayer(DecoderLayer):
     (h, tokens per expert [E] or [1], balance terms [2, E] or a zero); the math, the
     whole-layer graph and the region path are :class:`~mindtrain.models.decoder.DecoderLayer`'s."""
 
-    def __init__(self, cfg, layer_idx: int, moe_block: int = 32):  # pylint: disable=super-init-not-called
+    def __init__(self, cfg, layer_idx: int, moe_block: int = MOE_BLOCK):  # pylint: disable=super-init-not-called
         Block.__init__(self)
         self.is_moe = layer_idx in moe_layer_ids(cfg)
         self.self_attn = Qwen3Attention(cfg)
@@ -52,7 +53,7 @@ class Qwen3DecoderLayer(DecoderLayer):
 class Qwen3Model(nn.Cell):
     """``embed_tokens``, ``layers``, ``norm`` (and the rotary tables over ``head_dim``)."""
 
-    def __init__(self, cfg: ModelConfig, moe_block: int = 32):
+    def __init__(self, cfg: ModelConfig, moe_block: int = MOE_BLOCK):
         super().__init__()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, cfg.initializer_range)
         self.layers = nn.CellList([Qwen3DecoderLayer(cfg, i, moe_block) for i in range(cfg.num_hidden_layers)])
@@ -69,7 +70,7 @@ class Qwen3ForCausalLM(DeepseekV3ForCausalLM):
     matrix and there is no ``lm_head``. Qwen3 has no MTP modules and no expert bias
     (``update_expert_bias`` does nothing)."""
 
-    def __init__(self, cfg: ModelConfig, moe_block: int = 32, compute_dtype: Optional[str] = None):
+    def __init__(self, cfg: ModelConfig, moe_block: int = MOE_BLOCK, compute_dtype: Optional[str] = None):
         nn.Cell.__init__(self)  # pylint: disable=non-parent-init-called
         check_param_dtype(cfg.param_init_dtype, current_device())
         self.compute_dtype = resolve_compute_dtype(cfg.compute_dtype, compute_dtype, current_device())

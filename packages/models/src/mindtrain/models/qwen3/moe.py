@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from mindspore import ops
 
-from mindtrain.config.plan import Region
+from mindtrain.config.plan import MOE_BLOCK, Region
 from mindtrain.models.blocks import Block
 from mindtrain.models.experts import RoutedExperts
 from mindtrain.models.router import _RANK_LIMIT, _topk_indices_by_rank
@@ -96,7 +96,7 @@ class Qwen3MoE(Block):
 
     REGION = Region.declare("moe")  # its region in the parallel plan (mindtrain.models.parallel_plan)
 
-    def __init__(self, cfg, block: int = 32):
+    def __init__(self, cfg, block: int = MOE_BLOCK):
         super().__init__()
         self.n_experts = cfg.n_routed_experts
         self.gate = SoftmaxTopkRouter(cfg)
