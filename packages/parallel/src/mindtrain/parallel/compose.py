@@ -5,7 +5,9 @@ Pipeline or context parallelism (``pp > 1`` or ``cp > 1``) gives a
 :class:`~mindtrain.parallel.pipeline_parallel.PipelineSchedule` (TP, EP and the data-parallel
 sharding applied inside each stage); every other combination a :class:`ShardedLayout`:
 FSDP over ``dp`` with the configured ZeRO strategy, tensor + sequence parallelism and expert
-parallelism around the whole model, one forward and backward per micro-batch.
+parallelism around the whole model, one forward and backward per micro-batch. Both are a
+:class:`~mindtrain.parallel.share.ModelShare` (what the rank owns, laid out once) with their
+own step loop.
 
 Compiled layers need nothing from a layout: the model's compiled pieces take their weights
 as graph inputs (mindtrain-models' ``Block``), so whatever a layout does to a weight's
