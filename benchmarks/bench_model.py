@@ -11,11 +11,12 @@ The PyTorch side runs at its CPU defaults as users run it: sdpa attention, group
 ``clip_grad_norm_(1.0)``, ``torch.optim.AdamW``. The MindSpore side (model + the trainer's
 AdamW) clips the same way, as the trainer does (the layouts' float64 norm, then the update with
 the clipping coefficient as its gradient scale), and reports how much of its step the norm,
-the clip and the update take. ``--update-ab`` runs MindSpore only, one process whose steps
-alternate between the trainer's one-pass update and the per-parameter one it replaced (host
-norm of whole float64 copies, a pass multiplying each gradient, ``ops.AdamWeightDecay`` per
-parameter; issue 33), each with its own moments, and prints each one's share of its steps per
-round (norm + clip + update against model + norm + clip + update). ``--trainer`` times what users
+the clip and the update take. ``--update-ab`` runs MindSpore only: one
+worker per update (the per-parameter one of 0.13: host norm of whole float64 copies, a pass
+multiplying each gradient, ``ops.AdamWeightDecay`` per parameter; 0.14's fused kernel per
+tensor with clipping folded in; the trainer's flat buffers, one kernel per group), taking turns
+round by round, and prints each one's share of its steps per round (norm + clip + update
+against model + norm + clip + update; issue 33). ``--trainer`` times what users
 run instead: ``run_mindformer.py --config benchmarks/configs/ds3_bench.yaml`` in one process
 (the same model, batch and clipping) each round, its per_step_time of steps 2 on, against the
 PyTorch steps of the same round.
@@ -76,11 +77,14 @@ def ms_worker(jit: bool, update: str = "one-pass") -> None:
         from mindtrain.trainer.optimizer import AdamW
     except ImportError:  # the trainer package is optional here
         update = "per-param"
-    kinds = ["per-param", "one-pass"] if update == "ab" else [update]  # "ab": steps alternate
-    opts = {"per-param": _PerParamAdamW(params)} if "per-param" in kinds else {}
-    if "one-pass" in kinds:
-        opts["one-pass"] = AdamW([(p.name, p) for p in params], lr=LR, betas=(0.9, 0.95), weight_decay=0.01)
+    kinds = [update]
+    if update == "per-param":
+        opt = _PerParamAdamW(params)
+    else:  # the trainer's AdamW: flat buffers ("one-pass") or one kernel call per tensor (0.14)
+        opt = AdamW([(p.name, p) for p in params], lr=LR, betas=(0.9, 0.95), weight_decay=0.01,
+                    flat=update == "one-pass")
         one = Group("world", (0,), 0)
+    opts = {update: opt}
 
     def fn(ids, labels, mask):
         return model(ids, labels=labels, loss_mask=mask)
@@ -99,7 +103,7 @@ def ms_worker(jit: bool, update: str = "one-pass") -> None:
         (loss, _), grads = grad_fn(ids, labels, mask)
         loss_value = float(loss.asnumpy())
         t1 = time.perf_counter()
-        if kind == "one-pass":  # the trainer's: layout.grad_norm, then the update scaled by the coefficient
+        if kind != "per-param":  # the trainer's: layout.grad_norm, then the update scaled by the coefficient
             norm = grad_norm(grads, one)
             t2 = time.perf_counter()
             coef = MAX_NORM / (norm + 1e-6)
@@ -270,37 +274,44 @@ def _data(work: str) -> str:
     return prefix + "_text_document"
 
 
+UPDATES = ("per-param", "per-tensor", "one-pass")
+
+
 def _update_ab(args) -> int:
-    """One MindSpore worker (``--update ab``) whose steps alternate between the per-parameter
-    and the one-pass update, each with its own moments (the same model, batches, clipping and
-    load); per round each one's ms/step (its phases) and share of it outside the model (norm +
-    clip + update), then the medians over rounds."""
+    """One MindSpore worker per update (``--update``: the per-parameter one of 0.13, the
+    per-tensor fused kernel of 0.14, the flat buffers of 0.15), the same model, batches and
+    clipping; they take turns, round by round. Per round each one's ms/step (its phases) and
+    share of it outside the model (norm + clip + update), then the medians over rounds.
+    (Separate processes: a flat optimizer makes the parameters views of its buffer, which
+    a per-parameter kernel would not write.)"""
     me = os.path.abspath(__file__)
-    proc, info = _start([sys.executable, me, "--worker", "ms", "--update", "ab"] + (["--eager"] if args.eager else []))
-    warmup = 2 * ((args.warmup + 1) // 2)  # whole pairs: step parity picks the update
-    if warmup:
-        _run(proc, warmup)  # untimed: caches, allocator and the kernels' thread split settle
-    print(f"ready (first step incl. compile {info['compile_s']:.1f} s, then {warmup} untimed steps, "
-          "alternating per-param / one-pass)", flush=True)
-    kinds = ("per-param", "one-pass")
-    shares = {k: [] for k in kinds}
-    steps = {k: [] for k in kinds}
+    procs = {}
+    for kind in UPDATES:
+        procs[kind], info = _start([sys.executable, me, "--worker", "ms", "--update", kind]
+                                   + (["--eager"] if args.eager else []))
+        if args.warmup:
+            _run(procs[kind], args.warmup)  # untimed: caches, allocator and the kernels' thread split settle
+        print(f"{kind}: ready (first step incl. compile {info['compile_s']:.1f} s, then {args.warmup} untimed steps)",
+              flush=True)
+    shares = {k: [] for k in UPDATES}
+    steps = {k: [] for k in UPDATES}
     for r in range(args.rounds):
-        res = _run(proc, 2 * args.steps)
-        for kind in kinds:
-            ph = {k.split(":", 1)[1]: v for k, v in res["round_phases"].items() if k.startswith(kind + ":")}
+        for kind in UPDATES:
+            res = _run(procs[kind], args.steps)
+            ph = res["round_phases"]
             total = sum(ph.values())
             outside = 1.0 - ph["model"] / total
             ms_step = total / args.steps * 1e3
             shares[kind].append(outside)
             steps[kind].append(ms_step)
-            print(f"round {r + 1} {kind:9s}: {ms_step:6.0f} ms/step; "
-                  + ", ".join(f"{k} {v / total:.1%}" for k, v in ph.items())
+            print(f"round {r + 1} {kind:10s}: {ms_step:6.0f} ms/step; "
+                  + ", ".join(f"{k} {v / total:.1%} ({v / args.steps * 1e3:.0f} ms)" for k, v in ph.items())
                   + f"; optimizer + clip + norm {outside:.1%} ({outside * ms_step:.0f} ms)", flush=True)
-    proc.stdin.write("quit\n")
-    proc.stdin.flush()
-    proc.wait(timeout=60)
-    for kind in kinds:
+    for proc in procs.values():
+        proc.stdin.write("quit\n")
+        proc.stdin.flush()
+        proc.wait(timeout=60)
+    for kind in UPDATES:
         print(f"median of {args.rounds} rounds, {kind}: optimizer + clip + norm {statistics.median(shares[kind]):.1%} "
               f"of the step, {statistics.median(steps[kind]):.0f} ms/step "
               f"(rounds {', '.join(f'{x:.1%}' for x in shares[kind])})")
@@ -322,7 +333,7 @@ def main() -> int:
                     help="MindSpore only: the trainer's one-pass update against the per-parameter one it "
                          "replaced, alternate steps of one process; each one's optimizer + clip + norm share")
     ap.add_argument("--warmup", type=int, default=30, help="--update-ab: untimed steps first")
-    ap.add_argument("--update", choices=["one-pass", "per-param", "ab"], default="one-pass", help=argparse.SUPPRESS)
+    ap.add_argument("--update", choices=list(UPDATES), default="one-pass", help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=["ms", "torch"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker == "ms":
