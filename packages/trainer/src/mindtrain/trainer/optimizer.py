@@ -84,7 +84,7 @@ class AdamW:
     """AdamW over a list of named parameters.
 
     The update in one pass (issue 33): the parameters of one dtype and weight-decay setting
-    are pieces of one contiguous buffer (each Parameter a view of it, each moment a view of
+    are pieces of one contiguous buffer (of at most :data:`BUCKET_ELEMENTS` values) (each Parameter a view of it, each moment a view of
     a moment buffer); per step the gradients of a group are concatenated into one flat
     gradient and MindSpore's fused ``ops.FusedCastAdamWeightDecay`` kernel runs once per
     group: it reads the gradient, divides it by its ``global_norm`` input (gradient
@@ -124,7 +124,9 @@ class AdamW:
             for i, p in enumerate(self.params):
                 if p.size > 0 and _has_storage(p):
                     keyed.setdefault((str(p.dtype), self.decay[i]), []).append(i)
-            self._groups = [_FlatGroup(idx, [self.params[i] for i in idx], decay) for (_, decay), idx in keyed.items()]
+            for (_, decay), idx in keyed.items():
+                for bucket in _buckets(idx, [int(self.params[i].size) for i in idx]):
+                    self._groups.append(_FlatGroup(bucket, [self.params[i] for i in bucket], decay))
             grouped = {i for g in self._groups for i in g.idx}
             self._loose = [i for i in range(len(self.params)) if i not in grouped]
         self.exp_avg: list = [None] * len(self.params)
@@ -209,6 +211,23 @@ class AdamW:
             name, m, v = self.names[i], self.exp_avg[i], self.exp_avg_sq[i]
             m.set_data(Tensor(np.ascontiguousarray(state[f"exp_avg.{name}"], np.float32)))
             v.set_data(Tensor(np.ascontiguousarray(state[f"exp_avg_sq.{name}"], np.float32)))
+
+
+BUCKET_ELEMENTS = 1 << 24
+"""Values per flat buffer at most (64 MB in float32; a larger parameter is a buffer of its
+own): the step's concatenated gradient is one buffer's, a bounded transient."""
+
+
+def _buckets(idx: list[int], sizes: list[int]) -> list[list[int]]:
+    out: list[list[int]] = []
+    filled = BUCKET_ELEMENTS
+    for i, n in zip(idx, sizes):
+        if filled + n > BUCKET_ELEMENTS:
+            out.append([])
+            filled = 0
+        out[-1].append(i)
+        filled += n
+    return out
 
 
 def _has_storage(p: Parameter) -> bool:
