@@ -77,14 +77,12 @@ def ms_worker(jit: bool, update: str = "one-pass") -> None:
         from mindtrain.trainer.optimizer import AdamW
     except ImportError:  # the trainer package is optional here
         update = "per-param"
-    kinds = [update]
     if update == "per-param":
         opt = _PerParamAdamW(params)
     else:  # the trainer's AdamW: flat buffers ("one-pass") or one kernel call per tensor (0.14)
         opt = AdamW([(p.name, p) for p in params], lr=LR, betas=(0.9, 0.95), weight_decay=0.01,
                     flat=update == "one-pass")
         one = Group("world", (0,), 0)
-    opts = {update: opt}
 
     def fn(ids, labels, mask):
         return model(ids, labels=labels, loss_mask=mask)
@@ -92,37 +90,40 @@ def ms_worker(jit: bool, update: str = "one-pass") -> None:
     grad_fn = ms.value_and_grad(fn, None, params, has_aux=True)
 
     names = ("model", "norm", "clip", "update")
-    prefixes = [f"{k}:" for k in kinds] if len(kinds) > 1 else [""]
-    phases = {p + k: 0.0 for p in prefixes for k in names}
+    # wall seconds per phase, and the process's CPU seconds ("cpu:" keys: all its threads; on
+    # a machine busy with other jobs a phase's CPU time moves far less than its wall time)
+    phases = {k: 0.0 for k in names + tuple(f"cpu:{n}" for n in names)}
+
+    def clocks():
+        return time.perf_counter(), time.process_time()
 
     def step(i):
-        kind, prefix = kinds[i % len(kinds)], prefixes[i % len(kinds)]
-        opt = opts[kind]
         ids, labels, mask = (Tensor(a) for a in _batch(cfg.vocab_size, i))
-        t0 = time.perf_counter()
+        marks = [clocks()]
         (loss, _), grads = grad_fn(ids, labels, mask)
         loss_value = float(loss.asnumpy())
-        t1 = time.perf_counter()
-        if kind != "per-param":  # the trainer's: layout.grad_norm, then the update scaled by the coefficient
+        marks.append(clocks())
+        if update != "per-param":  # the trainer's: layout.grad_norm, then the update scaled by the coefficient
             norm = grad_norm(grads, one)
-            t2 = time.perf_counter()
+            marks.append(clocks())
             coef = MAX_NORM / (norm + 1e-6)
-            t3 = time.perf_counter()
+            marks.append(clocks())
             opt.step(grads, grad_scale=min(coef, 1.0))
         else:
             norm = float(np.sqrt(sum(float(np.sum(np.square(g.asnumpy().astype(np.float64)))) for g in grads)))
-            t2 = time.perf_counter()
+            marks.append(clocks())
             coef = MAX_NORM / (norm + 1e-6)
             if coef < 1.0:
                 grads = [g * coef for g in grads]
                 grads[-1].asnumpy()
-            t3 = time.perf_counter()
+            marks.append(clocks())
             opt.step(grads)
         model.update_expert_bias(model.take_expert_load())
         params[0].asnumpy()
-        t4 = time.perf_counter()
-        for k, dt in zip(names, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
-            phases[prefix + k] += dt
+        marks.append(clocks())
+        for k, a, b in zip(names, marks, marks[1:]):
+            phases[k] += b[0] - a[0]
+            phases[f"cpu:{k}"] += b[1] - a[1]
         return loss_value
 
     t0 = time.perf_counter()
@@ -293,27 +294,29 @@ def _update_ab(args) -> int:
             _run(procs[kind], args.warmup)  # untimed: caches, allocator and the kernels' thread split settle
         print(f"{kind}: ready (first step incl. compile {info['compile_s']:.1f} s, then {args.warmup} untimed steps)",
               flush=True)
-    shares = {k: [] for k in UPDATES}
-    steps = {k: [] for k in UPDATES}
+    shares = {c + k: [] for c in ("", "cpu:") for k in UPDATES}
+    steps = {c + k: [] for c in ("", "cpu:") for k in UPDATES}
     for r in range(args.rounds):
         for kind in UPDATES:
             res = _run(procs[kind], args.steps)
-            ph = res["round_phases"]
-            total = sum(ph.values())
-            outside = 1.0 - ph["model"] / total
-            ms_step = total / args.steps * 1e3
-            shares[kind].append(outside)
-            steps[kind].append(ms_step)
-            print(f"round {r + 1} {kind:10s}: {ms_step:6.0f} ms/step; "
-                  + ", ".join(f"{k} {v / total:.1%} ({v / args.steps * 1e3:.0f} ms)" for k, v in ph.items())
-                  + f"; optimizer + clip + norm {outside:.1%} ({outside * ms_step:.0f} ms)", flush=True)
+            for clock in ("", "cpu:"):
+                ph = {k[len(clock):]: v for k, v in res["round_phases"].items()
+                      if k.startswith("cpu:") == bool(clock)}
+                total = sum(ph.values())
+                outside = 1.0 - ph["model"] / total
+                ms_step = total / args.steps * 1e3
+                shares[clock + kind].append(outside)
+                steps[clock + kind].append(ms_step)
+                print(f"round {r + 1} {kind:10s} {'cpu ' if clock else 'wall'}: {ms_step:6.0f} ms/step; "
+                      + ", ".join(f"{k} {v / total:.1%} ({v / args.steps * 1e3:.0f} ms)" for k, v in ph.items())
+                      + f"; optimizer + clip + norm {outside:.1%} ({outside * ms_step:.0f} ms)", flush=True)
     for proc in procs.values():
         proc.stdin.write("quit\n")
         proc.stdin.flush()
         proc.wait(timeout=60)
-    for kind in UPDATES:
-        print(f"median of {args.rounds} rounds, {kind}: optimizer + clip + norm {statistics.median(shares[kind]):.1%} "
-              f"of the step, {statistics.median(steps[kind]):.0f} ms/step "
+    for kind in shares:
+        print(f"median of {args.rounds} rounds, {kind.replace('cpu:', 'CPU time, ')}: optimizer + clip + norm "
+              f"{statistics.median(shares[kind]):.1%} of the step, {statistics.median(steps[kind]):.0f} ms/step "
               f"(rounds {', '.join(f'{x:.1%}' for x in shares[kind])})")
     return 0
 
@@ -399,9 +402,12 @@ def main() -> int:
     print(f"achieved: mindspore {fpt * ms_tps / 1e9:.1f} GFLOP/s{peak}, torch {fpt * th_tps / 1e9:.1f} GFLOP/s "
           f"(model FLOPs {fpt / 1e6:.1f} MFLOP/token)")
     if a.get("phases"):
-        total = sum(a["phases"].values())
-        print("mindspore step: " + ", ".join(f"{k} {v / total:.0%}" for k, v in a["phases"].items())
-              + f" (optimizer + clip + norm: {(total - a['phases']['model']) / total:.0%})")
+        for clock in ("", "cpu:"):
+            ph = {k[len(clock):]: v for k, v in a["phases"].items() if k.startswith("cpu:") == bool(clock)}
+            total = sum(ph.values())
+            print(f"mindspore step ({'CPU time' if clock else 'wall'}): "
+                  + ", ".join(f"{k} {v / total:.1%}" for k, v in ph.items())
+                  + f" (optimizer + clip + norm: {(total - ph['model']) / total:.1%})")
     print(f"peak RSS: mindspore {a['peak_rss_mb']:.0f} MB, torch {b['peak_rss_mb']:.0f} MB")
     return 0
 
