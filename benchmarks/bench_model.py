@@ -246,7 +246,7 @@ def _run(proc, n):
             return json.loads(line)
 
 
-def _trainer_round(work: str, r: int, eager: bool) -> dict:
+def _trainer_round(work: str, r: int, eager: bool, pin: list) -> dict:
     """One run of run_mindformer.py on ds3_bench.yaml: per_step_time of steps 2 on, peak RSS."""
     import glob
 
@@ -254,7 +254,7 @@ def _trainer_round(work: str, r: int, eager: bool) -> dict:
     items = [f"monitor.metrics_dir={out}", f"train_dataset.dataloader.config.data_path=['1', '{_data(work)}']"]
     if eager:
         items.append("compile.enable=false")
-    cmd = [sys.executable, os.path.join(ROOT, "run_mindformer.py"), "--config", TRAINER_CONFIG, "--mode", "1"]
+    cmd = pin + [sys.executable, os.path.join(ROOT, "run_mindformer.py"), "--config", TRAINER_CONFIG, "--mode", "1"]
     for item in items:
         cmd += ["--override", item]
     proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
@@ -378,7 +378,7 @@ def main() -> int:
     tokens = BATCH * SEQ
     ms_all, th_all, ratios = [], [], []
     for r in range(args.rounds):
-        a = _trainer_round(work, r, args.eager) if args.trainer else _run(ms_proc, args.steps)
+        a = _trainer_round(work, r, args.eager, pin) if args.trainer else _run(ms_proc, args.steps)
         b = _run(th_proc, args.steps)
         ms_all += a["times"]
         th_all += b["times"]
