@@ -330,8 +330,9 @@ def main() -> int:
     ap.add_argument("--trainer", action="store_true",
                     help="time run_mindformer.py on benchmarks/configs/ds3_bench.yaml (what users run)")
     ap.add_argument("--one-core", action="store_true",
-                    help="pin both workers to core 0 (torch with 1 thread): a fairer ratio on a busy machine, "
-                         "where torch's spinning OpenMP threads suffer far more than MindSpore's")
+                    help="pin both sides to core 0 (torch with 1 thread; with --trainer the run_mindformer.py "
+                         "runs too): a fairer ratio on a busy machine, where torch's spinning OpenMP threads "
+                         "suffer far more than MindSpore's")
     ap.add_argument("--update-ab", action="store_true",
                     help="MindSpore only: the trainer's one-pass update against the per-parameter one it "
                          "replaced, alternate steps of one process; each one's optimizer + clip + norm share")
