@@ -11,11 +11,12 @@ The PyTorch side runs at its CPU defaults as users run it: sdpa attention, group
 ``clip_grad_norm_(1.0)``, ``torch.optim.AdamW``. The MindSpore side (model + the trainer's
 AdamW) clips the same way, as the trainer does (the layouts' float64 norm, then the update with
 the clipping coefficient as its gradient scale), and reports how much of its step the norm,
-the clip and the update take. ``--update-ab`` runs MindSpore only, one process whose steps
-alternate between the trainer's one-pass update and the per-parameter one it replaced (host
-norm of whole float64 copies, a pass multiplying each gradient, ``ops.AdamWeightDecay`` per
-parameter; issue 33), each with its own moments, and prints each one's share of its steps per
-round (norm + clip + update against model + norm + clip + update). ``--trainer`` times what users
+the clip and the update take. ``--update-ab`` runs MindSpore only: one
+worker per update (the per-parameter one of 0.13: host norm of whole float64 copies, a pass
+multiplying each gradient, ``ops.AdamWeightDecay`` per parameter; 0.14's fused kernel per
+tensor with clipping folded in; the trainer's flat buffers, one kernel per group), taking turns
+round by round, and prints each one's share of its steps per round (norm + clip + update
+against model + norm + clip + update; issue 33). ``--trainer`` times what users
 run instead: ``run_mindformer.py --config benchmarks/configs/ds3_bench.yaml`` in one process
 (the same model, batch and clipping) each round, its per_step_time of steps 2 on, against the
 PyTorch steps of the same round.
@@ -76,10 +77,11 @@ def ms_worker(jit: bool, update: str = "one-pass") -> None:
         from mindtrain.trainer.optimizer import AdamW
     except ImportError:  # the trainer package is optional here
         update = "per-param"
-    kinds = ["per-param", "one-pass"] if update == "ab" else [update]  # "ab": steps alternate
-    opts = {"per-param": _PerParamAdamW(params)} if "per-param" in kinds else {}
-    if "one-pass" in kinds:
-        opts["one-pass"] = AdamW([(p.name, p) for p in params], lr=LR, betas=(0.9, 0.95), weight_decay=0.01)
+    if update == "per-param":
+        opt = _PerParamAdamW(params)
+    else:  # the trainer's AdamW: flat buffers ("one-pass") or one kernel call per tensor (0.14)
+        opt = AdamW([(p.name, p) for p in params], lr=LR, betas=(0.9, 0.95), weight_decay=0.01,
+                    flat=update == "one-pass")
         one = Group("world", (0,), 0)
 
     def fn(ids, labels, mask):
@@ -88,37 +90,40 @@ def ms_worker(jit: bool, update: str = "one-pass") -> None:
     grad_fn = ms.value_and_grad(fn, None, params, has_aux=True)
 
     names = ("model", "norm", "clip", "update")
-    prefixes = [f"{k}:" for k in kinds] if len(kinds) > 1 else [""]
-    phases = {p + k: 0.0 for p in prefixes for k in names}
+    # wall seconds per phase, and the process's CPU seconds ("cpu:" keys: all its threads; on
+    # a machine busy with other jobs a phase's CPU time moves far less than its wall time)
+    phases = {k: 0.0 for k in names + tuple(f"cpu:{n}" for n in names)}
+
+    def clocks():
+        return time.perf_counter(), time.process_time()
 
     def step(i):
-        kind, prefix = kinds[i % len(kinds)], prefixes[i % len(kinds)]
-        opt = opts[kind]
         ids, labels, mask = (Tensor(a) for a in _batch(cfg.vocab_size, i))
-        t0 = time.perf_counter()
+        marks = [clocks()]
         (loss, _), grads = grad_fn(ids, labels, mask)
         loss_value = float(loss.asnumpy())
-        t1 = time.perf_counter()
-        if kind == "one-pass":  # the trainer's: layout.grad_norm, then the update scaled by the coefficient
+        marks.append(clocks())
+        if update != "per-param":  # the trainer's: layout.grad_norm, then the update scaled by the coefficient
             norm = grad_norm(grads, one)
-            t2 = time.perf_counter()
+            marks.append(clocks())
             coef = MAX_NORM / (norm + 1e-6)
-            t3 = time.perf_counter()
+            marks.append(clocks())
             opt.step(grads, grad_scale=min(coef, 1.0))
         else:
             norm = float(np.sqrt(sum(float(np.sum(np.square(g.asnumpy().astype(np.float64)))) for g in grads)))
-            t2 = time.perf_counter()
+            marks.append(clocks())
             coef = MAX_NORM / (norm + 1e-6)
             if coef < 1.0:
                 grads = [g * coef for g in grads]
                 grads[-1].asnumpy()
-            t3 = time.perf_counter()
+            marks.append(clocks())
             opt.step(grads)
         model.update_expert_bias(model.take_expert_load())
         params[0].asnumpy()
-        t4 = time.perf_counter()
-        for k, dt in zip(names, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
-            phases[prefix + k] += dt
+        marks.append(clocks())
+        for k, a, b in zip(names, marks, marks[1:]):
+            phases[k] += b[0] - a[0]
+            phases[f"cpu:{k}"] += b[1] - a[1]
         return loss_value
 
     t0 = time.perf_counter()
@@ -241,7 +246,7 @@ def _run(proc, n):
             return json.loads(line)
 
 
-def _trainer_round(work: str, r: int, eager: bool) -> dict:
+def _trainer_round(work: str, r: int, eager: bool, pin: list) -> dict:
     """One run of run_mindformer.py on ds3_bench.yaml: per_step_time of steps 2 on, peak RSS."""
     import glob
 
@@ -249,7 +254,7 @@ def _trainer_round(work: str, r: int, eager: bool) -> dict:
     items = [f"monitor.metrics_dir={out}", f"train_dataset.dataloader.config.data_path=['1', '{_data(work)}']"]
     if eager:
         items.append("compile.enable=false")
-    cmd = [sys.executable, os.path.join(ROOT, "run_mindformer.py"), "--config", TRAINER_CONFIG, "--mode", "1"]
+    cmd = pin + [sys.executable, os.path.join(ROOT, "run_mindformer.py"), "--config", TRAINER_CONFIG, "--mode", "1"]
     for item in items:
         cmd += ["--override", item]
     proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
@@ -270,39 +275,48 @@ def _data(work: str) -> str:
     return prefix + "_text_document"
 
 
+UPDATES = ("per-param", "per-tensor", "one-pass")
+
+
 def _update_ab(args) -> int:
-    """One MindSpore worker (``--update ab``) whose steps alternate between the per-parameter
-    and the one-pass update, each with its own moments (the same model, batches, clipping and
-    load); per round each one's ms/step (its phases) and share of it outside the model (norm +
-    clip + update), then the medians over rounds."""
+    """One MindSpore worker per update (``--update``: the per-parameter one of 0.13, the
+    per-tensor fused kernel of 0.14, the flat buffers of 0.15), the same model, batches and
+    clipping; they take turns, round by round. Per round each one's ms/step (its phases) and
+    share of it outside the model (norm + clip + update), then the medians over rounds.
+    (Separate processes: a flat optimizer makes the parameters views of its buffer, which
+    a per-parameter kernel would not write.)"""
     me = os.path.abspath(__file__)
-    proc, info = _start([sys.executable, me, "--worker", "ms", "--update", "ab"] + (["--eager"] if args.eager else []))
-    warmup = 2 * ((args.warmup + 1) // 2)  # whole pairs: step parity picks the update
-    if warmup:
-        _run(proc, warmup)  # untimed: caches, allocator and the kernels' thread split settle
-    print(f"ready (first step incl. compile {info['compile_s']:.1f} s, then {warmup} untimed steps, "
-          "alternating per-param / one-pass)", flush=True)
-    kinds = ("per-param", "one-pass")
-    shares = {k: [] for k in kinds}
-    steps = {k: [] for k in kinds}
+    procs = {}
+    for kind in UPDATES:
+        procs[kind], info = _start([sys.executable, me, "--worker", "ms", "--update", kind]
+                                   + (["--eager"] if args.eager else []))
+        if args.warmup:
+            _run(procs[kind], args.warmup)  # untimed: caches, allocator and the kernels' thread split settle
+        print(f"{kind}: ready (first step incl. compile {info['compile_s']:.1f} s, then {args.warmup} untimed steps)",
+              flush=True)
+    shares = {c + k: [] for c in ("", "cpu:") for k in UPDATES}
+    steps = {c + k: [] for c in ("", "cpu:") for k in UPDATES}
     for r in range(args.rounds):
-        res = _run(proc, 2 * args.steps)
-        for kind in kinds:
-            ph = {k.split(":", 1)[1]: v for k, v in res["round_phases"].items() if k.startswith(kind + ":")}
-            total = sum(ph.values())
-            outside = 1.0 - ph["model"] / total
-            ms_step = total / args.steps * 1e3
-            shares[kind].append(outside)
-            steps[kind].append(ms_step)
-            print(f"round {r + 1} {kind:9s}: {ms_step:6.0f} ms/step; "
-                  + ", ".join(f"{k} {v / total:.1%}" for k, v in ph.items())
-                  + f"; optimizer + clip + norm {outside:.1%} ({outside * ms_step:.0f} ms)", flush=True)
-    proc.stdin.write("quit\n")
-    proc.stdin.flush()
-    proc.wait(timeout=60)
-    for kind in kinds:
-        print(f"median of {args.rounds} rounds, {kind}: optimizer + clip + norm {statistics.median(shares[kind]):.1%} "
-              f"of the step, {statistics.median(steps[kind]):.0f} ms/step "
+        for kind in UPDATES:
+            res = _run(procs[kind], args.steps)
+            for clock in ("", "cpu:"):
+                ph = {k[len(clock):]: v for k, v in res["round_phases"].items()
+                      if k.startswith("cpu:") == bool(clock)}
+                total = sum(ph.values())
+                outside = 1.0 - ph["model"] / total
+                ms_step = total / args.steps * 1e3
+                shares[clock + kind].append(outside)
+                steps[clock + kind].append(ms_step)
+                print(f"round {r + 1} {kind:10s} {'cpu ' if clock else 'wall'}: {ms_step:6.0f} ms/step; "
+                      + ", ".join(f"{k} {v / total:.1%} ({v / args.steps * 1e3:.0f} ms)" for k, v in ph.items())
+                      + f"; optimizer + clip + norm {outside:.1%} ({outside * ms_step:.0f} ms)", flush=True)
+    for proc in procs.values():
+        proc.stdin.write("quit\n")
+        proc.stdin.flush()
+        proc.wait(timeout=60)
+    for kind in shares:
+        print(f"median of {args.rounds} rounds, {kind.replace('cpu:', 'CPU time, ')}: optimizer + clip + norm "
+              f"{statistics.median(shares[kind]):.1%} of the step, {statistics.median(steps[kind]):.0f} ms/step "
               f"(rounds {', '.join(f'{x:.1%}' for x in shares[kind])})")
     return 0
 
@@ -316,13 +330,14 @@ def main() -> int:
     ap.add_argument("--trainer", action="store_true",
                     help="time run_mindformer.py on benchmarks/configs/ds3_bench.yaml (what users run)")
     ap.add_argument("--one-core", action="store_true",
-                    help="pin both workers to core 0 (torch with 1 thread): a fairer ratio on a busy machine, "
-                         "where torch's spinning OpenMP threads suffer far more than MindSpore's")
+                    help="pin both sides to core 0 (torch with 1 thread; with --trainer the run_mindformer.py "
+                         "runs too): a fairer ratio on a busy machine, where torch's spinning OpenMP threads "
+                         "suffer far more than MindSpore's")
     ap.add_argument("--update-ab", action="store_true",
                     help="MindSpore only: the trainer's one-pass update against the per-parameter one it "
                          "replaced, alternate steps of one process; each one's optimizer + clip + norm share")
     ap.add_argument("--warmup", type=int, default=30, help="--update-ab: untimed steps first")
-    ap.add_argument("--update", choices=["one-pass", "per-param", "ab"], default="one-pass", help=argparse.SUPPRESS)
+    ap.add_argument("--update", choices=list(UPDATES), default="one-pass", help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=["ms", "torch"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker == "ms":
@@ -364,7 +379,7 @@ def main() -> int:
     tokens = BATCH * SEQ
     ms_all, th_all, ratios = [], [], []
     for r in range(args.rounds):
-        a = _trainer_round(work, r, args.eager) if args.trainer else _run(ms_proc, args.steps)
+        a = _trainer_round(work, r, args.eager, pin) if args.trainer else _run(ms_proc, args.steps)
         b = _run(th_proc, args.steps)
         ms_all += a["times"]
         th_all += b["times"]
@@ -388,9 +403,12 @@ def main() -> int:
     print(f"achieved: mindspore {fpt * ms_tps / 1e9:.1f} GFLOP/s{peak}, torch {fpt * th_tps / 1e9:.1f} GFLOP/s "
           f"(model FLOPs {fpt / 1e6:.1f} MFLOP/token)")
     if a.get("phases"):
-        total = sum(a["phases"].values())
-        print("mindspore step: " + ", ".join(f"{k} {v / total:.0%}" for k, v in a["phases"].items())
-              + f" (optimizer + clip + norm: {(total - a['phases']['model']) / total:.0%})")
+        for clock in ("", "cpu:"):
+            ph = {k[len(clock):]: v for k, v in a["phases"].items() if k.startswith("cpu:") == bool(clock)}
+            total = sum(ph.values())
+            print(f"mindspore step ({'CPU time' if clock else 'wall'}): "
+                  + ", ".join(f"{k} {v / total:.1%}" for k, v in ph.items())
+                  + f" (optimizer + clip + norm: {(total - ph['model']) / total:.1%})")
     print(f"peak RSS: mindspore {a['peak_rss_mb']:.0f} MB, torch {b['peak_rss_mb']:.0f} MB")
     return 0
 

@@ -123,3 +123,48 @@ def test_muon_takes_the_clip_scale_on_both_parts():
         runs.append([p.asnumpy() for _, p in named] + [opt.muon_m[0].asnumpy()])
     for a, b in zip(*runs):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("bucket", [1 << 24, 30])
+def test_flat_buffers_equal_the_per_parameter_update_over_20_steps(bucket, monkeypatch):
+    """The update over flat buffers (one kernel call per dtype and decay group, parameters and
+    moments as views of the buffers) against one kernel call per parameter: 20 steps, half
+    of them clipped, a weight written anew mid-way (``set_data``, as a checkpoint load does:
+    taken back into the buffer) and one through ``write_param`` (ops.assign refuses views)."""
+    from mindtrain.parallel.layout import write_param
+    from mindtrain.trainer import optimizer
+
+    monkeypatch.setattr(optimizer, "BUCKET_ELEMENTS", bucket)  # 30: several buffers per group
+    rng = np.random.default_rng(5)
+    init = {n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items()}
+    runs = {}
+    for flat in (True, False):
+        named = [(n, Parameter(Tensor(a.copy()), name=n)) for n, a in init.items()]
+        opt = AdamW(named, lr=1e-2, betas=BETAS, eps=EPS, weight_decay=WD, flat=flat)
+        # decay and no-decay (40 + 24 values, 4 + 10: the bucket of 30 splits the first); the empty shard stays out
+        assert len(opt._groups) == ((2 if bucket > 64 else 3) if flat else 0)
+        data = np.random.default_rng(6)
+        for step in range(20):
+            grads = _grads(data, step)
+            tensors = [Tensor(grads[n]) for n, _ in named]
+            coef = MAX_NORM / (grad_norm(tensors, ONE) + 1e-6)
+            opt.step(tensors, lr=1e-2 * (1.0 - step / 40), grad_scale=min(coef, 1.0))
+            if step == 7:
+                named[0][1].set_data(Tensor(np.full(SHAPES[named[0][0]], 0.5, np.float32)))
+            if step == 11:
+                write_param(named[2][1], np.full(SHAPES[named[2][0]], -0.25, np.float32))
+        runs[flat] = ([p.asnumpy().copy() for _, p in named], [m.asnumpy().copy() for m in opt.exp_avg],
+                      [v.asnumpy().copy() for v in opt.exp_avg_sq], opt.state_dict())
+    (pa, ma, va, sa), (pb, mb, vb, sb) = runs[True], runs[False]
+    for n, a, b in zip(SHAPES, pa, pb):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6, err_msg=n)
+    for a, b in zip(ma + va, mb + vb):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+    assert sa.keys() == sb.keys()
+    # a state loaded into the flat buffers continues like the per-parameter one
+    named = [(n, Parameter(Tensor(a.copy()), name=n)) for n, a in zip(SHAPES, pb)]
+    opt = AdamW(named, lr=1e-2, betas=BETAS, eps=EPS, weight_decay=WD)
+    opt.load_state_dict(sb)
+    assert all(g.moments_aliased() for g in opt._groups)
+    for a, b in zip(opt.exp_avg_sq, vb):
+        np.testing.assert_array_equal(a.asnumpy(), b)

@@ -275,8 +275,11 @@ class DeepseekV3ForCausalLM(nn.Cell):
 
     def _rope_and_mask(self, b: int, s: int, position_ids, attention_mask):
         """cos/sin [B, 1, S, rope] and the additive mask. The default-position tables and the
-        causal-only mask are the same every step, so they are cached per (B, S)."""
+        causal-only mask are the same every step, so they are cached per (B, S); position ids
+        that are 0..S-1 in every row (the loader's, without reset at documents) use them too."""
         cache = self._rope_mask_cache
+        if position_ids is not None and _default_positions(position_ids, s):
+            position_ids = None  # the data's 0..S-1 per row (no reset at documents): the cached tables
         if position_ids is None:
             if ("rope", b, s) not in cache:
                 pos = Tensor(np.broadcast_to(np.arange(s, dtype=np.int32), (b, s)).copy())
@@ -348,3 +351,8 @@ class DeepseekV3ForCausalLM(nn.Cell):
         for router in self.moe_routers():
             router.recorded = [] if enabled else None
 
+
+def _default_positions(position_ids, s: int) -> bool:
+    """True if ``position_ids`` [B, S] is 0..S-1 in every row (checked on the host: [B, S] ints)."""
+    pos = position_ids.asnumpy() if isinstance(position_ids, Tensor) else np.asarray(position_ids)
+    return pos.ndim == 2 and pos.shape[1] == s and bool((pos == np.arange(s, dtype=pos.dtype)).all())

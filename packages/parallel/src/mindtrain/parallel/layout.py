@@ -168,10 +168,12 @@ def narrow_param(p, dim: int, parts: int, index: int) -> np.ndarray:
 
 
 def write_param(p, value: np.ndarray) -> None:
-    """Write ``value`` into ``p``: in place (``ops.assign``: its existing buffer, which compiled
-    layers read), or, for a parameter without storage yet, as its first storage."""
+    """Write ``value`` into ``p``: in place (``ops.assign``: its existing buffer), or as new
+    storage for a parameter without storage yet or that is a view of a larger buffer (the
+    optimizer's flat buffer: ``ops.assign`` refuses views; the optimizer takes the new
+    storage back into its buffer at its next step)."""
     value = Tensor(np.ascontiguousarray(value, np.float32))
-    if is_empty(p):
+    if is_empty(p) or p.untyped_storage().nbytes() != p.nbytes:  # no storage, or a piece of a flat buffer
         p.set_data(value)
     else:
         ops.assign(p, value)
@@ -191,15 +193,17 @@ SQ_SUM_CHUNK = 1 << 18
 
 def _sq_sum(flat: np.ndarray, scratch: np.ndarray) -> float:
     """Sum of squares of a float array in float64: float64 copies of cache-sized blocks of it,
-    each squared and summed by BLAS's dot (deterministic for a given thread count). Bench
-    model's 6.0M values: 7.4 ms against 18.2 ms squaring a whole float64 copy and 35 ms in a
-    compiled MindSpore graph (``benchmarks/probe_one_pass_update.py``)."""
+    each squared in place and summed by numpy's pairwise sum (one thread: the same digits
+    whatever the thread count). BLAS's dot did the same in 7.4 ms for the bench model's 6.0M
+    values on an idle machine, but its spinning threads took 230 ms on a busy one (load 11
+    on 2 cores) against 3.3 ms for this (``benchmarks/RESULTS.md``, 2026-12-04)."""
     total = 0.0
     for start in range(0, flat.size, scratch.size):
         part = flat[start:start + scratch.size]
         block = scratch[:part.size]
         np.copyto(block, part)
-        total += float(np.dot(block, block))
+        np.multiply(block, block, out=block)
+        total += float(block.sum())
     return total
 
 

@@ -248,7 +248,11 @@ class Muon:
                 continue
             box = a[:n].reshape(box_shape)
             box *= rows[first:first + box_shape[0]].reshape((-1,) + (1,) * (len(box_shape) - 1)).astype(np.float32)
-            ops.assign(p, Tensor(a.reshape(tuple(p.shape))).astype(p.dtype))
+            value = Tensor(a.reshape(tuple(p.shape))).astype(p.dtype)
+            if p.untyped_storage().nbytes() != p.nbytes:  # a piece of AdamW's flat buffer: ops.assign refuses views
+                p.set_data(value)  # (AdamW takes it back into its buffer at its next step)
+            else:
+                ops.assign(p, value)
         return len(clipped)
 
     # ------------------------------------------------------------------ state
