@@ -208,9 +208,13 @@ class ShardedLayout:
             grads += self.ep.grads
         return grads
 
-    def grad_norm(self, grads: Sequence[Tensor]) -> float:
+    def grad_norm(self, grads: Sequence[Tensor], only: Optional[Sequence[int]] = None) -> float:
         """Global L2 norm of the whole model's gradient, in float64 on the host (the same
-        digits run after run, whatever order a multi-threaded kernel would add in)."""
+        digits run after run, whatever order a multi-threaded kernel would add in);
+        ``only``: of those parameters alone (indices into :attr:`named_params`, the same on
+        every rank: LoRA's adapters)."""
+        if only is not None:
+            return grad_norm([grads[i] for i in only], self.mesh.group("world"), [self._replicas[i] for i in only])
         return grad_norm(grads, self.mesh.group("world"), self._replicas)
 
     def finish_step(self) -> None:
