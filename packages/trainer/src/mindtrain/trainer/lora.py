@@ -150,6 +150,12 @@ def save_adapters(path: str, full: dict, config: dict) -> None:
         json.dump(config, f, indent=2)
 
 
+def merge(weight: np.ndarray, a: np.ndarray, b: np.ndarray, scaling: float) -> np.ndarray:
+    """``weight + scaling * b @ a`` in float32 (PEFT's merge of a LoRA layer)."""
+    return (weight.astype(np.float32) + np.float32(scaling) * (b.astype(np.float32) @ a.astype(np.float32))
+            ).astype(np.float32)
+
+
 def load_adapters(path: str) -> tuple[dict, float]:
     """``(adapters by mindtrain name, scaling alpha / r)`` of a directory :func:`save_adapters`
     wrote (or PEFT's save_pretrained of a LoRA on the HF model)."""
@@ -162,4 +168,4 @@ def load_adapters(path: str) -> tuple[dict, float]:
 
 
 __all__ = ["AdapterOptimizer", "adapter_config", "apply_lora", "from_peft_name", "load_adapters",
-           "mindformers_path", "peft_name", "save_adapters", "select_layers"]
+           "merge", "mindformers_path", "peft_name", "save_adapters", "select_layers"]
