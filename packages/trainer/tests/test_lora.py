@@ -48,6 +48,7 @@ def test_adapters_match_peft(name):
     """The regexes select PEFT's modules; with PEFT's adapter values the logits, loss and
     every adapter gradient match; merging them into the weights gives the same logits."""
     ms.set_device("CPU")
+    ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer runs them on CPU
     model, adapted = _lora_model(name)
     fixture = os.path.join(HERE, "fixtures", f"lora_{name}")
     adapters, scaling = load_adapters(fixture)  # PEFT's save_pretrained output
