@@ -206,7 +206,11 @@ def test_swap_off_cpu_is_refused_in_one_line(device):
 
 # ----------------------------------------------------------------------------- refusals
 @pytest.mark.parametrize("overrides, start", [
-    (["lora_config={target_modules: '.*'}"], "lora_config: LoRA fine-tuning is not supported yet"),
+    (["lora_config={target_modules: 'linear_qkv', lora_dropout: 0.1}"], "lora_config.lora_dropout: 0.1 is not supported yet"),
+    (["lora_config={target_modules: ''}"], "lora_config.target_modules: is required"),
+    (["lora_config={target_modules: 'linear_(qkv'}"], "lora_config.target_modules: 'linear_(qkv' is not a regex"),
+    (["lora_config={target_modules: 'linear_qkv', lora_rank: 0}"], "lora_config.lora_rank: must be a positive integer"),
+    (["lora_config={target_modules: 'linear_qkv'}", "optimizer.type=Muon"], "lora_config: LoRA with optimizer.type Muon"),
     (["parallelism.context_parallel_method=ring"], "parallelism.context_parallel_method: 'ring' is not a method"),
     (["parallelism.context_parallel_method=hybrid", "parallelism.context_parallel=4"],
      "parallelism.ulysses_degree_in_cp: hybrid context parallelism needs 1 < ulysses_degree_in_cp"),

@@ -28,6 +28,7 @@ from mindtrain.config.schema import (
     ContextConfig,
     DataLoaderConfig,
     GPTDatasetConfig,
+    LoraConfig,
     LRSchedulerConfig,
     MindTrainConfig,
     ModelConfig,
@@ -45,6 +46,7 @@ from mindtrain.config.validate import (parse_data_path, parse_split, split_weigh
 __all__ = [
     "__version__", "DEGREE_FIELDS", "ZERO3", "ZERO_STRATEGIES", "check_degrees", "check_zero_strategy",
     "CheckpointConfig", "CompileConfig", "ConfigError", "ContextConfig", "DataLoaderConfig", "GPTDatasetConfig",
+    "LoraConfig",
     "LRSchedulerConfig", "MindTrainConfig", "ModelConfig", "MonitorConfig", "ValidationConfig", "OptimizerConfig",
     "ParallelDims", "ParallelismConfig", "ParallelPlan", "ParamPlan", "ROLES", "Region", "UnitPlan", "RecomputePlan", "layer_ids", "module_matches", "recompute_plan", "STEP_FIGURES", "StepFigures", "TrainDatasetConfig", "TrainingConfig", "UserError",
     "convert_legacy", "dump_config", "from_dict", "legacy_problems", "load_config",

@@ -711,14 +711,57 @@ def validate_mindformers_sections(cfg: MindTrainConfig) -> None:
     for i, cb in enumerate(cfg.callbacks):
         if not isinstance(cb.type, str) or not cb.type:
             raise ConfigError(f"callbacks[{i}].type", "is required: the registered callback class name")
+    validate_lora(cfg)
     _refuse_unsupported(cfg)
+
+
+_LORA_FAMILIES = ("deepseek_v3", "qwen3", "qwen3_moe")
+
+
+def validate_lora(cfg: MindTrainConfig) -> None:
+    """``lora_config`` (MindFormers' PyNative LoraConfig): its fields, and what it is not built with."""
+    lc = cfg.lora_config
+    if lc is None:
+        return
+    if not isinstance(lc.target_modules, str) or not lc.target_modules:
+        raise ConfigError("lora_config.target_modules", "is required: a regex searched in MindFormers' module "
+                          "paths, e.g. 'linear_qkv|linear_proj|linear_fc1|linear_fc2'")
+    for field_name in ("target_modules", "exclude_layers"):
+        value = getattr(lc, field_name)
+        if value is None:
+            continue
+        try:
+            re.compile(value)
+        except (re.error, TypeError) as err:
+            raise ConfigError(f"lora_config.{field_name}", f"{value!r} is not a regex ({err}); fix the pattern")
+    _positive(lc.lora_rank, "lora_config.lora_rank")
+    if not lc.lora_alpha > 0:
+        raise ConfigError("lora_config.lora_alpha", f"must be > 0 (the scale is lora_alpha / lora_rank), "
+                          f"got {lc.lora_alpha!r}")
+    _non_negative(lc.lora_a_std, "lora_config.lora_a_std")
+    _non_negative(lc.lora_b_std, "lora_config.lora_b_std")
+    if not 0.0 <= lc.lora_dropout < 1.0:
+        raise ConfigError("lora_config.lora_dropout", f"must be in [0, 1), got {lc.lora_dropout!r}")
+    if lc.lora_dropout > 0:
+        raise ConfigError("lora_config.lora_dropout", f"{lc.lora_dropout} is not supported yet (the adapters "
+                          "are merged into the weight, which leaves no adapter input to drop); set it to 0")
+    family = getattr(cfg.model, "model_type", "deepseek_v3")
+    if family not in _LORA_FAMILIES:
+        raise ConfigError("lora_config", f"LoRA on model_type {family} is not supported yet (DeepSeek-V3, Qwen3 "
+                          "and Qwen3-MoE are); remove the lora_config section")
+    if cfg.parallelism.pipeline_parallel > 1:
+        raise ConfigError("lora_config", "LoRA with pipeline_parallel > 1 is not supported yet; set "
+                          "parallelism.pipeline_parallel to 1 or remove the lora_config section")
+    if cfg.optimizer.type == "Muon":
+        raise ConfigError("lora_config", "LoRA with optimizer.type Muon is not supported yet; use AdamW")
+    if cfg.checkpoint.layout == "mindformers":
+        raise ConfigError("lora_config", "LoRA with checkpoint.layout mindformers is not supported yet (its "
+                          "name table has no adapters); use layout: mindtrain")
 
 
 # Fields that would change training and are not built: (field path, is it set?, what it is
 # (value -> text), what to do). One line each, "<field>: <what> is not supported yet; <what to do>".
 _NOT_BUILT = (
-    ("lora_config", lambda v: v is not None, lambda v: "LoRA fine-tuning",
-     "remove the lora_config section to train every weight"),
     ("parallelism.context_parallel_mask_type", lambda v: v != "causal", repr, "set it to causal"),
 )
 

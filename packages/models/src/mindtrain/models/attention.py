@@ -325,16 +325,16 @@ class MLAttention(Block):
     def piece_weights(self, name: str) -> tuple:
         if name == "project":
             if self.q_lora_rank is None:
-                q = (self.q_proj.weight,)
+                q = (self.q_proj.merged_weight(),)
             else:
-                q = (self.q_a_proj.weight,) + self._bias(self.q_a_proj) + (self.q_a_layernorm.weight,
-                                                                           self.q_b_proj.weight)
+                q = (self.q_a_proj.merged_weight(),) + self._bias(self.q_a_proj) + (self.q_a_layernorm.weight,
+                                                                           self.q_b_proj.merged_weight())
             kv = self.kv_a_proj_with_mqa
-            return q + (kv.weight,) + self._bias(kv) + (self.kv_a_layernorm.weight,)
+            return q + (kv.merged_weight(),) + self._bias(kv) + (self.kv_a_layernorm.weight,)
         if name == "keys_values":
-            return (self.kv_b_proj.weight,)
+            return (self.kv_b_proj.merged_weight(),)
         if name == "output":
-            return (self.o_proj.weight,) + self._bias(self.o_proj)
+            return (self.o_proj.merged_weight(),) + self._bias(self.o_proj)
         if name == "attend":
             return self.piece_weights("keys_values") + self.piece_weights("output")
         return self.piece_weights("project") + self.piece_weights("attend")  # "forward": the whole

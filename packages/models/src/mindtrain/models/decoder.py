@@ -57,7 +57,9 @@ class DecoderLayer(Block):
         return self.graph("forward") if self.can_run_whole() else None
 
     def functional(self):
-        if not self.can_run_whole():
+        if not self.can_run_whole() or any(getattr(c, "lora_scaling", None) is not None
+                                           for _, c in self.cells_and_names()):
+            # LoRA: the weights it would run on are merged (W + s * B @ A), not Parameters
             return None
         return self.graph("forward") or self.forward, self.piece_weights("forward")
 

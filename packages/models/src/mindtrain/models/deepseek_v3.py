@@ -208,7 +208,7 @@ class DeepseekV3ForCausalLM(nn.Cell):
     def lm_loss(self, h, labels, loss_mask):
         """Final norm, lm_head and the masked mean cross-entropy (one cell, ``head_loss``)."""
         norm = self.model.norm
-        return self.head_loss(h, norm.weight, norm.eps, self.lm_head.weight, labels, loss_mask)
+        return self.head_loss(h, norm.weight, norm.eps, self.lm_head.merged_weight(), labels, loss_mask)
 
     def mtp_inputs(self, input_ids, labels, loss_mask) -> list:
         """Per MTP depth k = 1..num_nextn_predict_layers: ``(input_ids, labels, loss_mask)``
@@ -230,7 +230,7 @@ class DeepseekV3ForCausalLM(nn.Cell):
                 counts.append(c)
                 balances.append(bal)
             norm = layer.shared_head.norm
-            losses.append(self.head_loss(h, norm.weight, norm.eps, self.lm_head.weight, labels_k, mask_k))
+            losses.append(self.head_loss(h, norm.weight, norm.eps, self.lm_head.merged_weight(), labels_k, mask_k))
         return losses, counts, balances
 
     def combine_losses(self, lm_loss, mtp_losses, balances):

@@ -26,7 +26,7 @@ class MLP(Block):
         self.down_proj = Linear(intermediate_size, hidden_size, init_std=init_std)
 
     def piece_weights(self, name: str) -> tuple:
-        return self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight
+        return self.gate_proj.merged_weight(), self.up_proj.merged_weight(), self.down_proj.merged_weight()
 
     def construct(self, x):
         return self.run("forward", x)

@@ -43,7 +43,7 @@ class MTPLayer(DecoderLayer):
 
     def piece_weights(self, name: str) -> tuple:
         # the decoder block's, then enorm, hnorm, eh_proj (shared_head.norm runs with the head)
-        return DecoderLayer.piece_weights(self, name) + (self.enorm.weight, self.hnorm.weight, self.eh_proj.weight)
+        return DecoderLayer.piece_weights(self, name) + (self.enorm.weight, self.hnorm.weight, self.eh_proj.merged_weight())
 
     def construct(self, h_prev, emb_next, cos, sin, mask_add):
         whole = self.whole_graph()

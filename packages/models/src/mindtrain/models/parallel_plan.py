@@ -10,6 +10,7 @@ import re
 
 from mindtrain.config.model_plan import is_expert, param_specs, tp_split, unit_of, units as plan_units
 from mindtrain.config.plan import ParallelPlan, ParamPlan, Region, UnitPlan
+from mindtrain.models.lora import base_weight, is_adapter
 
 
 def _split_field(name: str, style: str, dim: int | None, expert: bool) -> str | None:
@@ -29,6 +30,18 @@ def _split_field(name: str, style: str, dim: int | None, expert: bool) -> str | 
     if ".self_attn." in name:
         return "model.num_attention_heads"
     return f"model ({name} dim {dim})"
+
+
+def _adapter_split(name: str, style: str, dim: int | None) -> tuple[str, int | None]:
+    """A LoRA adapter's TP split, from its weight's [out, in] split: a column (or vocabulary)
+    split of ``out`` splits ``lora_b`` [out, r] on dim 0, a row split of ``in`` splits
+    ``lora_a`` [r, in] on dim 1; the other factor is whole on every TP rank (its gradient
+    summed over TP as any replicated weight's), as MindFormers lays them out."""
+    if style in ("column", "vocab") and dim == 0 and name.endswith(".lora_b"):
+        return "column", 0
+    if style == "row" and dim == 1 and name.endswith(".lora_a"):
+        return "row", 1
+    return "replicated", None
 
 
 def _regions(model) -> list[Region]:
@@ -93,6 +106,8 @@ def parallel_plan(model) -> ParallelPlan:
         name = p.name
         unit = unit_of(name, n_layers)
         style, dim = splits.get(name) or tp_split(name)
+        if is_adapter(name):  # a LoRA adapter splits with its weight's split dim, else stays whole
+            style, dim = _adapter_split(name, *(splits.get(base_weight(name)) or tp_split(base_weight(name))))
         expert = is_expert(name)
         params[name] = ParamPlan(
             shape=tuple(p.shape),

@@ -158,11 +158,14 @@ class ModelShare:
             grads.append(g * cp if cp > 1 else g)
         return grads
 
-    def grad_norm(self, grads: Sequence[Tensor]) -> float:
+    def grad_norm(self, grads: Sequence[Tensor], only: Optional[Sequence[int]] = None) -> float:
         """Global L2 norm of the whole model's gradient (each piece counted once), from
         ``grads`` aligned with :attr:`named_params`, in float64 on the host; the same float
-        on every rank."""
-        return grad_norm([grads[i] for i in self._counted], self.mesh.group("world"), self._replicas)
+        on every rank. ``only``: of those parameters alone (indices into
+        :attr:`named_params`, the same on every rank: LoRA's adapters)."""
+        keep = set(only) if only is not None else None
+        pairs = [(i, r) for i, r in zip(self._counted, self._replicas) if keep is None or i in keep]
+        return grad_norm([grads[i] for i, _ in pairs], self.mesh.group("world"), [r for _, r in pairs])
 
     def finish_step(self) -> None:
         """After the optimizer updated :attr:`named_params`: with ZeRO-1/2 all-gather the

@@ -431,9 +431,13 @@ class Checkpointer:
         if kind == "hf":  # read piece by piece once laid out
             from mindtrain.models.hf_checkpoint import HFBoxes
 
+            from mindtrain.models.lora import is_adapter
+
+            # LoRA's adapters are not HF weights: they start from their initial values
+            shapes = {p.name: tuple(p.shape) for p in model.get_parameters() if not is_adapter(p.name)}
             try:
-                reader = HFBoxes(folder, self.cfg.model, {p.name: tuple(p.shape) for p in model.get_parameters()})
-                reader.check_shapes((p.name, tuple(p.shape)) for p in model.get_parameters())
+                reader = HFBoxes(folder, self.cfg.model, shapes)
+                reader.check_shapes(shapes.items())
                 reader.check_files()
             except UserError:
                 raise

@@ -5,6 +5,12 @@ Tensor by tensor: each HF tensor (one routed expert of a stacked weight, say) is
 the pieces that hold it and written before the next is read, so the memory it takes is the
 largest HF tensor's, whatever the model's size. The directory is what ``from_pretrained``
 (mindtrain's and transformers') reads: config.json, safetensors shards and their index.
+
+``--lora ADAPTERS``: a LoRA run's adapters (the directory a save writes under
+``save_path``/lora/iter_NNNNNNN, or PEFT's ``save_pretrained`` of a LoRA on the HF model:
+adapter_model.safetensors + adapter_config.json) merged into the weights, as PEFT's
+``merge_and_unload``: ``W + (lora_alpha / r) * B @ A``. The checkpoint's own adapter tensors
+are never exported; a checkpoint that holds some needs ``--lora``.
 """
 
 from __future__ import annotations
@@ -25,9 +31,11 @@ MAX_SHARD_BYTES = 2 * 1024 ** 3
 _OPTIMIZER = ("exp_avg.", "exp_avg_sq.", "muon_m.")  # AdamW moments, Muon momentum buffers
 
 
-def export_hf(folder: str, out: str, max_shard_bytes: int = MAX_SHARD_BYTES) -> list[str]:
-    """Write the HF model directory ``out`` from the sharded checkpoint ``folder``; returns
-    the safetensors files written."""
+def export_hf(folder: str, out: str, max_shard_bytes: int = MAX_SHARD_BYTES, lora: Optional[str] = None
+              ) -> list[str]:
+    """Write the HF model directory ``out`` from the sharded checkpoint ``folder`` (``lora``:
+    an adapter directory merged into the weights); returns the safetensors files written."""
+    from mindtrain.models.lora import base_weight, is_adapter
     from mindtrain.models.hf_checkpoint import hf_copies, hf_tensor_names, write_hf_directory
     from mindtrain.models.hf_config import config_from_hf
 
@@ -42,15 +50,37 @@ def export_hf(folder: str, out: str, max_shard_bytes: int = MAX_SHARD_BYTES) -> 
         hf_config = json.load(f)
     # checkpoint.layout: mindformers: MindFormers' fused tensors read as the network's
     reader = mf.MindFormersBoxes(folder, config_from_hf(hf_config)) if mindformers else sharded.ShardedReader(folder)
+    adapters, scaling = ({}, 0.0)
+    if lora is not None:
+        from mindtrain.trainer.lora import load_adapters
+
+        try:
+            adapters, scaling = load_adapters(lora)
+        except (OSError, KeyError, ValueError) as err:
+            raise UserError(f"--lora {lora}: not a LoRA adapter directory (adapter_model.safetensors + "
+                            f"adapter_config.json): {err}") from None
+    elif any(is_adapter(n) for n in reader.names()):
+        raise UserError(f"{folder} holds LoRA adapters: pass --lora with their directory (save_path/lora/"
+                        "iter_NNNNNNN) to merge them into the weights")
+    merges = {}
+    for name in sorted(n for n in adapters if n.endswith(".lora_a")):
+        weight = base_weight(name)
+        if weight not in reader.global_shapes or name[:-1] + "b" not in adapters:
+            raise UserError(f"--lora {lora}: adapter {name} has no weight {weight} in {folder} (or no lora_b)")
+        merges[weight] = (adapters[name], adapters[name[:-1] + "b"])
     entries: list[sharded.Lazy] = []
     source: dict[str, tuple[str, Optional[int]]] = {}
     for name in reader.names():
-        if name == "step" or name.startswith(_OPTIMIZER):
+        if name == "step" or name.startswith(_OPTIMIZER) or is_adapter(name):
             continue
         shape = reader.global_shapes[name]
         for hf_name, e in hf_tensor_names(name, shape):
             source[hf_name] = (name, e)
-            entries.append(_lazy(reader, hf_name, name, shape, e))
+            if name in merges:
+                a, b = merges[name]
+                entries.append(_merged(reader, hf_name, name, shape, a, b, scaling))
+            else:
+                entries.append(_lazy(reader, hf_name, name, shape, e))
     for copy, src in hf_copies(config_from_hf(hf_config)):
         if src in source:
             name, e = source[src]
@@ -61,6 +91,14 @@ def export_hf(folder: str, out: str, max_shard_bytes: int = MAX_SHARD_BYTES) -> 
         sharded.write_lazy(path, [by_name[n] for n in names], metadata={"format": "pt"})
 
     return write_hf_directory(out, hf_config, {t.name: t.nbytes for t in entries}, write, max_shard_bytes)
+
+
+def _merged(reader, hf_name: str, name: str, shape: tuple, a: np.ndarray, b: np.ndarray, scaling: float
+            ) -> sharded.Lazy:
+    from mindtrain.trainer.lora import merge
+
+    return sharded.Lazy(hf_name, tuple(shape), np.dtype(np.float32),
+                        lambda: merge(reader.read_full(name).astype(np.float32, copy=False), a, b, scaling))
 
 
 def _lazy(reader: sharded.ShardedReader, hf_name: str, name: str, shape: tuple, expert: Optional[int]
@@ -81,9 +119,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("out", help="the HF model directory to write")
     parser.add_argument("--max-shard-bytes", type=int, default=MAX_SHARD_BYTES,
                         help="largest safetensors file (default 2 GiB)")
+    parser.add_argument("--lora", metavar="ADAPTERS", default=None,
+                        help="merge these LoRA adapters into the weights: a directory with adapter_model.safetensors "
+                             "and adapter_config.json (save_path/lora/iter_NNNNNNN of a lora_config run, or PEFT's)")
     args = parser.parse_args(argv)
     try:
-        files = export_hf(args.checkpoint, args.out, args.max_shard_bytes)
+        files = export_hf(args.checkpoint, args.out, args.max_shard_bytes, lora=args.lora)
     except UserError as err:
         print(f"mindtrain-export-hf: {err}", file=sys.stderr)
         return 2

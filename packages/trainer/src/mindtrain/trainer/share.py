@@ -34,6 +34,8 @@ class Share:
     params: dict
     buffers: list
     resume: Optional[ckpt.Resume]
+    adapted: list = None
+    """The weights ``lora_config`` gave adapters (None without it)."""
 
 
 def build_share(cfg: MindTrainConfig, dims: ParallelDims, rank: int, checkpointer: ckpt.Checkpointer,
@@ -51,6 +53,11 @@ def build_share(cfg: MindTrainConfig, dims: ParallelDims, rank: int, checkpointe
     empty = not load_path or ckpt.loads_by_pieces(load_path)
     model = build_model(cfg.model, jit=cfg.compile.enable, compute_dtype=compute_dtype, recompute=cfg.recompute,
                         empty=empty, seed=seed)
+    adapted = None
+    if cfg.lora_config is not None:  # adapters before anything reads the parameter list
+        from mindtrain.trainer.lora import apply_lora
+
+        adapted = apply_lora(model, cfg, empty)
     if wants_max_logits(cfg):  # before the first (compiled) call
         from mindtrain.models.attention import track_max_attention_logits
 
@@ -69,5 +76,5 @@ def build_share(cfg: MindTrainConfig, dims: ParallelDims, rank: int, checkpointe
     layout = parallelize(model, plan, mesh, cfg, accumulation=accumulation, columns=columns, connect=connect)
     if empty:
         checkpointer.fill_layout(layout, params, seed)
-    return Share(model, plan, layout, params, buffers, resume)
+    return Share(model, plan, layout, params, buffers, resume, adapted)
 

@@ -133,8 +133,20 @@ class Trainer:
         resume = share.resume
         self.params = self.layout.named_params
         self.schedule = LRSchedule.from_config(cfg)
-        self.optimizer = build_optimizer(self.params, cfg.optimizer, lr=self.schedule(1), layout=self.layout,
-                                         model=cfg.model)
+        self.adapted = share.adapted
+        self._trained: Optional[list[int]] = None  # LoRA: the adapters' indices in self.params
+        if self.adapted is None:
+            self.optimizer = build_optimizer(self.params, cfg.optimizer, lr=self.schedule(1), layout=self.layout,
+                                             model=cfg.model)
+        else:
+            from mindtrain.models.lora import is_adapter
+            from mindtrain.trainer.lora import AdapterOptimizer
+
+            self._trained = [i for i, (n, _) in enumerate(self.params) if is_adapter(n)]
+            self.optimizer = AdapterOptimizer(build_optimizer([self.params[i] for i in self._trained], cfg.optimizer,
+                                                              lr=self.schedule(1)), self._trained)
+            self.out(f"mindtrain: LoRA: adapters on {len(self.adapted)} Linear layers (rank "
+                     f"{cfg.lora_config.lora_rank}, alpha {cfg.lora_config.lora_alpha}); the optimizer trains only them")
         self.flops_per_token = self._flops_per_token()
         self._track_logits = wants_max_logits(cfg)
         self._qk_clip = cfg.optimizer.type == "Muon" and bool(cfg.optimizer.qk_clip_enabled)
@@ -220,7 +232,8 @@ class Trainer:
         device_losses = [f.lm_loss for f in per_device]
         total_load = self.layout.expert_load()
         grads = self.layout.gradients()
-        grad_norm = self.layout.grad_norm(grads)
+        grad_norm = (self.layout.grad_norm(grads) if self._trained is None
+                     else self.layout.grad_norm(grads, only=self._trained))
         lr = self.schedule(self.step + 1)
         finite = math.isfinite(grad_norm) and bool(np.all(np.isfinite(step_figures)))
         max_norm = self.cfg.training.max_norm
@@ -353,9 +366,24 @@ class Trainer:
         ``checkpoint.no_save_optim``: weights only (no optimizer, data or RNG state)."""
         counters = {"step": self.step, "consumed_samples": self.consumed_samples, **self.skips.state_dict()}
         with_state = not self.cfg.checkpoint.no_save_optim
-        return self.checkpointer.save_sharded(self.step, counters, self.schedule, self.layout, self._buffers,
-                                              self.optimizer if with_state else None,
-                                              self.loader.state_dict() if with_state else {}, self.total_steps)
+        folder = self.checkpointer.save_sharded(self.step, counters, self.schedule, self.layout, self._buffers,
+                                                self.optimizer if with_state else None,
+                                                self.loader.state_dict() if with_state else {}, self.total_steps)
+        if self._trained is not None:
+            self.save_adapters()
+        return folder
+
+    def save_adapters(self) -> str:
+        """LoRA: the adapters alone, PEFT-style (adapter_model.safetensors with PEFT's names,
+        adapter_config.json), in ``save_path``/lora/iter_NNNNNNN (a collective: the adapters'
+        pieces are gathered; rank 0 writes)."""
+        from mindtrain.trainer.lora import ADAPTER_DIR, adapter_config, save_adapters
+
+        full = self.layout.gather_own([self.params[i] for i in self._trained])
+        path = os.path.join(self.cfg.checkpoint.save_path, ADAPTER_DIR, f"iter_{self.step:07d}")
+        if self.rt.rank == 0:
+            save_adapters(path, full, adapter_config(self.cfg, self.adapted))
+        return path
 
     def _load_state(self, resume: ckpt.Resume) -> None:
         counters = self.checkpointer.load_state(resume, self.layout, self.optimizer, self.loader,

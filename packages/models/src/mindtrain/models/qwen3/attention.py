@@ -76,10 +76,10 @@ class Qwen3Attention(Block):
         if name == "project":
             out: tuple = ()
             for proj in (self.q_proj, self.k_proj, self.v_proj):
-                out += (proj.weight,) + self._bias(proj)
+                out += (proj.merged_weight(),) + self._bias(proj)
             return out + (self.q_norm.weight, self.k_norm.weight)
         if name in ("output", "attend"):
-            return (self.o_proj.weight,) + self._bias(self.o_proj)
+            return (self.o_proj.merged_weight(),) + self._bias(self.o_proj)
         return self.piece_weights("project") + self.piece_weights("attend")  # "forward": the whole
 
     @staticmethod

@@ -93,7 +93,7 @@ class Qwen3ForCausalLM(DeepseekV3ForCausalLM):
 
     def output_weight(self):
         """The head's weight [V, H]: ``lm_head.weight``, or the embedding's when tied."""
-        return self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
+        return self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.merged_weight()
 
     def logits(self, h):
         """Final norm and the head: float32 logits [B, S, V]."""

@@ -1,0 +1,85 @@
+"""LoRA (lora_config) on the tiny DeepSeek-V3: ``python lora_run.py OUT DATA_PREFIX CASE[,CASE...]``,
+under msrun (cases ``zero3``: FSDP ZeRO-3 over 2 ranks, ``tp2``: tensor + sequence parallel
+over 2 ranks, one after the other in the same job) or as a plain process (``ref``).
+
+Per case, each rank trains STEPS steps with the trainer (saving at step 2 and at the end),
+checks on its own pieces that every base weight is bit-identical and only adapters moved,
+that the optimizer holds the adapters' moments only, then resumes from step 2 in a new
+Trainer and checks that step 3 and the final pieces are the same to the bit (``ref`` skips
+the resume). Each rank writes
+``OUT/<case>.<rank>.json``: the per-step figures and the seconds the case took.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from mindtrain.config import load_config
+from mindtrain.trainer.runtime import start
+from mindtrain.trainer.trainer import Trainer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml")
+STEPS = 3
+LORA = "lora_config={target_modules: 'linear_(qkv|qb|kvb|proj|fc1|fc2)', exclude_layers: 'mtp', lora_b_std: 0.01}"
+LAYOUTS = {"ref": [], "zero3": ["parallelism.data_parallel_shard_strategy=optim_grads_params"],
+           "tp2": ["parallelism.tensor_parallel=2"]}
+
+
+def config(out: str, prefix: str, case: str, *extra):
+    return load_config(TINY, [
+        "model.seq_length=32", "train_dataset.dataloader.config.seq_length=32", "model.num_hidden_layers=2",
+        f"training.steps={STEPS}", "training.global_batch_size=2", "compile.enable=false",
+        f"train_dataset.dataloader.config.data_path=['1', '{prefix}']", LORA,
+        f"monitor.metrics_dir={out}/{case}/metrics", "checkpoint.enable_save=true",
+        f"checkpoint.save_path={out}/{case}/ck", "checkpoint.save_interval=2", *LAYOUTS[case], *extra])
+
+
+def run(out: str, prefix: str, case: str, rt) -> dict:
+    began = time.perf_counter()
+    trainer = Trainer(config(out, prefix, case), rt, out=lambda _line: None)
+    before = {n: p.asnumpy().copy() for n, p in trainer.params}
+    history = trainer.train()
+    after = {n: p.asnumpy().copy() for n, p in trainer.params}
+    adapters = {n for n in before if n.endswith((".lora_a", ".lora_b"))}
+    changed = {n for n in before if not np.array_equal(before[n], after[n])}
+    assert changed <= adapters, sorted(changed - adapters)[:3]  # the frozen base: bit-identical pieces
+    assert changed, "no adapter moved"
+    moments = {n for kind, idx, _ in trainer.optimizer.moment_sets() for n in (trainer.params[i][0] for i in idx)}
+    assert moments == adapters, sorted(moments ^ adapters)[:3]
+    if case == "ref":  # the one-process resume is test_lora.py's
+        return result(history, adapters, changed, began)
+    resumed = Trainer(config(out, prefix, case, f"checkpoint.load_path={out}/{case}/ck/iter_0000002",
+                             "checkpoint.enable_save=false"), rt, out=lambda _line: None)
+    again = resumed.train()
+    assert [r["step"] for r in again] == [STEPS]
+    for key in ("loss", "grad_norm", "load_balancing_loss", "mtp_loss"):
+        assert again[0][key] == history[-1][key], (key, again[0][key], history[-1][key])
+    for n, p in resumed.params:
+        assert np.array_equal(p.asnumpy(), after[n]), n
+    return result(history, adapters, changed, began)
+
+
+def result(history, adapters, changed, began) -> dict:
+    return {"rows": [{k: r[k] for k in ("step", "loss", "grad_norm", "mtp_loss", "load_balancing_loss")}
+                     for r in history],
+            "adapters": len(adapters), "changed": len(changed), "seconds": time.perf_counter() - began}
+
+
+def main() -> int:
+    out, prefix, cases = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+    rt, _ = start("CPU")
+    for case in cases:
+        result = run(out, prefix, case, rt)
+        with open(os.path.join(out, f"{case}.{rt.rank}.json"), "w") as f:
+            json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

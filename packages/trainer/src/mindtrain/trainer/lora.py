@@ -1,0 +1,171 @@
+"""LoRA fine-tuning (``lora_config``) with MindFormers' PyNative semantics.
+
+Which layers: MindFormers' ``build_lora_model`` walks its model's cells and gives an adapter to
+every ``Linear`` whose dotted cell path matches ``target_modules`` (``re.search``), skipping any
+cell (and all below it) whose path matches ``exclude_layers``. Its paths are those of
+``PyNative*ForCausalLM``: ``model.`` + the parameter's prefix, e.g.
+``model.decoder.layers.0.self_attention.linear_qkv``, ``model.decoder.layers.1.mlp.linear_fc2``,
+``model.output_layer``, ``model.mtp.layers.0.eh_proj``. Each of mindtrain's Linear layers is
+matched by the path of the MindFormers layer holding its weight (the checkpoint name table,
+:mod:`mindtrain.trainer.mindformers_name_table`). MindFormers' fused layers are two layers here
+(``linear_qkv``: ``q_a_proj`` + ``kv_a_proj_with_mqa`` of MLA, or Qwen3's ``q_proj`` / ``k_proj``
+/ ``v_proj``; ``linear_fc1``: ``gate_proj`` + ``up_proj``): a match gives each its own adapter, as
+PEFT does on the HF model (MindFormers' one adapter on the fused weight shares ``lora_a``).
+Routed experts, the router and the embedding are not Linear layers and get none.
+
+Training: the adapters (``<layer>.lora_a`` [r, in], ``.lora_b`` [out, r]) are parameters of the
+layout like any other (FSDP shards, TP splits, see :func:`mindtrain.models.parallel_plan`); the
+optimizer holds only them (:class:`AdapterOptimizer`), so the base weights never change and
+have no optimizer state; the gradient norm (and clipping) is the adapters'. Each save also
+writes the adapters alone, PEFT-style (:func:`save_adapters`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from mindtrain.config import ConfigError, MindTrainConfig
+from mindtrain.trainer.mindformers_name_table import locate
+
+ADAPTER_DIR = "lora"
+ADAPTER_FILE = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def mindformers_path(weight_name: str, model_cfg: Any) -> str:
+    """MindFormers' PyNative cell path of the layer holding mindtrain's ``weight_name``."""
+    theirs, _ = locate(weight_name, model_cfg)
+    return "model." + theirs[:-len(".weight")]
+
+
+def _excluded(path: str, exclude: Optional[re.Pattern]) -> bool:
+    if exclude is None:
+        return False
+    parts = path.split(".")
+    return any(exclude.search(".".join(parts[:i])) for i in range(1, len(parts) + 1))
+
+
+def select_layers(weight_names: Sequence[str], cfg: MindTrainConfig) -> list[str]:
+    """The weights (of Linear layers, by name) whose layers ``lora_config`` adapts."""
+    lc = cfg.lora_config
+    target = re.compile(lc.target_modules)
+    exclude = re.compile(lc.exclude_layers) if lc.exclude_layers else None
+    out = []
+    for name in weight_names:
+        path = mindformers_path(name, cfg.model)
+        if target.search(path) and not _excluded(path, exclude):
+            out.append(name)
+    return out
+
+
+def apply_lora(model, cfg: MindTrainConfig, empty: bool) -> list[str]:
+    """Give the layers ``lora_config`` selects their adapters (before the layout); returns
+    the adapted weights' names. None selected is a ConfigError."""
+    from mindtrain.models.lora import add_adapter, linear_layers
+
+    lc = cfg.lora_config
+    layers = dict(linear_layers(model))
+    chosen = select_layers(list(layers), cfg)
+    if not chosen:
+        example = mindformers_path(next(iter(layers)), cfg.model) if layers else "model.decoder.layers.0..."
+        raise ConfigError("lora_config.target_modules", f"{lc.target_modules!r} matches no Linear layer; it is "
+                          f"searched in MindFormers' module paths, e.g. {example}")
+    if "lm_head.weight" in chosen and cfg.model.num_nextn_predict_layers:
+        raise ConfigError("lora_config.target_modules", "an adapter on output_layer (the head the MTP modules "
+                          "share) is not supported yet with MTP; exclude it (exclude_layers: output_layer)")
+    for name in chosen:
+        add_adapter(layers[name], lc.lora_rank, lc.lora_alpha, lc.lora_a_std, lc.lora_b_std, empty)
+    return chosen
+
+
+def peft_name(name: str) -> str:
+    """PEFT's name of adapter ``name``: ``model.layers.0.self_attn.q_a_proj.lora_a`` ->
+    ``base_model.model.model.layers.0.self_attn.q_a_proj.lora_A.weight``."""
+    layer, kind = name.rsplit(".", 1)
+    return f"base_model.model.{layer}.lora_{kind[-1].upper()}.weight"
+
+
+def from_peft_name(name: str) -> str:
+    """The inverse of :func:`peft_name`."""
+    m = re.fullmatch(r"base_model\.model\.(.+)\.lora_([AB])\.weight", name)
+    if m is None:
+        raise ValueError(f"{name}: not a PEFT LoRA tensor name")
+    return f"{m.group(1)}.lora_{m.group(2).lower()}"
+
+
+class AdapterOptimizer:
+    """The optimizer of the adapters only, with the interface of the optimizer it wraps, on
+    the layout's full parameter list: :meth:`step` takes every parameter's gradient and
+    uses the adapters'; :meth:`moment_sets` indexes the layout's parameters (what the
+    checkpoint saves and resumes)."""
+
+    def __init__(self, inner, index: Sequence[int]):
+        self.inner = inner
+        self.index = list(index)
+
+    @property
+    def step_count(self) -> int:
+        return self.inner.step_count
+
+    def step(self, grads: Sequence[Any], lr: Optional[float] = None, grad_scale: float = 1.0) -> None:
+        self.inner.step([grads[i] for i in self.index], lr=lr, grad_scale=grad_scale)
+
+    def moment_sets(self):
+        return [(kind, [self.index[j] for j in idx], tensors) for kind, idx, tensors in self.inner.moment_sets()]
+
+    def state_bytes(self) -> int:
+        return self.inner.state_bytes()
+
+    def state_dict(self) -> dict:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.inner.load_state_dict(state)
+
+
+def adapter_config(cfg: MindTrainConfig, adapted: Sequence[str]) -> dict:
+    """PEFT's adapter_config.json of this run (``adapted``: the adapted weights' names)."""
+    lc = cfg.lora_config
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lc.lora_rank, "lora_alpha": lc.lora_alpha,
+            "lora_dropout": lc.lora_dropout, "bias": "none", "fan_in_fan_out": False,
+            "target_modules": sorted({n[:-len(".weight")] for n in adapted}),
+            "base_model_name_or_path": None, "inference_mode": True,
+            "mindformers_target_modules": lc.target_modules, "mindformers_exclude_layers": lc.exclude_layers}
+
+
+def save_adapters(path: str, full: dict, config: dict) -> None:
+    """Write ``path``/adapter_model.safetensors (PEFT names, float32) and adapter_config.json."""
+    from mindtrain.trainer import sharded
+
+    os.makedirs(path, exist_ok=True)
+    lazies = [sharded.Lazy(peft_name(n), tuple(a.shape), np.dtype(np.float32),
+                           (lambda a=a: np.ascontiguousarray(a, np.float32))) for n, a in sorted(full.items())]
+    sharded.write_lazy(os.path.join(path, ADAPTER_FILE), lazies, metadata={"format": "pt"})
+    with open(os.path.join(path, ADAPTER_CONFIG), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2)
+
+
+def merge(weight: np.ndarray, a: np.ndarray, b: np.ndarray, scaling: float) -> np.ndarray:
+    """``weight + scaling * b @ a`` in float32 (PEFT's merge of a LoRA layer)."""
+    return (weight.astype(np.float32) + np.float32(scaling) * (b.astype(np.float32) @ a.astype(np.float32))
+            ).astype(np.float32)
+
+
+def load_adapters(path: str) -> tuple[dict, float]:
+    """``(adapters by mindtrain name, scaling alpha / r)`` of a directory :func:`save_adapters`
+    wrote (or PEFT's save_pretrained of a LoRA on the HF model)."""
+    from safetensors.numpy import load_file
+
+    with open(os.path.join(path, ADAPTER_CONFIG), encoding="utf-8") as f:
+        conf = json.load(f)
+    tensors = load_file(os.path.join(path, ADAPTER_FILE))
+    return {from_peft_name(k): v for k, v in tensors.items()}, float(conf["lora_alpha"]) / float(conf["r"])
+
+
+__all__ = ["AdapterOptimizer", "adapter_config", "apply_lora", "from_peft_name", "load_adapters",
+           "merge", "mindformers_path", "peft_name", "save_adapters", "select_layers"]

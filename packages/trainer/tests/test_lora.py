@@ -1,0 +1,130 @@
+"""lora_config (LoRA fine-tuning, MindFormers' PyNative semantics) in one process: the layers
+MindFormers' regexes select, the adapters' gradients and the merged weights against PEFT's
+LoRA on HF transformers' models (fixtures by tools/make_lora_fixtures.py), and a tiny run:
+only the adapters change, they are saved alone (PEFT names), resume is exact and
+``mindtrain-export-hf --lora`` gives a merged HF directory with the same logits. Two workers
+(ZeRO-3 and TP) are in integration_tests/test_lora_msrun.py."""
+
+import json
+import os
+from types import SimpleNamespace
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor
+from safetensors.numpy import load_file
+
+import mindtrain.models as mm
+from mindtrain.config import LoraConfig
+from mindtrain.trainer.export_hf import main as export_main
+from mindtrain.trainer.lora import apply_lora, load_adapters, merge, peft_name
+from mindtrain.trainer.runtime import Runtime
+from mindtrain.trainer.trainer import Trainer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODELS = os.path.join(HERE, "..", "..", "models", "tests", "fixtures")
+# fixture -> (base HF fixture, MindFormers target_modules, exclude_layers, config overrides);
+# the regexes match what tools/make_lora_fixtures.py gave PEFT
+CASES = {
+    "dsv3": ("qlora", "linear_(qkv|qb|kvb|proj)|output_layer", r"layers\.2\.self_attention\.linear_(qb|kvb)",
+             {"num_nextn_predict_layers": 0}),
+    "qwen3": ("qwen3", "linear_qkv|linear_fc1|linear_fc2", r"layers\.1\.mlp\.linear_fc2", {}),
+}
+TOL = 1e-4
+
+
+def _lora_model(name):
+    base, target, exclude, overrides = CASES[name]
+    model = mm.from_pretrained(os.path.join(MODELS, f"hf_{base}"), jit=False, **overrides)
+    cfg = SimpleNamespace(model=model.config, lora_config=LoraConfig(target_modules=target, exclude_layers=exclude,
+                                                                     lora_rank=4, lora_alpha=8))
+    adapted = apply_lora(model, cfg, empty=False)
+    return model, adapted
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_adapters_match_peft(name):
+    """The regexes select PEFT's modules; with PEFT's adapter values the logits, loss and
+    every adapter gradient match; merging them into the weights gives the same logits."""
+    ms.set_device("CPU")
+    ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer runs them on CPU
+    model, adapted = _lora_model(name)
+    fixture = os.path.join(HERE, "fixtures", f"lora_{name}")
+    adapters, scaling = load_adapters(fixture)  # PEFT's save_pretrained output
+    assert scaling == 2.0
+    assert sorted(adapters) == sorted(n[:-len("weight")] + k for n in adapted for k in ("lora_a", "lora_b"))
+    params = {p.name: p for p in model.get_parameters()}
+    for n, v in adapters.items():
+        params[n].set_data(Tensor(v))
+    ref = load_file(os.path.join(fixture, "reference.safetensors"))
+    ids, labels, mask = (Tensor(ref[k]) for k in ("input_ids", "labels", "loss_mask"))
+    np.testing.assert_allclose(model(ids).asnumpy(), ref["logits"], atol=TOL, rtol=0)
+    trained = [params[n] for n in sorted(adapters)]
+
+    def fn(ids, labels, mask):  # the fixture's loss: the masked cross-entropy (no MoE balance term)
+        _, metrics = model(ids, labels=labels, loss_mask=mask)
+        return metrics["lm_loss"], ()
+
+    (loss, _), grads = ms.value_and_grad(fn, None, trained, has_aux=True)(ids, labels, mask)
+    assert abs(float(loss.asnumpy()) - ref["loss"].item()) < TOL
+    for p, g in zip(trained, grads):
+        expected = ref[f"grad.{peft_name(p.name)}"]
+        assert np.abs(expected).max() > 1e-4, p.name
+        np.testing.assert_allclose(g.asnumpy(), expected, atol=TOL * max(1.0, np.abs(expected).max()), rtol=0,
+                                   err_msg=p.name)
+    # PEFT's merge: the weights W + s * B @ A without the adapters give the same logits
+    for n in adapted:
+        cell = next(c for _, c in model.cells_and_names() if isinstance(c, mm.linear.Linear) and c.weight.name == n)
+        a, b = adapters[n[:-len("weight")] + "lora_a"], adapters[n[:-len("weight")] + "lora_b"]
+        cell.lora_scaling = None
+        params[n].set_data(Tensor(merge(params[n].asnumpy(), a, b, scaling)))
+    np.testing.assert_allclose(model(ids).asnumpy(), ref["logits"], atol=TOL, rtol=0)
+
+
+def test_lora_run_trains_adapters_only_resumes_exactly_and_exports_merged(tiny_config, tmp_path):
+    lora = "lora_config={target_modules: 'linear_(qkv|qb|kvb|proj|fc1|fc2)', exclude_layers: 'mtp', lora_b_std: 0.01}"
+    ck = tmp_path / "ck"
+    cfg = tiny_config(lora, "checkpoint.enable_save=true", f"checkpoint.save_path={ck}", "checkpoint.save_interval=2")
+    lines = []
+    trainer = Trainer(cfg, Runtime(device="CPU"), out=lines.append)
+    assert any("LoRA: adapters on 16 Linear layers" in x for x in lines)
+    before = {n: p.asnumpy().copy() for n, p in trainer.params}
+    full = trainer.train()
+    after = {n: p.asnumpy().copy() for n, p in trainer.params}
+    adapters = [n for n in before if n.endswith((".lora_a", ".lora_b"))]
+    assert len(adapters) == 32
+    for n in before:  # the base is bit-identical; every adapter moved
+        assert np.array_equal(before[n], after[n]) != (n in adapters), n
+    # optimizer state: the adapters' moments only
+    opt = load_file(str(ck / "iter_0000003" / "opt-0000000-0000001.safetensors"))
+    assert sorted(k for k in opt if k != "step") == sorted(f"{m}.{n}" for n in adapters for m in ("exp_avg", "exp_avg_sq"))
+    # the adapters alone, PEFT-named, with PEFT's adapter_config.json
+    saved = load_file(str(ck / "lora" / "iter_0000003" / "adapter_model.safetensors"))
+    assert sorted(saved) == sorted(peft_name(n) for n in adapters)
+    for n in adapters:
+        np.testing.assert_array_equal(saved[peft_name(n)], after[n])
+    conf = json.loads((ck / "lora" / "iter_0000003" / "adapter_config.json").read_text())
+    assert conf["peft_type"] == "LORA" and conf["r"] == 8 and conf["lora_alpha"] == 16
+
+    # resume from step 2: step 3 is the same, to the bit
+    resumed_trainer = Trainer(tiny_config(lora, f"checkpoint.load_path={ck}/iter_0000002"), Runtime(device="CPU"),
+                              out=lambda _: None)
+    resumed = resumed_trainer.train()
+    assert [r["step"] for r in resumed] == [3]
+    for key in ("loss", "grad_norm", "load_balancing_loss", "mtp_loss"):
+        assert resumed[0][key] == full[2][key], key
+    for n, p in resumed_trainer.params:
+        np.testing.assert_array_equal(p.asnumpy(), after[n], err_msg=n)
+
+    # merged into an HF directory: the same logits as the adapted model
+    hf = tmp_path / "hf"
+    assert export_main([str(ck / "iter_0000003"), str(hf)]) == 2  # adapters present: --lora is needed
+    assert export_main([str(ck / "iter_0000003"), str(hf), "--lora", str(ck / "lora" / "iter_0000003")]) == 0
+    assert not any(n.endswith((".lora_a", ".lora_b")) for n in load_file(str(hf / "model.safetensors")))
+    # a LoRA run starts from that HF directory (fresh adapters, lora_b zero: the merged model)
+    start = Trainer(tiny_config(lora.replace("lora_b_std: 0.01", "lora_b_std: 0.0"), f"checkpoint.load_path={hf}"),
+                    Runtime(device="CPU"), out=lines.append)
+    assert any("HF model directory" in x for x in lines)
+    ids = Tensor(np.arange(32, dtype=np.int32).reshape(1, 32) * 7 % 512)
+    np.testing.assert_allclose(start.model(ids).asnumpy(), trainer.model(ids).asnumpy(), atol=1e-5, rtol=0)

@@ -1,0 +1,92 @@
+"""Make the LoRA fixtures of mindtrain-trainer with PEFT's LoRA on HF transformers' models.
+
+Run with the reference venv's Python (torch, transformers and peft are never package
+dependencies):
+
+    /tmp/fxvenv/bin/python tools/make_lora_fixtures.py
+
+Each base model is an HF-parity fixture of mindtrain-models (packages/models/tests/fixtures/
+hf_qlora: DeepSeek-V3 with q LoRA; hf_qwen3: Qwen3). PEFT's ``LoraConfig`` adapts the HF modules
+that the MindFormers ``target_modules`` / ``exclude_layers`` regexes of ``SPECS`` select (written
+here as the equivalent PEFT regex over HF module names), with rank 4, alpha 8 and no dropout;
+the adapters are set to seeded normal values (both factors non-zero, so every adapter
+gradient is). Each fixture directory (packages/trainer/tests/fixtures/lora_<name>/) holds PEFT's
+``save_pretrained`` output (adapter_model.safetensors, adapter_config.json) and
+reference.safetensors: the batch, the logits of the adapted model, the masked mean
+cross-entropy ``loss`` and ``grad.<PEFT tensor name>`` of every adapter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+import numpy as np
+import torch
+from peft import LoraConfig, get_peft_model
+from safetensors.numpy import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fixture_io as fx  # noqa: E402
+
+OUT = os.path.join(fx.ROOT, "packages", "trainer", "tests", "fixtures")
+RANK, ALPHA = 4, 8
+SPECS = {
+    # MindFormers: target_modules 'linear_(qkv|qb|kvb|proj)|output_layer', exclude_layers
+    # 'layers\.2\.self_attention\.linear_(qb|kvb)' (MTP off: HF's DeepSeek-V3 has none). Its MLPs
+    # are left out: PEFT on transformers 5 turns their gate/up/down_proj into adapters on the
+    # fused experts' parameters (Qwen3's dense MLP has them)
+    "dsv3": ("qlora", r"lm_head|model\.layers\.[01]\.self_attn\.(q_a_proj|kv_a_proj_with_mqa|q_b_proj|kv_b_proj|o_proj)"
+                      r"|model\.layers\.2\.self_attn\.(q_a_proj|kv_a_proj_with_mqa|o_proj)"),
+    # MindFormers: target_modules 'linear_qkv|linear_fc1|linear_fc2', exclude_layers 'layers\.1\.mlp\.linear_fc2'
+    "qwen3": ("qwen3", r"model\.layers\.\d+\.(self_attn\.(q_proj|k_proj|v_proj)|mlp\.(gate_proj|up_proj))"
+                       r"|model\.layers\.0\.mlp\.down_proj"),
+}
+
+
+def make(name: str) -> None:
+    base, pattern = SPECS[name]
+    base_dir = fx.fixture_dir(base)
+    batch = load_file(os.path.join(base_dir, "reference.safetensors"))
+    model = AutoModelForCausalLM.from_pretrained(base_dir, attn_implementation="eager").float().eval()
+    # PEFT is given the full module names the regex selects (a list matches by name)
+    targets = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and re.fullmatch(pattern, n)]
+    model = get_peft_model(model, LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=targets))
+    rng = np.random.default_rng(2024)
+    with torch.no_grad():
+        for mod_name, module in model.named_modules():
+            if hasattr(module, "lora_A") and "default" in getattr(module, "lora_A", {}):
+                a, b = module.lora_A["default"].weight, module.lora_B["default"].weight
+                a.copy_(torch.from_numpy(rng.normal(0, 0.1, tuple(a.shape)).astype(np.float32)))
+                b.copy_(torch.from_numpy(rng.normal(0, 0.05, tuple(b.shape)).astype(np.float32)))
+    input_ids, labels, loss_mask = (batch[k] for k in ("input_ids", "labels", "loss_mask"))
+    logits = model(input_ids=torch.from_numpy(input_ids.astype(np.int64))).logits
+    vocab = logits.shape[-1]
+    loss = fx.masked_loss(logits, labels.astype(np.int64), loss_mask, vocab)
+    loss.backward()
+    out_dir = os.path.join(OUT, f"lora_{name}")
+    model.save_pretrained(out_dir, save_embedding_layers=False)
+    os.remove(os.path.join(out_dir, "README.md"))  # PEFT's model card
+    saved = load_file(os.path.join(out_dir, "adapter_model.safetensors"))
+    ref = {"input_ids": input_ids, "labels": labels, "loss_mask": loss_mask, "logits": logits.detach().numpy(),
+           "loss": np.array(loss.item(), np.float32)}
+    grads = {}
+    for pname, p in model.named_parameters():
+        if "lora_" in pname:
+            grads[pname.replace(".default.weight", ".weight")] = p.grad.numpy().copy()
+    assert set(grads) == set(saved), (sorted(set(grads) ^ set(saved)))[:4]
+    for k, g in grads.items():
+        ref[f"grad.{k}"] = g
+    save_file(ref, os.path.join(out_dir, "reference.safetensors"))
+    with open(os.path.join(out_dir, "adapter_config.json")) as f:
+        conf = json.load(f)
+    print(f"{name}: {len(saved) // 2} adapted modules, loss {loss.item():.6f}, r {conf['r']} alpha {conf['lora_alpha']}, "
+          f"wrote {out_dir}")
+
+
+if __name__ == "__main__":
+    for n in sys.argv[1:] or list(SPECS):
+        make(n)
