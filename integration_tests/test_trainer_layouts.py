@@ -48,6 +48,7 @@ ENTRY = os.path.join(ROOT, "run_mindformer.py")
 TINY = os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml")
 STEPS = 5
 FIGURES = ("loss", "load_balancing_loss", "mtp_loss", "grad_norm")
+DROPOUT = ("model.attention_dropout=0.1", "model.hidden_dropout=0.1")
 LAYOUTS = {  # name: (workers, overrides)
     # the only run whose step-4 checkpoint is read (by the resume)
     # the default sharded checkpoint: each rank writes its own dim-0 shards
@@ -99,6 +100,9 @@ def _args(tmp: str, name: str, extra=(), config: str = TINY, steps: int = STEPS)
              # the validation loop at the last step (issue 34): 2 global batches of the corpus
              "validation.enable=true", f"validation.freq={steps}", "validation.steps=2",
              f"validation.data_path=['1', '{prefix}']",
+             # dropout on in every run (issue 34): its masks are the same in every layout (the
+             # validation loop runs without it)
+             *DROPOUT,
              f"checkpoint.save_path={os.path.join(tmp, name, 'ckpt')}",
              f"monitor.metrics_dir={os.path.join(tmp, name, 'metrics')}", *extra]
     return ["--config", config, "--mode", "1"] + [a for item in items for a in ("--override", item)]
