@@ -2,8 +2,8 @@
 mask for every split of the tokens, heads and sequence) and the models with it on (a training
 step's forward differs from evaluation, which has none; compiled layers and activation
 recompute draw the same masks as the eager forward). The layouts themselves are proven
-against one process in integration_tests/test_trainer_layouts.py and test_qwen3_layouts.py,
-whose runs all train with dropout."""
+against one process in integration_tests/test_trainer_layouts.py, whose DeepSeek-V3 runs all
+train with dropout."""
 
 import numpy as np
 import pytest
