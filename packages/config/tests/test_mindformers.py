@@ -126,12 +126,21 @@ def test_values_that_are_another_model_are_refused(field, value):
         _model({field: value})
 
 
-def test_shared_expert_size_must_match_and_dropout_must_be_zero():
+def test_shared_expert_size_must_match_and_dropout_is_a_probability():
     with pytest.raises(ConfigError, match="^model.moe_shared_expert_intermediate_size: 100 must equal"):
         _model({"n_shared_experts": 1, "moe_intermediate_size": 64, "moe_shared_expert_intermediate_size": 100})
     for name in ("hidden_dropout", "attention_dropout"):
-        with pytest.raises(ConfigError, match=rf"^model\.{name}: dropout is not built"):
-            load_config(TINY_PATH, [f"model.{name}=0.1"])
+        assert getattr(load_config(TINY_PATH, [f"model.{name}=0.1"]).model, name) == 0.1
+        for bad in ("1.0", "-0.1"):
+            with pytest.raises(ConfigError, match=rf"^model\.{name}: must be a probability in \[0, 1\)"):
+                load_config(TINY_PATH, [f"model.{name}={bad}"])
+    with pytest.raises(ConfigError, match=r"^parallelism\.context_parallel_method: attention dropout runs with "
+                                          r"colossal"):
+        load_config(TINY_PATH, ["model.attention_dropout=0.1", "parallelism.context_parallel=2",
+                                "parallelism.context_parallel_method=ulysses"], world_size=2)
+    v4 = os.path.join(os.path.dirname(TINY_PATH), "pynative_ds4_tiny.yaml")
+    with pytest.raises(ConfigError, match=r"^model\.hidden_dropout: dropout is not built for DeepSeek-V4"):
+        load_config(v4, ["model.hidden_dropout=0.1"])
 
 
 def test_style_conversion_round_trips():

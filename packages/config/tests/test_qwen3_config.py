@@ -113,7 +113,7 @@ def test_values_of_another_model_are_refused(field, value):
     (dict(QWEN3, rope_scaling={"rope_type": "dynamic", "factor": 2.0}), r"^model\.rope_scaling\.type: only 'linear'"),
     (dict(QWEN3, rope_scaling={"rope_type": "linear"}), r"^model\.rope_scaling\.factor: must be > 0 for linear"),
     (dict(QWEN3, architectures="Qwen3MoeForCausalLM"), r"^model\.architectures: must be 'Qwen3ForCausalLM'"),
-    (dict(QWEN3, attention_dropout=0.1), r"^model\.attention_dropout: dropout is not built in mindtrain \(Qwen3 "),
+    (dict(QWEN3, attention_dropout=1.5), r"^model\.attention_dropout: must be a probability in \[0, 1\)"),
 ])
 def test_validation_per_family(section, error):
     with pytest.raises(ConfigError, match=error):

@@ -429,6 +429,7 @@ class ModelConfig:
     """Biases on the attention projections: DeepSeek-V3's q_a_proj, kv_a_proj_with_mqa and
     o_proj; Qwen3's q_proj, k_proj, v_proj and o_proj (HF's attention_bias)."""
     attention_dropout: float = 0.0
+    """Dropout on the attention probabilities after the softmax, in training steps (DeepSeek-V3, Qwen3)."""
     tie_word_embeddings: bool = False
     """Qwen3: the output head uses the embedding matrix (no lm_head weight; HF's
     tie_word_embeddings, MindFormers' untie_embeddings_and_output_weights negated).
@@ -476,7 +477,8 @@ class ModelConfig:
     router_dense_type: Optional[str] = None
     """MindFormers: dtype of the router's matmul (mindtrain: float32)."""
     hidden_dropout: float = 0.0
-    """Dropout on the residual branches; mindtrain builds none (0 only)."""
+    """Dropout on the attention and MLP / MoE outputs before their residual adds, in training
+    steps; the same masks in every layout (DeepSeek-V3, Qwen3)."""
     moe_token_drop_policy: Optional[Any] = None
     """MindFormers: which tokens an over-full expert drops; mindtrain drops none (no capacity factor)."""
     use_pad_tokens: Optional[bool] = None

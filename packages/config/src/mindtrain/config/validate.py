@@ -294,9 +294,12 @@ def _validate_common(m: ModelConfig, path: str) -> None:
         if value is not None and value not in DTYPES:
             raise ConfigError(f"{path}.{name}", f"must be one of {', '.join(DTYPES)}, got {value!r}")
     for name in ("attention_dropout", "hidden_dropout"):
-        if getattr(m, name) != 0:
-            raise ConfigError(f"{path}.{name}", f"dropout is not built in mindtrain ({FAMILY_NAMES[m.model_type]} "
-                                                f"pretrains without it); set it to 0.0, got {getattr(m, name)}")
+        value = getattr(m, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise ConfigError(f"{path}.{name}", f"must be a probability in [0, 1), got {value!r}")
+        if value and m.model_type == "deepseek_v4":
+            raise ConfigError(f"{path}.{name}", f"dropout is not built for {FAMILY_NAMES[m.model_type]} "
+                                                f"(DeepSeek-V3 and Qwen3 have it); set it to 0.0, got {value}")
     _non_negative(m.num_nextn_predict_layers, f"{path}.num_nextn_predict_layers")
     _non_negative(m.aux_loss_alpha, f"{path}.aux_loss_alpha")
     _non_negative(m.bias_update_speed, f"{path}.bias_update_speed")
@@ -347,6 +350,9 @@ def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
         raise ConfigError(f"{path}.ulysses_degree_in_cp", f"hybrid context parallelism needs 1 < "
                           f"ulysses_degree_in_cp < context_parallel ({cp}) dividing it, got {uly}; set one "
                           f"or use context_parallel_method: ulysses")
+    if cp > 1 and method != "colossal" and m.attention_dropout:
+        raise ConfigError(f"{path}.context_parallel_method", f"attention dropout runs with colossal context "
+                          f"parallelism only, got {method!r}; use colossal or set model.attention_dropout: 0.0")
     degree = {"ulysses": cp, "hybrid": uly}.get(method) if cp > 1 else None
     if degree:
         # MLA's keys and values have a head per query head; grouped-query attention's fewer

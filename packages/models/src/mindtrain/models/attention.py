@@ -15,6 +15,7 @@ from mindtrain.config.plan import Region
 from mindtrain.models import kernels
 from mindtrain.models.inputs import NEG
 from mindtrain.models.blocks import Block, overridden
+from mindtrain.models.dropout import dropout_of
 from mindtrain.models.linear import Linear, linear
 from mindtrain.models.norm import RMSNorm
 from mindtrain.models.precision import to_compute
@@ -57,28 +58,30 @@ class CoreAttention(nn.Cell):
     """Also return each row's largest logit (see :meth:`attend_tracked`); set with
     :func:`track_max_attention_logits` before the first (possibly compiled) call."""
 
-    def construct(self, q, k, v, mask_add):
+    def construct(self, q, k, v, mask_add, keep=None):
         if self.track_max_logits:
-            return self.attend_tracked(q, k, v, mask_add)
-        return self.untracked(q, k, v, mask_add)
+            return self.attend_tracked(q, k, v, mask_add, keep)
+        return self.untracked(q, k, v, mask_add, keep)
 
-    def untracked(self, q, k, v, mask_add):
-        """The attention output alone, whatever :attr:`track_max_logits` says."""
+    def untracked(self, q, k, v, mask_add, keep=None):
+        """The attention output alone, whatever :attr:`track_max_logits` says. ``keep``
+        [B,N,S,Sk]: attention dropout's keep-and-scale mask on the probabilities (or None)."""
         cd = self.matmul_dtype
-        if self.fast_kernels and cd is not None:
+        if self.fast_kernels and cd is not None and keep is None:
             return kernels.fast_attention(q, k, v, mask_add)
-        return self.attend(q, k, v, mask_add)
+        return self.attend(q, k, v, mask_add, keep)
 
-    def attend_tracked(self, q, k, v, mask_add):
+    def attend_tracked(self, q, k, v, mask_add, keep=None):
         """``(output, row maxima [B, N, S])``: the output and, per query row, the largest
         pre-softmax logit (the scaled ``q.k``; the mask's blocked keys, ``NEG`` added, never
         win), the quantity MindFormers' flash attention reports as ``softmax_max``. The
         maxima carry no gradient."""
         scores = self.bmm_t(q, k) + mask_add
-        if self.fast_kernels and self.matmul_dtype is not None:
+        if self.fast_kernels and self.matmul_dtype is not None and keep is None:
             out = kernels.fast_attention(q, k, v, mask_add)
         else:
-            out = self.bmm(to_compute(self.softmax(scores), self.matmul_dtype), v)
+            probs = self.softmax(scores)
+            out = self.bmm(to_compute(probs if keep is None else probs * keep, self.matmul_dtype), v)
         return out, ops.amax(ops.stop_gradient(scores), -1)
 
     def head_max_eager(self, q, k, mask_add):
@@ -93,9 +96,11 @@ class CoreAttention(nn.Cell):
             out.append(ops.amax(s, (0, 1, 2, 3)).reshape(1))
         return ops.concat(out, 0)
 
-    def attend(self, q, k, v, mask_add):
+    def attend(self, q, k, v, mask_add, keep=None):
         # scores in the matmul dtype; adding the float32 mask makes them float32 for the softmax
         probs = self.softmax(self.bmm_t(q, k) + mask_add)
+        if keep is not None:  # attention dropout (mindtrain.models.dropout)
+            probs = probs * keep
         return self.bmm(to_compute(probs, self.matmul_dtype), v)
 
     def recompute_in_row_blocks(self, enabled: bool) -> None:
@@ -107,11 +112,11 @@ class CoreAttention(nn.Cell):
         elif self.__dict__.get("construct") == self._row_blocks:
             object.__delattr__(self, "construct")
 
-    def _row_blocks(self, q, k, v, mask_add):
+    def _row_blocks(self, q, k, v, mask_add, keep=None):
         b, n, s, sk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
         fast = self.fast_kernels and self.matmul_dtype is not None
-        if fast or b * n * s * sk <= self.row_block_elements:
-            return self.untracked(q, k, v, mask_add)
+        if fast or keep is not None or b * n * s * sk <= self.row_block_elements:
+            return self.untracked(q, k, v, mask_add, keep)
         rows = max(1, self.row_block_elements // sk)
         extents = _key_extents(mask_add, rows, s == sk)
         kept = self._first_pass_outputs
@@ -343,15 +348,22 @@ class MLAttention(Block):
     def _bias(linear_cell) -> tuple:
         return () if linear_cell.bias is None else (linear_cell.bias,)
 
+    head_offset = 0
+    """The global index of this cell's first head (tensor parallelism sets it): attention
+    dropout's mask is drawn per global head."""
+
     def construct(self, x, cos, sin, mask_add):
         q, kv_lat, k_rot = self.run("project", x, cos, sin)
         if self.kv_exchange is not None:
             kv_lat, k_rot = self.kv_exchange(kv_lat, k_rot)
-        if overridden(self.core_attention):  # the core runs eager (in blocks of rows): the pieces around it
+        keep = attention_keep(self, q.shape[1], kv_lat.shape[1])
+        if keep is not None or overridden(self.core_attention):  # the core runs eager: the pieces around it
             k, v = self.run("keys_values", q, kv_lat, k_rot)
             if self.track_max_logits:
                 self.note_max_logits(self.core_attention.head_max_eager(q, k, mask_add))
-            return self.run("output", self.core_attention(q, k, v, mask_add))
+            core = self.core_attention(q, k, v, mask_add) if keep is None else \
+                self.core_attention(q, k, v, mask_add, keep)
+            return self.run("output", core[0] if isinstance(core, tuple) else core)
         return take_max_logits(self, self.run("attend", q, kv_lat, k_rot, mask_add))
 
     def forward(self, x, cos, sin, mask_add, *w):
@@ -434,6 +446,15 @@ class MLAttention(Block):
         b, n, s = out.shape[0], out.shape[1], out.shape[2]
         out = ops.transpose(out, (0, 2, 1, 3)).reshape(b, s, n * self.v_dim)
         return linear(out, o_w, o_b, self.matmul_dtype)
+
+
+def attention_keep(cell, heads: int, keys: int):
+    """Attention dropout's keep-and-scale mask [B, heads, S, keys] for ``cell``'s core in
+    this forward, or None when attention dropout is off (see :mod:`mindtrain.models.dropout`)."""
+    state = dropout_of(cell)
+    if state is None or not state.attention_on():
+        return None
+    return state.attention_mask(cell.__dict__["_layer_index"], heads, cell.head_offset, keys)
 
 
 # ---------------------------------------------------------------------- max attention logits

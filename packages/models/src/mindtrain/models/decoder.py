@@ -8,6 +8,7 @@ from mindspore import ops
 
 from mindtrain.models.attention import MLAttention, take_max_logits
 from mindtrain.models.blocks import Block, call_graph, overridden
+from mindtrain.models.dropout import HIDDEN_ATTENTION, HIDDEN_MLP, dropout_of
 from mindtrain.models.mlp import MLP
 from mindtrain.models.moe import MoE
 from mindtrain.models.norm import RMSNorm
@@ -49,7 +50,7 @@ class DecoderLayer(Block):
         (an eager attention core, a context-parallel exchange, a sequence reduction): then
         :meth:`forward` computes what :meth:`construct` does."""
         attn, mlp = self.self_attn, self.mlp
-        return (attn.kv_exchange is None and getattr(mlp, "sequence_reduce", None) is None
+        return (attn.kv_exchange is None and dropout_of(self) is None and getattr(mlp, "sequence_reduce", None) is None
                 and not any(overridden(c) for name, c in self.cells_and_names() if name))
 
     def whole_graph(self):
@@ -100,9 +101,18 @@ class DecoderLayer(Block):
         # no gradient flows to the rope tables or the mask; saying so keeps the compiled
         # backward from materialising their (large) zero gradients
         cos, sin, mask_add = ops.stop_gradient(cos), ops.stop_gradient(sin), ops.stop_gradient(mask_add)
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, mask_add)
+        h = h + self.hidden_dropout(self.self_attn(self.input_layernorm(h), cos, sin, mask_add), HIDDEN_ATTENTION)
         if self.is_moe:
             y, counts, balance = self.mlp(self.post_attention_layernorm(h))
-            return h + y, counts, balance
+            return h + self.hidden_dropout(y, HIDDEN_MLP), counts, balance
         y = self.mlp(self.post_attention_layernorm(h))
-        return h + y, ops.zeros((1,), ms.int32), ops.zeros((), h.dtype)
+        return h + self.hidden_dropout(y, HIDDEN_MLP), ops.zeros((1,), ms.int32), ops.zeros((), h.dtype)
+
+    def hidden_dropout(self, y, site: int):
+        """``y`` [B, S, H] (a residual branch's output) with hidden dropout applied in a
+        training step (MindFormers' ``hidden_states_dropout`` before the residual add), else
+        ``y``; the mask is :class:`~mindtrain.models.dropout.Dropout`'s, the same in every layout."""
+        state = dropout_of(self)
+        if state is None or not state.hidden_on():
+            return y
+        return y * state.hidden_mask(self.__dict__["_layer_index"], site, y.shape).astype(y.dtype)

@@ -14,6 +14,7 @@ from mindtrain.config.plan import MOE_BLOCK
 from mindtrain.models import kernels
 from mindtrain.models.attention_mask import additive_mask
 from mindtrain.models.decoder import DecoderLayer
+from mindtrain.models.dropout import attach_dropout, token_keys
 from mindtrain.models.inputs import shift_left, whole_sequence_inputs
 from mindtrain.models.linear import Linear
 from mindtrain.models.loss import MaskedCrossEntropy, TokenCrossEntropy
@@ -145,10 +146,13 @@ class DeepseekV3ForCausalLM(nn.Cell):
                 cell.matmul_dtype = matmul_dtype
             if hasattr(type(cell), "fast_kernels"):
                 cell.fast_kernels = self.fast_kernels
+        attach_dropout(self, self.config.attention_dropout, self.config.hidden_dropout)
 
     # ------------------------------------------------------------------ forward
     def construct(self, input_ids, labels=None, loss_mask=None, position_ids=None, attention_mask=None):
         b, s = input_ids.shape
+        if self.dropout.enabled:  # whole sequences here: each token's identity for the dropout masks
+            self.dropout.set_tokens(token_keys(input_ids.asnumpy() if isinstance(input_ids, Tensor) else input_ids))
         cos, sin, mask_add = self._rope_and_mask(b, s, position_ids, attention_mask)
         if labels is not None:
             if loss_mask is None:
@@ -270,8 +274,18 @@ class DeepseekV3ForCausalLM(nn.Cell):
 
     def whole_sequence_inputs(self, batch, mtp_depths: Optional[int] = None) -> dict:
         """Numpy inputs of whole sequences (see :func:`mindtrain.models.inputs.whole_sequence_inputs`);
-        ``mtp_depths`` defaults to the model's. Context parallelism chunks these."""
-        return whole_sequence_inputs(batch, self.num_mtp if mtp_depths is None else mtp_depths)
+        ``mtp_depths`` defaults to the model's. Context parallelism chunks these. In a training
+        step with dropout on, ``token_keys`` [B, S] too (:func:`mindtrain.models.dropout.token_keys`)."""
+        out = whole_sequence_inputs(batch, self.num_mtp if mtp_depths is None else mtp_depths)
+        if self.dropout.enabled:
+            out["token_keys"] = token_keys(out["input_ids"])
+        return out
+
+    def begin_forward(self, inputs) -> None:
+        """Before a forward that runs the model's pieces (a pipeline stage): ``inputs`` is
+        that micro-batch's (this rank's part of :meth:`whole_sequence_inputs`)."""
+        if self.dropout.enabled:
+            self.dropout.set_tokens(inputs.get("token_keys"))
 
     def _rope_and_mask(self, b: int, s: int, position_ids, attention_mask):
         """cos/sin [B, 1, S, rope] and the additive mask. The default-position tables and the

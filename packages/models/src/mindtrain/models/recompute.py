@@ -16,7 +16,7 @@ runs (a layout's replacement, or the ``ms.jit``-compiled one: compiled layers st
 compiled). The wrapper itself is not part of the model's cell tree: parameter names,
 cell paths and the parallel plans that name them do not change.
 
-The recomputed forward must compute what the first one did: the model has no dropout,
+The recomputed forward must compute what the first one did: dropout masks are functions of the step and the tokens,
 and its collectives (tensor, expert and context parallelism) run again in the same order
 on every rank.
 """

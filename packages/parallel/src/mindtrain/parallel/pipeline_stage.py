@@ -72,6 +72,9 @@ class ModelStage:
         on, detached: the terms so far [2, E] (not the last stage) or the total counts [E]
         (the last stage); None for other models."""
         model = self.model
+        begin = getattr(model, "begin_forward", None)
+        if begin is not None:  # per micro-batch state of the model's forward (its dropout tokens)
+            begin(mb)
         cos, sin = model.rope(mb["position_ids"])
         mask = mb["mask_add"]
         if self.is_first:

@@ -220,11 +220,17 @@ def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh, split_ex
             _override(cell, _moe_forward(cell, group) if split_experts else _moe_forward_local(cell, group))
         elif role == "attention":
             cell.num_heads = cell.num_heads // size
+            if hasattr(cell, "head_offset"):  # this rank's first global head (attention dropout's masks)
+                cell.head_offset = index * cell.num_heads
             if hasattr(cell, "num_kv_heads"):  # grouped-query attention: its key/value heads split too
                 cell.num_kv_heads = cell.num_kv_heads // size
             _override(cell, _attention_forward(cell, sp_gather, sp_scatter))
         elif role == "mlp":
             _override(cell, _region_forward(cell, sp_gather, sp_scatter))
+
+    dropout = getattr(model, "dropout", None)
+    if dropout is not None and hasattr(dropout, "sequence_shard"):  # the hidden states' rows this rank holds
+        dropout.sequence_shard = (index, size)
 
     # 4. vocab-parallel embedding (reduce-scatter to sequence shards) and head + loss
     emb_path = next((n for n, i in plan["params"].items() if i["tp"] == "vocab"), None)

@@ -204,7 +204,14 @@ class Trainer:
         accum = global_batch // (self.dims.dp * self.cfg.training.local_batch_size)
         if self._track_logits:
             reset_max_logits(self.model)  # evaluation forwards since the last step count for nothing
-        micro = self.layout.run_step([next(self._batches) for _ in range(accum)])
+        dropout = getattr(self.model, "dropout", None)
+        if dropout is not None:  # on for this step's forwards only (evaluation runs without)
+            dropout.begin_step(self.step + 1, self.cfg.training.seed)
+        try:
+            micro = self.layout.run_step([next(self._batches) for _ in range(accum)])
+        finally:
+            if dropout is not None:
+                dropout.end_step()
         if self._track_logits:
             from mindtrain.parallel import DeviceMesh
 

@@ -8,7 +8,7 @@ from mindspore import Tensor, ops
 
 from mindtrain.config.families import head_dim
 from mindtrain.config.plan import Region
-from mindtrain.models.attention import CoreAttention, note_max_logits, take_max_logits
+from mindtrain.models.attention import CoreAttention, attention_keep, note_max_logits, take_max_logits
 from mindtrain.models.blocks import Block, overridden
 from mindtrain.models.linear import Linear, linear
 from mindtrain.models.norm import RMSNorm
@@ -86,10 +86,21 @@ class Qwen3Attention(Block):
     def _bias(linear_cell) -> tuple:
         return () if linear_cell.bias is None else (linear_cell.bias,)
 
+    head_offset = 0
+    """The global index of this cell's first query head (tensor parallelism sets it)."""
+
     def construct(self, x, cos, sin, mask_add):
         q, k, v = self.run("project", x, cos, sin)
         if self.kv_exchange is not None:  # context parallelism: the whole sequence's keys and values
             k, v = self.kv_exchange(k, v)
+        keep = attention_keep(self, self.num_heads, k.shape[2])
+        if keep is not None:  # attention dropout: an eager core over the repeated keys and values
+            g = self.num_heads // self.num_kv_heads
+            k, v = self._repeat_kv(k, g), self._repeat_kv(v, g)
+            if self.track_max_logits:
+                self.note_max_logits(self.core_attention.head_max_eager(q, k, mask_add))
+            out = self.core_attention(q, k, v, mask_add, keep)
+            return self.run("output", out[0] if isinstance(out, tuple) else out)
         if overridden(self.core_attention):  # the core runs eager (in blocks of rows): the pieces around it
             if self.track_max_logits:
                 g = self.num_heads // self.num_kv_heads
