@@ -12,7 +12,6 @@ from mindspore import Tensor, nn, ops
 from mindtrain.config import ModelConfig, RecomputePlan
 from mindtrain.config.plan import MOE_BLOCK
 from mindtrain.models import kernels
-from mindtrain.models.attention_mask import additive_mask
 from mindtrain.models.decoder import DecoderLayer
 from mindtrain.models.dropout import attach_dropout, token_keys
 from mindtrain.models.inputs import shift_left, whole_sequence_inputs
@@ -24,6 +23,7 @@ from mindtrain.models.blocks import Block, call_graph
 from mindtrain.models.execution import is_compiled
 from mindtrain.models.precision import (DTYPES, check_param_dtype, current_device, resolve_compute_dtype,
                                         to_compute)
+from mindtrain.models.rope_cache import rope_and_mask
 from mindtrain.models.rope import RotaryEmbedding
 from mindtrain.models.weights import Init, new_weight
 
@@ -153,7 +153,7 @@ class DeepseekV3ForCausalLM(nn.Cell):
         b, s = input_ids.shape
         if self.dropout.enabled:  # whole sequences here: each token's identity for the dropout masks
             self.dropout.set_tokens(token_keys(input_ids.asnumpy() if isinstance(input_ids, Tensor) else input_ids))
-        cos, sin, mask_add = self._rope_and_mask(b, s, position_ids, attention_mask)
+        cos, sin, mask_add = rope_and_mask(self, b, s, position_ids, attention_mask)
         if labels is not None:
             if loss_mask is None:
                 loss_mask = ops.ones(labels.shape, ms.float32)
@@ -287,31 +287,6 @@ class DeepseekV3ForCausalLM(nn.Cell):
         if self.dropout.enabled:
             self.dropout.set_tokens(inputs.get("token_keys"))
 
-    def _rope_and_mask(self, b: int, s: int, position_ids, attention_mask):
-        """cos/sin [B, 1, S, rope] and the additive mask. The default-position tables and the
-        causal-only mask are the same every step, so they are cached per (B, S); position ids
-        that are 0..S-1 in every row (the loader's, without reset at documents) use them too."""
-        cache = self._rope_mask_cache
-        if position_ids is not None and _default_positions(position_ids, s):
-            position_ids = None  # the data's 0..S-1 per row (no reset at documents): the cached tables
-        if position_ids is None:
-            if ("rope", b, s) not in cache:
-                pos = Tensor(np.broadcast_to(np.arange(s, dtype=np.int32), (b, s)).copy())
-                cos, sin = self.model.rotary_emb(pos)
-                cache[("rope", b, s)] = (ops.expand_dims(cos, 1), ops.expand_dims(sin, 1))
-            cos, sin = cache[("rope", b, s)]
-        else:
-            cos, sin = self.rope(position_ids)
-        if attention_mask is None:
-            if ("mask", b, s) not in cache:
-                cache[("mask", b, s)] = additive_mask(None, b, s, self.config.num_attention_heads)
-            mask_add = cache[("mask", b, s)]
-        else:
-            mask_add = additive_mask(attention_mask, b, s, self.config.num_attention_heads)
-        if len(cache) > 8:  # many shapes (e.g. evaluation): keep memory bounded
-            self._rope_mask_cache = {}
-        return cos, sin, mask_add
-
     # ------------------------------------------------------------------ balancing
     def take_expert_load(self) -> Tensor:
         """Tokens routed to each expert since the last call, [num_moe_layers, n_routed_experts]
@@ -365,8 +340,3 @@ class DeepseekV3ForCausalLM(nn.Cell):
         for router in self.moe_routers():
             router.recorded = [] if enabled else None
 
-
-def _default_positions(position_ids, s: int) -> bool:
-    """True if ``position_ids`` [B, S] is 0..S-1 in every row (checked on the host: [B, S] ints)."""
-    pos = position_ids.asnumpy() if isinstance(position_ids, Tensor) else np.asarray(position_ids)
-    return pos.ndim == 2 and pos.shape[1] == s and bool((pos == np.arange(s, dtype=pos.dtype)).all())
