@@ -54,9 +54,10 @@ class Layout(Protocol):
         """The gradient of the global batch's mean loss, reduced over the mesh, aligned with
         :attr:`named_params`."""
 
-    def grad_norm(self, grads: Sequence[Tensor]) -> float:
+    def grad_norm(self, grads: Sequence[Tensor], only: Optional[Sequence[int]] = None) -> float:
         """Global L2 norm of the whole model's gradient (each piece counted once); the
-        same float on every rank."""
+        same float on every rank. ``only``: of those parameters alone (indices into
+        :attr:`named_params`)."""
 
     def expert_load(self) -> Tensor:
         """Tokens per routed expert ([moe layers, experts]) of the whole global batch."""

@@ -239,8 +239,7 @@ class Trainer:
         device_losses = [f.lm_loss for f in per_device]
         total_load = self.layout.expert_load()
         grads = self.layout.gradients()
-        grad_norm = (self.layout.grad_norm(grads) if self._trained is None
-                     else self.layout.grad_norm(grads, only=self._trained))
+        grad_norm = self.layout.grad_norm(grads, only=self._trained)  # LoRA: the adapters' alone
         lr = self.schedule(self.step + 1)
         finite = math.isfinite(grad_norm) and bool(np.all(np.isfinite(step_figures)))
         max_norm = self.cfg.training.max_norm
