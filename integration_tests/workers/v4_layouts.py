@@ -36,6 +36,7 @@ from mindtrain.models import apply_compile, build_model, is_compiled, parallel_p
 from mindtrain.parallel import DeviceMesh, collectives as C, init_distributed, parallelize  # noqa: E402
 from mindtrain.parallel.mesh import DIMS  # noqa: E402
 from mindtrain.parallel.pipeline_parallel import relax_receive_timeout  # noqa: E402
+from mindtrain.trainer.estimate import estimate  # noqa: E402
 from mindtrain.trainer.optimizer import AdamW  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -109,7 +110,14 @@ def run(case, world, rank, out_dir):
     plan = parallel_plan(model)
     acc = GLOBAL // dp  # one sequence per micro-batch
     layout = parallelize(model, plan, mesh, cfg, accumulation=acc, columns=["input_ids", "labels"], connect=False)
-    opt = AdamW(layout.named_params, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
+    # eps 1e-6, not 1e-8: layer 0's hyper-connection streams are identical copies of the
+    # embedding, and the norm after the collapse makes the loss blind to the collapse weights'
+    # scale and to the Sinkhorn mixing, so those rows of attn_hc.fn / base / scale get
+    # gradients of float round-off only (1e-9 .. 1e-12, analytically 0); with eps 1e-8 AdamW
+    # turns that round-off into updates of about lr that differ between any two summation
+    # orders (one process against another would differ as much). Real gradients here are
+    # 1e-4 .. 1e-1, far above eps either way.
+    opt = AdamW(layout.named_params, lr=1e-3, betas=(0.9, 0.95), eps=1e-6, weight_decay=0.01)
     d = mesh.group("dp_cp").index
     losses, norms = [], []
     for step in range(STEPS):
@@ -129,8 +137,12 @@ def run(case, world, rank, out_dir):
         gate = layer.mlp.gate
         if hasattr(gate, "e_score_correction_bias"):
             state[gate.e_score_correction_bias.name] = gate.e_score_correction_bias.asnumpy()
+    # mindtrain-estimate's bytes of this rank's stage (parameters resident between steps, AdamW state)
+    est = estimate(cfg, world, "CPU").stages[mesh.group("pp").index]
     result = {"losses": np.array(losses), "grad_norms": np.array(norms), "compiled": is_compiled(model),
-              "param_bytes_layout": layout.memory_bytes()}
+              "param_bytes_layout": layout.memory_bytes(), "param_bytes_estimate": est.params,
+              "optimizer_bytes": opt.state_bytes() if hasattr(opt, "state_bytes") else -1,
+              "optimizer_bytes_estimate": est.optimizer}
     if rank == 0:
         np.savez(os.path.join(out_dir, f"{case}.npz"), **result, **{f"p:{n}": v for n, v in state.items()})
     if world > 1:
