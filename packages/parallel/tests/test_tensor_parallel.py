@@ -107,36 +107,3 @@ def test_expert_parallel_errors():
     with pytest.raises(ConfigError, match=r"^model\.n_routed_experts: 3 is not divisible by "
                                           r"parallelism\.expert_parallel=2"):
         apply_expert_parallel(model, _plan(model, 2, experts=3), _mesh(dp=2, ep=2))
-
-
-def test_deepseek_v4_splits_by_its_plan_and_refuses_what_does_not_divide():
-    """DeepSeek-V4's attention region (its plan: heads, sinks and the grouped output
-    projection's groups split; the one key/value head and the indexer whole) under TP=2 (no
-    communication: the shards are local); a model whose o_groups TP does not divide is
-    refused in one line naming the field before any weight changes."""
-    from mindtrain.config import ModelConfig
-    from mindtrain.models import build_model, parallel_plan
-
-    def v4(**kw):
-        return ModelConfig(**dict(dict(
-            model_type="deepseek_v4", architectures="DeepseekV4ForCausalLM", seq_length=32, vocab_size=64,
-            hidden_size=32, moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=1, head_dim=16, q_lora_rank=24, qk_rope_head_dim=8, n_routed_experts=4,
-            num_experts_per_tok=2, compress_ratios=[0, 4], o_groups=2, o_lora_rank=8, index_n_heads=2,
-            index_head_dim=16, index_topk=2, hc_mult=2, num_hash_layers=1, max_position_embeddings=64), **kw))
-
-    ms.set_device("CPU")
-    mesh = _mesh(tp=2)
-    model = build_model(v4(), jit=False)
-    apply_tensor_parallel(model, parallel_plan(model), mesh)
-    attn = model.model.layers[1].self_attn
-    assert (attn.num_heads, attn.o_groups, tuple(attn.sinks.shape)) == (2, 1, (2,))
-    assert tuple(attn.q_b_proj.weight.shape) == (2 * 16, 24) and tuple(attn.kv_proj.weight.shape) == (16, 32)
-    assert tuple(attn.o_a_proj.weight.shape) == (8, 32) and tuple(attn.o_b_proj.weight.shape) == (32, 8)
-    assert tuple(attn.compressor.indexer.q_b_proj.weight.shape) == (2 * 16, 24)
-
-    model = build_model(v4(o_groups=1, o_lora_rank=16), jit=False)
-    before = param_bytes(model)
-    with pytest.raises(ConfigError, match=r"^model\.o_groups: 1 is not divisible by parallelism\.tensor_parallel=2"):
-        apply_tensor_parallel(model, parallel_plan(model), mesh)
-    assert param_bytes(model) == before
