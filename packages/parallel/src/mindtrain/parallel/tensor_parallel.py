@@ -164,9 +164,14 @@ def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh, split_ex
     without shared experts); "mlp" cells run whole on the gathered sequence. The parameter
     roles "embedding" and "head" name the vocabulary-split weights. The model has a head
     cell with a ``sequence_gather`` hook and a loss cell with a ``token_loss`` component (the
-    vocabulary-parallel loss is a component swap, see :func:`_vocab_parallel_loss`). Raises
-    ConfigError when heads, intermediate sizes or the vocabulary do not divide by TP, or
-    (at the first forward) the sequence length. A wrapped cell's forward (possibly compiled
+    vocabulary-parallel loss is a component swap, see :func:`_vocab_parallel_loss`). A region
+    may declare more (:class:`~mindtrain.config.plan.Region`): ``tp_counts`` (cell counts
+    divided beside the heads, e.g. an output projection's groups), ``head_mask_arg`` (the
+    forward argument holding a per-head mask, or None) and ``token_args`` (per-token tensors
+    of the whole sequence after a MoE's hidden states, e.g. token ids for hash routing: the
+    router gets this shard's part). Raises ConfigError when heads, a region's ``tp_counts``,
+    intermediate sizes or the vocabulary do not divide by TP, or (at the first forward) the
+    sequence length. A wrapped cell's forward (possibly compiled
     pieces) runs between the collectives.
     ``split_experts=False`` (MindFormers' ``expert_tensor_parallel: 1``): the routed experts
     are not split; each TP rank runs them whole on its own sequence shard (their gradients
