@@ -53,6 +53,9 @@ CASES = {
     "ep2_zero3": (1, 2, 1, 2, ["parallelism.data_parallel_shard_strategy=optim_grads_params"]),
     # two pipeline stages: the streams [B, S, hc, H] between them, the token ids on both
     "pp2": (2, 1, 1, 1, []),
+    # not in the test's job (its time): ZeRO-1 / ZeRO-2 over two data-parallel ranks
+    "zero1": (1, 2, 1, 1, ["parallelism.data_parallel_shard_strategy=optim"]),
+    "zero2": (1, 2, 1, 1, ["parallelism.data_parallel_shard_strategy=optim_grads"]),
 }
 MODEL = [f"model.seq_length={SEQ}", f"train_dataset.dataloader.config.seq_length={SEQ}",
          # two layers: compressed sparse (its indexer choosing 4 of 8 entries; hash-routed) and
