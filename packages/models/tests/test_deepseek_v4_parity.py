@@ -243,8 +243,8 @@ def test_fresh_model_trains_a_step():
 
 def test_plan_counts_flops_and_splits():
     """The config's parameter plan counts V4's indexer and hyper-connection streams (the
-    plan-equals-model check is test_plan_and_counting's); the attention stays whole under
-    tensor parallelism (HF's plan too), the experts split; the FLOPs count the keys each
+    plan-equals-model check is test_plan_and_counting's); tensor parallelism splits the query
+    heads (the key/value head and the indexer stay whole) and the experts; the FLOPs count the keys each
     query attends (window + compressed entries), not the whole sequence."""
     from mindtrain.config.model_plan import param_specs
 
@@ -253,14 +253,16 @@ def test_plan_counts_flops_and_splits():
     assert specs["model.layers.0.self_attn.compressor.indexer.q_b_proj.weight"].shape == (2 * 16, 24)
     assert specs["model.layers.1.self_attn.compressor.position_bias"].shape == (8, 16)
     assert specs["model.layers.0.attn_hc.fn"].shape == (8, 64) and specs["model.hc_head.hc_fn"].shape == (2, 64)
-    assert specs["model.layers.0.self_attn.q_b_proj.weight"].tp == "replicated"
+    assert specs["model.layers.0.self_attn.q_b_proj.weight"].tp == "column"
+    assert specs["model.layers.0.self_attn.kv_proj.weight"].tp == "replicated"
+    assert specs["model.layers.0.self_attn.compressor.indexer.q_b_proj.weight"].tp == "replicated"
     assert specs["model.layers.0.mlp.experts.up_proj"].tp == "column"
     model = mm.build_model(cfg, jit=False, empty=True)
     total, active = mm.count_parameters(cfg)
     assert total == sum(int(np.prod(p.shape)) for p in model.trainable_params())
     assert active == total - 2 * 2 * 3 * 16 * 32  # 2 of 4 experts per token in both layers
     plan = mm.parallel_plan(model)
-    assert plan.params["model.layers.0.self_attn.q_b_proj.weight"].tp == "replicated"
+    assert plan.params["model.layers.0.self_attn.q_b_proj.weight"].tp == "column"
     assert not plan.params["model.layers.0.mlp.gate.tid2eid"].trainable
     no_matmul = sum(p.numel for n, p in specs.items() if n.endswith(("sinks", "position_bias", ".base", ".scale",
                                                                      "hc_base", "hc_scale")))
@@ -287,12 +289,45 @@ def test_mindformers_names_read_into_v4():
     assert to_canonical(dict(base, num_hidden_layers=2, scoring_func="sqrtsoftplus"))["num_key_value_heads"] == 1
 
 
-@pytest.mark.parametrize("field", ["tensor_parallel", "context_parallel", "expert_parallel", "pipeline_parallel"])
-def test_layouts_v4_lacks_are_refused_in_one_line(field):
+def test_v4_layouts_are_accepted_and_what_cannot_split_is_refused_in_one_line():
+    """Tensor, expert and pipeline parallelism lay V4 out; context parallelism is refused
+    (not built here), and so is a tensor-parallel degree that does not divide o_groups (the
+    grouped output projection splits by whole groups)."""
     from mindtrain.config.schema import ParallelismConfig
     from mindtrain.config.validate import validate_parallelism
 
-    validate_parallelism(ParallelismConfig(), _v4())
-    with pytest.raises(ConfigError) as err:
+    for field in ("tensor_parallel", "expert_parallel", "pipeline_parallel"):
         validate_parallelism(ParallelismConfig(**{field: 2}), _v4())
-    assert str(err.value).startswith(f"parallelism.{field}: 2: DeepSeek-V4 is not laid out")
+    with pytest.raises(ConfigError) as err:
+        validate_parallelism(ParallelismConfig(context_parallel=2), _v4())
+    assert str(err.value).startswith("parallelism.context_parallel: 2: DeepSeek-V4 is not laid out")
+    with pytest.raises(ConfigError) as err:
+        validate_parallelism(ParallelismConfig(tensor_parallel=2), _v4(o_groups=1, o_lora_rank=16))
+    assert str(err.value) == ("parallelism.tensor_parallel: 2 must divide model.o_groups (1): DeepSeek-V4's "
+                              "grouped output projection splits by groups")
+
+
+def test_v4_plan_splits_heads_and_groups_and_keeps_the_shared_head_whole():
+    """The parallel plan: q_b_proj, sinks and o_a_proj split by heads / groups (dim 0),
+    o_b_proj's input (dim 1); the key/value head, the low-rank query projection, the
+    compressors, the indexer, the hyper-connections and routers whole. The attention region
+    divides o_groups, has no per-head mask argument; the MoE region takes the token ids; the
+    hidden states between units are the hc_mult streams (mindtrain-parallel's
+    test_tensor_parallel.py applies the splits)."""
+    model = mm.build_model(_v4(), jit=False, empty=True)
+    plan = mm.parallel_plan(model)
+    a = "model.layers.1.self_attn."
+    split = {n: (p.tp, p.tp_dim) for n, p in plan.params.items() if p.tp != "replicated"}
+    for name, want in (("q_b_proj.weight", ("column", 0)), ("sinks", ("column", 0)),
+                       ("o_a_proj.weight", ("column", 0)), ("o_b_proj.weight", ("row", 1))):
+        assert split.pop(a + name) == want, name
+    assert plan.params[a + "o_a_proj.weight"].split_field == "model.o_groups"
+    assert not [n for n in split if ".self_attn." in n and ".layers.1." in n]  # the rest of the attention whole
+    for name in ("kv_proj.weight", "q_a_proj.weight", "compressor.kv_proj.weight", "compressor.indexer.q_b_proj.weight",
+                 "compressor.indexer.scorer.weights_proj.weight"):
+        assert plan.params[a + name].tp == "replicated", name
+    assert plan.params["model.layers.0.attn_hc.fn"].tp == plan.params["model.layers.0.mlp.gate.weight"].tp == "replicated"
+    (attn,) = [r for r in plan.regions if r.path == a[:-1]]
+    assert (attn.tp_counts, attn.head_mask_arg) == (("o_groups",), None)
+    assert [r.token_args for r in plan.regions if r.role == "moe"] == [1, 1]
+    assert plan.activation == (2, 32)

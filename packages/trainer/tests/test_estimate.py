@@ -346,3 +346,52 @@ def test_deepseek_v4_layers_follow_the_family():
     total, _ = count_parameters(m)
     est = estimate(cfg, 1, "CPU")
     assert est.stages[0].optimizer == 8 * total and est.flops_per_token == flops_per_token(m)
+
+
+V4 = os.path.join(ROOT, "configs", "pynative_ds4_tiny.yaml")
+V4_LAYOUTS = {  # DeepSeek-V4 (issue 32): its plan's splits (heads, output groups, experts) per layout
+    "tp2": (2, ["parallelism.tensor_parallel=2"]),
+    "ep2_zero3": (2, ["parallelism.expert_parallel=2", "parallelism.data_parallel_shard_strategy=optim_grads_params"]),
+    "tp2_ep2_zero2": (4, ["parallelism.tensor_parallel=2", "parallelism.expert_parallel=2"]),
+    "pp2": (2, ["parallelism.pipeline_parallel=2"]),
+}
+
+
+@pytest.mark.parametrize("name", list(V4_LAYOUTS))
+def test_deepseek_v4_layout_bytes_are_the_laid_out_models(name):
+    """DeepSeek-V4's parameters resident between steps and AdamW state per rank, estimated,
+    equal the model laid out by mindtrain.parallel on every rank (the indexer and the
+    hyper-connections whole on every TP rank, the query heads and output groups split)."""
+    from mindtrain.models import build_model, parallel_plan
+    from mindtrain.parallel import DeviceMesh, PipelineSchedule, apply_expert_parallel, apply_tensor_parallel
+    from mindtrain.parallel import fully_shard
+
+    _model(TWO_LAYERS)  # sets the device
+    workers, extra = V4_LAYOUTS[name]
+    cfg = load_config(V4, ["model.seq_length=32", "train_dataset.dataloader.config.seq_length=32",
+                           "training.global_batch_size=4"] + extra, world_size=workers)
+    dims = resolve_parallelism(cfg.parallelism, workers)
+    est = estimate(cfg, workers, "CPU")
+    strategy = cfg.parallelism.data_parallel_shard_strategy
+    for rank in range(workers):
+        model = build_model(cfg.model, jit=False)
+        mesh = DeviceMesh(dims, rank)
+        plan = parallel_plan(model)
+        if dims.pp > 1:
+            sched = PipelineSchedule(model, plan, mesh, cfg.model.seq_length)
+            params, given, want = sched.memory_bytes(), list(sched.params), est.stages[sched.stage_index]
+        else:
+            apply_tensor_parallel(model, plan, mesh)
+            ep = apply_expert_parallel(model, plan, mesh)
+            experts = ep.param_bytes()
+            kw = {}
+            if strategy == "optim_grads_params":
+                kw = {"units": [u.path for u in plan.units if u.kind == "decoder"]}
+            if dims.dp > 1:
+                fs = fully_shard(model, mesh, strategy=strategy, **kw)
+                params, given = fs.memory_bytes()["params"] + experts, list(fs.params) + list(ep.params)
+            else:
+                params = sum(p.size * p.itemsize for p in model.trainable_params()) + experts
+                given = list(model.trainable_params()) + list(ep.params)
+            want = est.stages[0]
+        assert (want.params, want.optimizer) == (params, 8 * sum(p.size for p in given)), (name, rank)

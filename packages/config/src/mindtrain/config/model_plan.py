@@ -190,9 +190,27 @@ def _v4_layer_shapes(m: ModelConfig, i: int) -> list[tuple[str, tuple[int, ...]]
     return [(f"model.layers.{i}.{name}", shape) for name, shape in out]
 
 
+_V4_ATTENTION_TP = re.compile(r"\.self_attn\.(q_b_proj\.weight|sinks|o_a_proj\.weight|o_b_proj\.weight)$")
+"""DeepSeek-V4's attention weights tensor parallelism splits: the query heads (``q_b_proj``
+rows, one ``sinks`` entry per head), the grouped output projection by whole groups
+(``o_a_proj`` rows; each rank's groups read exactly its heads) and ``o_b_proj``'s input."""
+
+
+def _v4_tp_split(name: str) -> tuple[str, Optional[int]]:
+    """DeepSeek-V4's split of ``name``: the query heads, sinks and the grouped output
+    projection split by heads / groups; the shared key/value head, the low-rank query
+    projection, the compressors and the lightning indexer (its top-k reads every index head's
+    score) stay whole on every rank; the rest by the common rules."""
+    m = _V4_ATTENTION_TP.search(name)
+    if m:
+        return ("row", 1) if m.group(1) == "o_b_proj.weight" else ("column", 0)
+    if ".self_attn." in name:
+        return "replicated", None
+    return tp_split(name)
+
+
 def _v4_specs(m: ModelConfig) -> list[ParamSpec]:
-    """DeepSeek-V4: the attention stays whole under tensor parallelism (HF's plan shards only
-    the experts), so its parameters are replicated whatever their names."""
+    """DeepSeek-V4: its parameters with the splits of :func:`_v4_tp_split`."""
     h, v, hc = m.hidden_size, m.vocab_size, m.hc_mult
     shapes = [("model.embed_tokens.weight", (v, h))]
     for i in range(m.num_hidden_layers):
@@ -201,7 +219,7 @@ def _v4_specs(m: ModelConfig) -> list[ParamSpec]:
                ("model.hc_head.hc_scale", (1,)), ("lm_head.weight", (v, h))]
     out = []
     for name, shape in shapes:
-        style, dim = ("replicated", None) if ".self_attn." in name else tp_split(name)
+        style, dim = _v4_tp_split(name)
         out.append(ParamSpec(name, tuple(shape), style, dim, is_expert(name), unit_of(name, m.num_hidden_layers)))
     return out
 

@@ -112,15 +112,28 @@ class Region(_Record):
 
     path: str
     role: str
+    tp_counts: tuple[str, ...] = ()
+    """Integer attributes of the cell, beside ``num_heads`` (and ``num_kv_heads``), that tensor
+    parallelism divides by its degree: each rank runs that share (e.g. the groups of a grouped
+    output projection, ``o_groups``). The model's config field of the same name must divide."""
+    head_mask_arg: Optional[int] = 2
+    """An attention region's forward argument (counted after the hidden states) holding one
+    additive mask per query head on dim 1, which tensor parallelism narrows to the rank's
+    heads; None when no argument is per head."""
+    token_args: int = 0
+    """How many per-token tensors [B, S] of the whole (not sequence-parallel) sequence follow
+    the hidden states in the region's forward (e.g. the token ids a hash router reads):
+    tensor parallelism hands each sequence shard its tokens' part of them."""
 
     def __post_init__(self):
         if self.role not in ROLES:
             raise ValueError(f"Region.role must be one of {', '.join(ROLES)}, got {self.role!r}")
 
     @classmethod
-    def declare(cls, role: str) -> "Region":
-        """What a cell class declares as its ``REGION``: a region of ``role`` at the cell itself."""
-        return cls("", role)
+    def declare(cls, role: str, **options: Any) -> "Region":
+        """What a cell class declares as its ``REGION``: a region of ``role`` at the cell itself
+        (``options``: :attr:`tp_counts`, :attr:`head_mask_arg`, :attr:`token_args`)."""
+        return cls("", role, **options)
 
     @staticmethod
     def declared_by(cell: Any) -> Optional["Region"]:
@@ -145,6 +158,11 @@ class ParallelPlan(_Record):
     regions: list[Region] = field(default_factory=list)
     num_attention_heads: Optional[int] = None
     num_experts: Optional[int] = None
+    activation: tuple[int, ...] = ()
+    """The per-token shape of the hidden states between units (a pipeline stage's message is
+    ``[B, S_local, *activation]``): ``(hidden_size,)``, or ``(streams, hidden_size)`` for a
+    model whose residual is several streams (hyper-connections); empty: the model's
+    ``hidden_size``."""
 
     def role_params(self, role: str) -> list[str]:
         """Names of the parameters with ``role``, in plan order."""

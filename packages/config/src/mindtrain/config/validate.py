@@ -315,12 +315,15 @@ def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
     reshard_after_forward(p.reshard_after_forward_policy, p.data_parallel_shard_strategy, p.pipeline_parallel > 1)
     tp = p.tensor_parallel
     if m.model_type == "deepseek_v4":
-        for name in ("tensor_parallel", "context_parallel", "expert_parallel", "pipeline_parallel"):
+        for name in ("context_parallel",):
             if getattr(p, name) > 1:
                 raise ConfigError(f"{path}.{name}", f"{getattr(p, name)}: DeepSeek-V4 is not laid out over "
-                                                    f"{name.replace('_', ' ')} yet (its attention, indexer and "
-                                                    f"hyper-connection streams have no split); set it to 1 "
-                                                    f"(data parallelism / FSDP)")
+                                                    f"{name.replace('_', ' ')} yet (its compressed attention has "
+                                                    f"no sequence split); set it to 1")
+        if m.o_groups % tp:
+            # the grouped output projection splits by whole groups (each rank's query heads)
+            raise ConfigError(f"{path}.tensor_parallel", f"{tp} must divide model.o_groups ({m.o_groups}): "
+                                                         f"DeepSeek-V4's grouped output projection splits by groups")
     if m.num_attention_heads % tp:
         raise ConfigError(f"{path}.tensor_parallel",
                           f"{tp} must divide model.num_attention_heads ({m.num_attention_heads})")

@@ -56,6 +56,11 @@ class RoutedExperts(Block):
     def piece_weights(self, name: str) -> tuple:
         return self.gate_proj, self.up_proj, self.down_proj
 
+    def activation(self, gate, up):
+        """The experts' gated activation of their gate and up projections (a layout that runs
+        the experts itself, expert parallelism, calls it)."""
+        return gated_silu(gate, up, self.swiglu_limit)
+
     def construct(self, x, topk_idx, topk_weight):
         return self.run("forward", x, topk_idx, topk_weight)
 

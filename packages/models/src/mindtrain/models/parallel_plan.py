@@ -27,6 +27,8 @@ def _split_field(name: str, style: str, dim: int | None, expert: bool) -> str | 
         return "model.intermediate_size"
     if re.search(r"\.self_attn\.(k_proj|v_proj)\.", name):
         return "model.num_key_value_heads"
+    if re.search(r"\.self_attn\.(o_a_proj|o_b_proj)\.", name):  # DeepSeek-V4's grouped output projection
+        return "model.o_groups"
     if ".self_attn." in name:
         return "model.num_attention_heads"
     return f"model ({name} dim {dim})"
@@ -130,5 +132,9 @@ def parallel_plan(model) -> ParallelPlan:
     if n_mtp:
         shared = {"model.embed_tokens.weight": ["embedding"] + [f"mtp.{k}" for k in range(n_mtp)],
                   "lm_head.weight": ["head"] + [f"mtp.{k}" for k in range(n_mtp)]}
+    # the hidden states between units: DeepSeek-V4's residual is hc_mult streams [B, S, N, H]
+    streams = int(cfg.hc_mult) if cfg.model_type == "deepseek_v4" else 1
+    activation = (streams, cfg.hidden_size) if streams > 1 else (cfg.hidden_size,)
     return ParallelPlan(params=params, units=units, shared=shared, regions=regions,
-                        num_attention_heads=cfg.num_attention_heads, num_experts=cfg.n_routed_experts)
+                        num_attention_heads=cfg.num_attention_heads, num_experts=cfg.n_routed_experts,
+                        activation=activation)

@@ -64,31 +64,37 @@ class _LocalExperts(nn.Cell):
     """Runs this rank's experts on received rows; the backward computes the weight
     gradients itself (they are not autograd leaves) and returns the rows' gradient."""
 
-    def __init__(self, owner: "ExpertParallel", slots: list[_ExpertSlot]):
+    def __init__(self, owner: "ExpertParallel", slots: list[_ExpertSlot], activation=None):
         super().__init__()
-        self._ctx = [owner, slots]  # a list keeps the Parameters out of this Cell
+        # a list keeps the Parameters out of this Cell; the experts cell's gated activation
+        # (its ``activation(gate, up)``, e.g. a clamped SwiGLU), or silu(gate) * up
+        self._ctx = [owner, slots, activation or _silu_gate]
 
     def construct(self, rows, ids):
-        owner, slots = self._ctx
+        owner, slots, act = self._ctx
         w = owner.full_weights(slots)
-        return _ffn(rows, ids.asnumpy(), *w)
+        return _ffn(rows, ids.asnumpy(), *w, act)
 
     def bprop(self, rows, ids, out, dout):
-        owner, slots = self._ctx
+        owner, slots, act = self._ctx
         w = owner.full_weights(slots)
         ids_np = ids.asnumpy()
 
         def replay(r, g, u, d):
-            return (_ffn(r, ids_np, g, u, d) * dout).sum()
+            return (_ffn(r, ids_np, g, u, d, act) * dout).sum()
 
         grads = ms.grad(replay, grad_position=(0, 1, 2, 3))(rows, *w)
         owner.accumulate(slots, grads[1:])
         return grads[0], ops.zeros_like(ids)
 
 
-def _ffn(rows, ids_np: np.ndarray, gate, up, down):
-    """SwiGLU of each row with its local expert ``ids_np[i]``: rows sorted by expert, one
-    matmul chain per expert, then put back in order."""
+def _silu_gate(gate, up):
+    return ops.silu(gate) * up
+
+
+def _ffn(rows, ids_np: np.ndarray, gate, up, down, act=_silu_gate):
+    """The gated FFN (``act(gate, up)``: SwiGLU by default) of each row with its local expert
+    ``ids_np[i]``: rows sorted by expert, one matmul chain per expert, then put back in order."""
     n, h = rows.shape
     if n == 0:
         return rows * 0
@@ -105,7 +111,7 @@ def _ffn(rows, ids_np: np.ndarray, gate, up, down):
         off += c
         g = ops.matmul(xe, gate[e].T)
         u = ops.matmul(xe, up[e].T)
-        outs.append(ops.matmul(ops.silu(g) * u, down[e].T))
+        outs.append(ops.matmul(act(g, u), down[e].T))
     y = ops.concat(outs, 0) if len(outs) > 1 else outs[0]
     inv = np.empty_like(perm)
     inv[perm] = np.arange(n, dtype=np.int32)
@@ -234,7 +240,9 @@ def apply_expert_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh, dispatch
     """Keep this rank's experts of every MoE layer and route tokens to the others by
     all-to-all. Duck-typed: the plan flags expert weights (``expert``: True, stacked on dim
     0); their Cell has ``gate_proj``, ``up_proj``, ``down_proj`` and is called as
-    ``experts(x [T, H], topk_idx [T, K], topk_weight [T, K]) -> (y [T, H], counts [E])``.
+    ``experts(x [T, H], topk_idx [T, K], topk_weight [T, K]) -> (y [T, H], counts [E])``;
+    its ``activation(gate, up)`` (when it has one: e.g. a clamped SwiGLU) is the gated
+    activation the local experts run, else ``silu(gate) * up``.
 
     ``dispatcher`` (``parallelism.moe_token_dispatcher_type``): "alltoall" sends one row per
     (token, chosen expert) and weights the returned outputs on the sending rank;
@@ -289,7 +297,8 @@ def apply_expert_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh, dispatch
             ep.slots[name] = slot
             slots.append(slot)
         forward = _dedup_dispatch_forward if dispatcher == "alltoall_deredundancy" else _dispatch_forward
-        object.__setattr__(cell, "construct", forward(ep, _LocalExperts(ep, slots)))
+        local = _LocalExperts(ep, slots, getattr(cell, "activation", None))
+        object.__setattr__(cell, "construct", forward(ep, local))
     return ep
 
 

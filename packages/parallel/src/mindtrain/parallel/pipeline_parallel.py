@@ -228,7 +228,7 @@ class PipelineSchedule(ModelShare):
         m = len(mbs)
         b, s_local = mbs[0]["input_ids"].shape
         # sequence parallelism: between layers each TP rank holds 1/tp of the local sequence
-        act_shape = (b, s_local // self.tp.size, self.stage.hidden_size)
+        act_shape = (b, s_local // self.tp.size, *self.stage.activation)
         inputs: dict[tuple[int, int], Optional[Tensor]] = {}
         partial: dict[int, list] = {}  # micro-batch -> this rank's dense gradients so far
         pending = []
@@ -291,7 +291,7 @@ class PipelineSchedule(ModelShare):
         try:
             mbs = [self.split(b) for b in batches]
             b, s_local = mbs[0]["input_ids"].shape
-            act_shape = (b, s_local // self.tp.size, self.stage.hidden_size)
+            act_shape = (b, s_local // self.tp.size, *self.stage.activation)
             n_virtual = self.num_stages * self.num_chunks
             figures, pending = [], []
             for mb in mbs:

@@ -1,6 +1,6 @@
 """One pipeline stage: a contiguous range of the model's units and its forward/backward.
 
-The stage runs the model's own pieces (duck-typed: ``embed``, ``rope``, ``run_layers``,
+The stage runs the model's own pieces (duck-typed: ``embed``, ``rope`` or ``stage_inputs``, ``run_layers``,
 ``lm_loss``, ``mtp_forward``, ``combine_losses``, ``balance_term``; ``config``, ``moe_layer_ids``,
 ``balance_spans_layers``; see the
 causal LM of the models package) on the units of its parallel plan
@@ -51,6 +51,8 @@ class ModelStage:
         self.moe_rows = {layer: row for row, layer in enumerate(model.moe_layer_ids)}
         self.num_heads = self.cfg.num_attention_heads
         self.hidden_size = self.cfg.hidden_size
+        self.activation = tuple(plan.get("activation") or ()) or (self.hidden_size,)
+        """The per-token shape of the hidden states a stage sends on (the plan's ``activation``)."""
         self.num_experts = int(self.cfg.n_routed_experts or 0)
         self.spans = bool(getattr(model, "balance_spans_layers", False)) and bool(self.moe_rows)
         """Whether the model's balance loss spans every MoE layer (see :meth:`forward`)."""
@@ -75,17 +77,20 @@ class ModelStage:
         begin = getattr(model, "begin_forward", None)
         if begin is not None:  # per micro-batch state of the model's forward (its dropout tokens)
             begin(mb)
-        cos, sin = model.rope(mb["position_ids"])
-        mask = mb["mask_add"]
+        # what the layers read beside the hidden states: the model's rule (``stage_inputs``:
+        # e.g. rope tables and the token ids a hash router reads), else rope and the mask
+        stage_inputs = getattr(model, "stage_inputs", None)
+        context = tuple(stage_inputs(mb)) if stage_inputs is not None else \
+            (*model.rope(mb["position_ids"]), mb["mask_add"])
         if self.is_first:
             h = model.embed(mb["input_ids"])
-        h, counts, balances = model.run_layers(h, self.decoder_ids, cos, sin, mask)
+        h, counts, balances = model.run_layers(h, self.decoder_ids, *context)
         lm, mtp_losses = None, []
         if self.is_last:
             lm = model.lm_loss(h, mb["labels"], mb["loss_mask"]) * mb["lm_scale"]
             if self.mtp_ids:
                 depths = [(t["input_ids"], t["labels"], t["loss_mask"]) for t in mb["mtp"]]
-                losses, c, bal = model.mtp_forward(h, depths, cos, sin, mask)
+                losses, c, bal = model.mtp_forward(h, depths, *context)
                 mtp_losses = [loss_k * t["scale"] for loss_k, t in zip(losses, mb["mtp"])]
                 counts += c
                 balances += bal

@@ -164,9 +164,14 @@ def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh, split_ex
     without shared experts); "mlp" cells run whole on the gathered sequence. The parameter
     roles "embedding" and "head" name the vocabulary-split weights. The model has a head
     cell with a ``sequence_gather`` hook and a loss cell with a ``token_loss`` component (the
-    vocabulary-parallel loss is a component swap, see :func:`_vocab_parallel_loss`). Raises
-    ConfigError when heads, intermediate sizes or the vocabulary do not divide by TP, or
-    (at the first forward) the sequence length. A wrapped cell's forward (possibly compiled
+    vocabulary-parallel loss is a component swap, see :func:`_vocab_parallel_loss`). A region
+    may declare more (:class:`~mindtrain.config.plan.Region`): ``tp_counts`` (cell counts
+    divided beside the heads, e.g. an output projection's groups), ``head_mask_arg`` (the
+    forward argument holding a per-head mask, or None) and ``token_args`` (per-token tensors
+    of the whole sequence after a MoE's hidden states, e.g. token ids for hash routing: the
+    router gets this shard's part). Raises ConfigError when heads, a region's ``tp_counts``,
+    intermediate sizes or the vocabulary do not divide by TP, or (at the first forward) the
+    sequence length. A wrapped cell's forward (possibly compiled
     pieces) runs between the collectives.
     ``split_experts=False`` (MindFormers' ``expert_tensor_parallel: 1``): the routed experts
     are not split; each TP rank runs them whole on its own sequence shard (their gradients
@@ -190,6 +195,10 @@ def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh, split_ex
     heads = plan.get("num_attention_heads")
     if heads is not None:
         _divisible(heads, size, "model.num_attention_heads")
+    regions = _regions(plan, cells)
+    for region in regions:  # the counts a region's split divides (e.g. an output projection's groups)
+        for attr in region.get("tp_counts", ()):
+            _divisible(getattr(cells[region.path], attr), size, f"model.{attr}")
 
     # 2. shard the weights; Linear cells learn their local output size
     vocab_start = {}
@@ -214,17 +223,21 @@ def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh, split_ex
 
     # 3. regions, by the plan's roles: attention, dense MLPs, MoE blocks (a MoE block's own
     # forward gathers for its shared experts, which the plan lists in no region of their own)
-    for region in _regions(plan, cells):
+    for region in regions:
         cell, role = cells[region.path], region.role
+        tokens = int(region.get("token_args", 0))
         if role == "moe":  # the cell: gate, experts, shared_output(x), sharded_balance(...)
-            _override(cell, _moe_forward(cell, group) if split_experts else _moe_forward_local(cell, group))
+            _override(cell, _moe_forward(cell, group, tokens) if split_experts
+                      else _moe_forward_local(cell, group, tokens))
         elif role == "attention":
             cell.num_heads = cell.num_heads // size
             if hasattr(cell, "head_offset"):  # this rank's first global head (attention dropout's masks)
                 cell.head_offset = index * cell.num_heads
             if hasattr(cell, "num_kv_heads"):  # grouped-query attention: its key/value heads split too
                 cell.num_kv_heads = cell.num_kv_heads // size
-            _override(cell, _attention_forward(cell, sp_gather, sp_scatter))
+            for attr in region.get("tp_counts", ()):  # e.g. the groups of a grouped output projection
+                setattr(cell, attr, getattr(cell, attr) // size)
+            _override(cell, _attention_forward(cell, sp_gather, sp_scatter, region.get("head_mask_arg", 2)))
         elif role == "mlp":
             _override(cell, _region_forward(cell, sp_gather, sp_scatter))
 
@@ -303,15 +316,18 @@ def _embedding_forward(cell, weight: Parameter, start: int, group: Group):
     return construct
 
 
-def _attention_forward(cell, sp_gather, sp_scatter):
+def _attention_forward(cell, sp_gather, sp_scatter, head_mask_arg=2):
+    """The attention cell on the gathered sequence; its other arguments (rope tables, masks:
+    the whole sequence's) pass through, the per-head mask at ``head_mask_arg`` (the region's,
+    None: none) narrowed to this rank's heads."""
     inner = cell.construct  # the model's forward as found (it may run compiled pieces)
 
-    def construct(x, cos, sin, mask_add):
+    def construct(x, *args):
         n = cell.num_heads
-        if mask_add.shape[1] > n:
+        if head_mask_arg is not None and len(args) > head_mask_arg and args[head_mask_arg].shape[1] > n:
             # the model builds one mask per head of the full model; every head has the same
-            mask_add = mask_add[:, :n]
-        return sp_scatter(inner(sp_gather(x), cos, sin, mask_add))
+            args = args[:head_mask_arg] + (args[head_mask_arg][:, :n],) + args[head_mask_arg + 1:]
+        return sp_scatter(inner(sp_gather(x), *args))
 
     return construct
 
@@ -325,15 +341,23 @@ def _region_forward(cell, sp_gather, sp_scatter):
     return construct
 
 
-def _moe_forward(cell, group: Group):
+def _local_tokens(tokens, group: Group, s_local: int) -> list:
+    """This rank's sequence shard of per-token tensors [B, S] of the whole sequence."""
+    start = group.index * s_local
+    return [t[:, start:start + s_local] for t in tokens]
+
+
+def _moe_forward(cell, group: Group, n_tokens: int = 0):
     """The MoE block on sequence shards: route local tokens, gather tokens and choices
     along the sequence, run the TP-sharded experts, reduce-scatter the partial output.
-    The cell's balance term sums its statistics over the TP group (:func:`_balance`)."""
+    The cell's balance term sums its statistics over the TP group (:func:`_balance`).
+    ``n_tokens`` per-token tensors of the whole sequence follow the hidden states (the
+    region's ``token_args``: e.g. token ids for hash routing); the router gets this shard's."""
 
-    def construct(x):
+    def construct(x, *tokens):
         b, s_local, h = x.shape
         flat = x.reshape(b * s_local, h)
-        topk_idx, topk_weight, scores = cell.gate(flat)
+        topk_idx, topk_weight, scores = cell.gate(flat, *_local_tokens(tokens[:n_tokens], group, s_local))
         k = topk_idx.shape[1]
         full_x = F.all_gather(x, group, SEQ_DIM)
         s = full_x.shape[1]
@@ -350,16 +374,16 @@ def _moe_forward(cell, group: Group):
     return construct
 
 
-def _moe_forward_local(cell, group: Group):
+def _moe_forward_local(cell, group: Group, n_tokens: int = 0):
     """The MoE block with whole experts (``expert_tensor_parallel: 1``): route and run the
     experts on this rank's sequence shard; only the TP-split shared experts gather the
     sequence and reduce-scatter their partial output. The token counts are summed over TP
-    (the whole sequence's, as with split experts)."""
+    (the whole sequence's, as with split experts). ``n_tokens``: as :func:`_moe_forward`'s."""
 
-    def construct(x):
+    def construct(x, *tokens):
         b, s_local, h = x.shape
         flat = x.reshape(b * s_local, h)
-        topk_idx, topk_weight, scores = cell.gate(flat)
+        topk_idx, topk_weight, scores = cell.gate(flat, *_local_tokens(tokens[:n_tokens], group, s_local))
         y, counts = cell.experts(flat, topk_idx, topk_weight)
         y = y.reshape(b, s_local, h)
         counts = C.all_reduce(counts.astype(ms.float32), group).astype(counts.dtype)

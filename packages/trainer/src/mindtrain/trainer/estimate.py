@@ -380,7 +380,8 @@ def _v4_attention(m: ModelConfig, i: int, z: _Shapes) -> Module:
     own += t * d * c + _rms(t, d) + 3 * t * d * F32         # the key/value head, norm, rope
     own += z.b * (z.sk + entries) * d * F32                 # keys with the entries appended
     own += 5 * t * n * d * F32                              # output, transposed, rope undone
-    own += t * n * d * F32 + 2 * t * m.o_groups * m.o_lora_rank * F32   # grouped projection
+    groups = m.o_groups * n // m.num_attention_heads         # this rank's groups (tensor parallelism splits them)
+    own += t * n * d * F32 + 2 * t * groups * m.o_lora_rank * F32   # grouped projection
     children = []
     if entries:
         def pooling(dim: int, width: int) -> int:
@@ -693,6 +694,8 @@ def estimate(cfg: MindTrainConfig, world_size: int, device: str = "Ascend",
             # each keeps its stage input and output (the stage recomputes its forward)
             in_flight = min(accum, dims.pp * chunks - r)
             act = cfg.training.local_batch_size * (m.seq_length // dims.cp // dims.tp) * m.hidden_size * F32
+            if m.model_type == "deepseek_v4":  # the stages pass the hc_mult hyper-connection streams
+                act *= m.hc_mult
             st.in_flight = 2 * in_flight * act
         stages.append(st)
     fpt = flops_per_token(m)

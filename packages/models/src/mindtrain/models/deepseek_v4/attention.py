@@ -163,7 +163,9 @@ class DeepseekV4Attention(nn.Cell):
     ``table_keys``) are the rope tables, the pair rotations and the masks of the sequence
     length, flat so that a recompute wrapper sees each tensor."""
 
-    REGION = Region.declare("attention")  # its region in the parallel plan (mindtrain.models.parallel_plan)
+    # its region in the parallel plan (mindtrain.models.parallel_plan): tensor parallelism splits
+    # the query heads and the output projection's groups; no argument is a per-head mask
+    REGION = Region.declare("attention", tp_counts=("o_groups",), head_mask_arg=None)
     matmul_dtype = None
 
     def __init__(self, cfg, kind: str, ratio: int):

@@ -132,6 +132,13 @@ class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
             balances.append(bal)
         return h, counts, balances
 
+    def stage_inputs(self, mb) -> tuple:
+        """What :meth:`run_layers` reads beside the hidden states and layer ids, for a pipeline
+        stage's micro-batch ``mb`` (``input_ids`` [B, S]): the tables of its sequence length and
+        the token ids (the hash-routed layers choose experts by them, on every stage)."""
+        ids = mb["input_ids"]
+        return self.tables(ids.shape[1]), ids
+
     def collapse(self, h):
         """The streams [B,S,N,H] collapsed by ``hc_head``: [B,S,H] (before the final norm)."""
         return self.model.hc_head(h)

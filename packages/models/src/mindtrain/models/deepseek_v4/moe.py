@@ -85,7 +85,9 @@ class DeepseekV4MoE(nn.Cell):
     """``gate`` (hash or learned), ``experts`` and ``shared_experts``. ``construct(x [B,S,H],
     ids [B,S])`` -> (y [B,S,H], tokens per expert [E], a zero balance loss: HF's V4 adds none)."""
 
-    REGION = Region.declare("moe")  # its region in the parallel plan (mindtrain.models.parallel_plan)
+    # its region in the parallel plan (mindtrain.models.parallel_plan): the token ids follow the
+    # hidden states (the hash router reads them; a sequence shard routes its own tokens' ids)
+    REGION = Region.declare("moe", token_args=1)
 
     def __init__(self, cfg, hashed: bool, block: int = MOE_BLOCK):
         super().__init__()
@@ -104,6 +106,10 @@ class DeepseekV4MoE(nn.Cell):
 
     def shared_output(self, x):
         return self.shared_experts(x) if self.n_shared else None
+
+    def sharded_balance(self, scores, topk_idx, counts, batch: int, seq: int, sum_counts, sum_scores):
+        """The balance term on a sequence shard (tensor parallelism): HF's V4 adds none."""
+        return ops.zeros((), ms.float32)
 
     def construct(self, x, ids):
         b, s, h = x.shape

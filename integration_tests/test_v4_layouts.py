@@ -1,0 +1,150 @@
+"""DeepSeek-V4 under the layouts equals one process (issue 32, "Layouts").
+
+The tiny V4 of ``configs/pynative_ds4_tiny.yaml`` (a sliding-window, a compressed sparse
+with its lightning indexer choosing 4 of 8 entries, and a heavily compressed layer; two
+hyper-connection streams; hash routing by token id in layer 0, learned sqrtsoftplus routing
+with the correction bias after; clamped SwiGLU experts; per-head attention sinks; the grouped
+low-rank output projection), compiled, trains 3 steps of the same global batch (4 sequences
+of 32 tokens, AdamW, the aux-loss-free bias update with the global expert load) as one
+process (4 accumulation micro-batches) and, in one 2-worker msrun launch, as
+
+- TP=2 with sequence parallelism: query heads, sinks and output groups split, the shared
+  key/value head, compressors and indexer whole on both ranks, the streams split along the
+  sequence and each shard's hash router reading its own tokens' ids;
+- EP=2 over the two data-parallel ranks with ZeRO-3 (one unit per decoder layer): the
+  clamped SwiGLU experts run by expert parallelism's own local step;
+- PP=2: the streams [B, S, hc, H] go between the stages, the token ids are on both.
+
+Per-step losses and grad norms, the final weights at full shape (with the correction
+biases) equal the single process at the DeepSeek-V3 rows' tolerances (test_tp_ep_parity.py),
+and every rank's parameter and AdamW bytes are mindtrain-estimate's. Context parallelism is
+not built for V4 (refused in one line).
+
+A fast test without msrun: tensor parallelism's splits of V4's attention as its plan
+declares them (no communication: the shards are local) and the one-line refusal of an
+``o_groups`` the degree does not divide.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mindtrain.trainer.quickstart import free_port
+
+WORKER = Path(__file__).parent / "workers" / "v4_layouts.py"
+CASES = ("tp2", "ep2_zero3", "pp2")
+LOSS_RTOL = 1e-5
+MODEL_RTOL = 1e-5      # ||all params - ref|| / ||ref||
+TENSOR_RTOL = 1e-4     # per tensor, as test_tp_ep_parity.py's
+
+
+def _env():
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env.setdefault("GLOG_v", "3")
+    return env
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    d = tmp_path_factory.mktemp("v4_layouts")
+    with open(d / "ref.log", "w") as log:  # the one process runs beside the msrun job
+        ref = subprocess.Popen([sys.executable, str(WORKER), str(d), "ref"], env=_env(), cwd=d, stdout=log,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port(8840)}",
+           f"--log_dir={d / 'log'}", "--join=True", str(WORKER), str(d), ",".join(CASES)]
+    proc = subprocess.Popen(cmd, env=_env(), cwd=d, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        proc.communicate(timeout=1800)  # a hang guard, not a timing check
+        ref.wait(timeout=1800)
+    except subprocess.TimeoutExpired:
+        for p in (proc, ref):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        raise
+    logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted((d / "log").glob("worker_*.log")))
+    assert proc.returncode == 0, logs
+    assert ref.returncode == 0, (d / "ref.log").read_text()[-3000:]
+    return {name: dict(np.load(d / f"{name}.npz")) for name in ("ref",) + CASES}
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("case", CASES)
+def test_v4_layout_equals_one_process(results, case):
+    ref, got = results["ref"], results[case]
+    assert bool(got["compiled"]) and bool(ref["compiled"])
+    np.testing.assert_allclose(got["losses"], ref["losses"], rtol=LOSS_RTOL, err_msg=case)
+    np.testing.assert_allclose(got["grad_norms"], ref["grad_norms"], rtol=LOSS_RTOL, err_msg=case)
+    names = sorted(k for k in ref if k.startswith("p:"))
+    assert sorted(k for k in got if k.startswith("p:")) == names, case
+    num = den = 0.0
+    for k in names:
+        a, b = got[k].astype(np.float64), ref[k].astype(np.float64)
+        assert a.shape == b.shape, (case, k)
+        diff, norm = float(np.linalg.norm(a - b)), float(np.linalg.norm(b))
+        num, den = num + diff ** 2, den + norm ** 2
+        assert diff <= TENSOR_RTOL * max(norm, 1e-12), f"{case} {k}: relative error {diff / max(norm, 1e-30):.2e}"
+    assert np.sqrt(num / den) <= MODEL_RTOL, f"{case}: model relative error {np.sqrt(num / den):.2e}"
+    # the bias update moved the learned routers' correction biases (layers 1 and 2)
+    assert any(np.abs(ref[k]).max() > 0 for k in names if k.endswith("e_score_correction_bias"))
+
+
+@pytest.mark.msrun
+def test_v4_layouts_hold_their_share(results):
+    """Per-rank bytes: TP halves the split attention weights, experts, vocabulary (each rank
+    holds less than 0.7 of one process's), EP x ZeRO-3 holds half the experts and a shard
+    of the rest, each stage of PP=2 a part of the layers; each is mindtrain-estimate's count
+    (parameters resident between steps and AdamW state, the indexer and hyper-connections
+    included)."""
+    full = int(results["ref"]["param_bytes_layout"])
+    for case in ("ref",) + CASES:
+        r = results[case]
+        assert int(r["param_bytes_layout"]) == int(r["param_bytes_estimate"]), case
+        assert int(r["optimizer_bytes"]) == int(r["optimizer_bytes_estimate"]), case
+        if case != "ref":
+            assert int(r["param_bytes_layout"]) < 0.7 * full, (case, full)
+
+
+# ---------------------------------------------------------------- one process, no msrun
+
+def test_deepseek_v4_splits_by_its_plan_and_refuses_what_does_not_divide():
+    """DeepSeek-V4's attention region (its plan: heads, sinks and the grouped output
+    projection's groups split; the one key/value head and the indexer whole) under TP=2 (no
+    communication: the shards are local); a model whose o_groups TP does not divide is
+    refused in one line naming the field before any weight changes."""
+    import mindspore as ms
+
+    from mindtrain.config import ConfigError, ModelConfig, ParallelDims
+    from mindtrain.models import build_model, parallel_plan
+    from mindtrain.parallel import DeviceMesh
+    from mindtrain.parallel.tensor_parallel import apply_tensor_parallel, param_bytes
+
+    def v4(**kw):
+        return ModelConfig(**dict(dict(
+            model_type="deepseek_v4", architectures="DeepseekV4ForCausalLM", seq_length=32, vocab_size=64,
+            hidden_size=32, moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=1, head_dim=16, q_lora_rank=24, qk_rope_head_dim=8, n_routed_experts=4,
+            num_experts_per_tok=2, compress_ratios=[0, 4], o_groups=2, o_lora_rank=8, index_n_heads=2,
+            index_head_dim=16, index_topk=2, hc_mult=2, num_hash_layers=1, max_position_embeddings=64), **kw))
+
+    ms.set_device("CPU")
+    mesh = DeviceMesh(ParallelDims(world_size=2, pp=1, dp_shard=1, cp=1, tp=2, ep=1), 0)
+    model = build_model(v4(), jit=False)
+    apply_tensor_parallel(model, parallel_plan(model), mesh)
+    attn = model.model.layers[1].self_attn
+    assert (attn.num_heads, attn.o_groups, tuple(attn.sinks.shape)) == (2, 1, (2,))
+    assert tuple(attn.q_b_proj.weight.shape) == (2 * 16, 24) and tuple(attn.kv_proj.weight.shape) == (16, 32)
+    assert tuple(attn.o_a_proj.weight.shape) == (8, 32) and tuple(attn.o_b_proj.weight.shape) == (32, 8)
+    assert tuple(attn.compressor.indexer.q_b_proj.weight.shape) == (2 * 16, 24)
+
+    model = build_model(v4(o_groups=1, o_lora_rank=16), jit=False)
+    before = param_bytes(model)
+    with pytest.raises(ConfigError, match=r"^model\.o_groups: 1 is not divisible by parallelism\.tensor_parallel=2"):
+        apply_tensor_parallel(model, parallel_plan(model), mesh)
+    assert param_bytes(model) == before

@@ -1,0 +1,172 @@
+"""Train the tiny DeepSeek-V4 for a few steps under the layouts (or alone), compiled.
+
+``python v4_layouts.py OUT_DIR CASE[,CASE...]`` under msrun (or plain python for ``ref``).
+Every case loads ``configs/pynative_ds4_tiny.yaml`` with its parallel degrees (validated as
+the trainer validates them), builds the model with the same name-seeded weights, compiles
+it, lays it out through :func:`mindtrain.parallel.parallelize` (the trainer's entry point),
+trains STEPS steps of the same GLOBAL sequences (the trainer's AdamW, clipping's global
+grad norm, the aux-loss-free bias update with the global expert load), and rank 0 writes
+``OUT_DIR/<case>.npz``: per-step losses and grad norms, every final parameter at full shape
+and the bytes this rank holds.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import zlib
+
+
+def _pin_to_one_core():
+    # before mindspore starts its threads: msrun rank r takes core r mod #cores, the plain
+    # reference process the last one (as tp_ep_parity.py's workers)
+    cpus = sorted(os.sched_getaffinity(0))
+    rank = os.environ.get("RANK_ID")
+    os.sched_setaffinity(0, {cpus[int(rank) % len(cpus)] if rank is not None else cpus[-1]})
+
+
+_pin_to_one_core()
+
+import numpy as np  # noqa: E402
+
+from mindspore import Tensor  # noqa: E402
+
+from mindtrain.config import ParallelDims, load_config  # noqa: E402
+from mindtrain.models import apply_compile, build_model, is_compiled, parallel_plan  # noqa: E402
+from mindtrain.parallel import DeviceMesh, collectives as C, init_distributed, parallelize  # noqa: E402
+from mindtrain.parallel.mesh import DIMS  # noqa: E402
+from mindtrain.parallel.pipeline_parallel import relax_receive_timeout  # noqa: E402
+from mindtrain.trainer.estimate import estimate  # noqa: E402
+from mindtrain.trainer.optimizer import AdamW  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIG = os.path.join(ROOT, "configs", "pynative_ds4_tiny.yaml")
+STEPS, GLOBAL, SEQ = int(os.environ.get("V4_STEPS", 2)), 2, 32
+# case -> (pp, dp_shard, tp, ep, overrides); one process takes the global batch as 4 micro-batches
+CASES = {
+    "ref": (1, 1, 1, 1, []),
+    # tensor parallelism with sequence parallelism: query heads, sinks and the output
+    # projection's groups split, the shared key/value head, compressors and indexer whole,
+    # the hyper-connection streams split along the sequence, hash routing by each shard's ids
+    "tp2": (1, 1, 2, 1, []),
+    # expert parallelism over the two data-parallel ranks, ZeRO-3 per decoder layer
+    "ep2_zero3": (1, 2, 1, 2, ["parallelism.data_parallel_shard_strategy=optim_grads_params"]),
+    # two pipeline stages: the streams [B, S, hc, H] between them, the token ids on both
+    "pp2": (2, 1, 1, 1, []),
+    # not in the test's job (its time): ZeRO-1 / ZeRO-2 over two data-parallel ranks
+    "zero1": (1, 2, 1, 1, ["parallelism.data_parallel_shard_strategy=optim"]),
+    "zero2": (1, 2, 1, 1, ["parallelism.data_parallel_shard_strategy=optim_grads"]),
+}
+MODEL = [f"model.seq_length={SEQ}", f"train_dataset.dataloader.config.seq_length={SEQ}",
+         # two layers: compressed sparse (its indexer choosing 4 of 8 entries; hash-routed) and
+         # heavily compressed (learned routing), each with a sliding window shorter than the
+         # sequence; fewer Sinkhorn iterations than the config's 20 (the same code, less time)
+         "model.num_hidden_layers=2", "model.compress_ratios=[4, 16]", "model.sliding_window=16",
+         "model.index_topk=4", "model.hc_sinkhorn_iters=4", f"training.global_batch_size={GLOBAL}"]
+
+
+def config(case: str):
+    pp, dp, tp, ep, extra = CASES[case]
+    return load_config(CONFIG, MODEL + [f"parallelism.pipeline_parallel={pp}", f"parallelism.tensor_parallel={tp}",
+                                        f"parallelism.expert_parallel={ep}", *extra],
+                       world_size=pp * dp * tp)
+
+
+def build(cfg):
+    model = build_model(cfg.model, jit=False)
+    for p in model.trainable_params():
+        name = p.name
+        if name.endswith(("norm.weight", "layernorm.weight", ".scale", "hc_scale")):
+            continue  # ones
+        rs = np.random.RandomState(zlib.crc32(name.encode()))
+        p.set_data(Tensor(rs.normal(0.0, 0.05, p.shape).astype(np.float32)))
+    apply_compile(model)
+    return model
+
+
+def data(step):
+    rs = np.random.RandomState(100 + step)
+    tokens = rs.randint(0, 512, (GLOBAL, SEQ + 1)).astype(np.int32)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+_groups: dict = {}
+
+
+def make_mesh(dims, rank):
+    """A mesh whose backend groups are created once per member set across the cases."""
+    mesh = DeviceMesh(dims, rank)
+    for dim in DIMS:
+        ranks = mesh.group_ranks(dim)
+        if ranks not in _groups:
+            _groups[ranks] = C.new_group(ranks) if dims.world_size > 1 else None
+        mesh._names[dim] = _groups[ranks]
+    mesh._created = True
+    return mesh
+
+
+def run(case, world, rank, out_dir):
+    pp, dp, tp, ep, _ = CASES[case]
+    cfg = config(case)
+    dims = ParallelDims(world_size=pp * dp * tp, pp=pp, dp_shard=dp, cp=1, tp=tp, ep=ep)
+    assert dims.world_size == world, (case, world)
+    mesh = make_mesh(dims, rank)
+    model = build(cfg)
+    plan = parallel_plan(model)
+    acc = GLOBAL // dp  # one sequence per micro-batch
+    layout = parallelize(model, plan, mesh, cfg, accumulation=acc, columns=["input_ids", "labels"], connect=False)
+    # eps 1e-6, not 1e-8: layer 0's hyper-connection streams are identical copies of the
+    # embedding, and the norm after the collapse makes the loss blind to the collapse weights'
+    # scale and to the Sinkhorn mixing, so those rows of attn_hc.fn / base / scale get
+    # gradients of float round-off only (1e-9 .. 1e-12, analytically 0); with eps 1e-8 AdamW
+    # turns that round-off into updates of about lr that differ between any two summation
+    # orders (one process against another would differ as much). Real gradients here are
+    # 1e-4 .. 1e-1, far above eps either way.
+    opt = AdamW(layout.named_params, lr=1e-3, betas=(0.9, 0.95), eps=1e-6, weight_decay=0.01)
+    d = mesh.group("dp_cp").index
+    losses, norms = [], []
+    import time
+    for step in range(STEPS):
+        t0 = time.perf_counter()
+        ids, labels = data(step)
+        rows = [slice(d * acc + m, d * acc + m + 1) for m in range(acc)]
+        figures = layout.run_step([{"input_ids": ids[r], "labels": labels[r]} for r in rows])
+        grads = layout.gradients()
+        norms.append(layout.grad_norm(grads))
+        opt.step(grads)
+        layout.finish_step()
+        model.update_expert_bias(layout.expert_load())
+        local = sum(f.loss for f in figures) / len(figures)
+        print(f"{case} step {step} {time.perf_counter() - t0:.2f}s", flush=True)
+        losses.append(float(C.all_reduce(Tensor([local]), mesh.group("dp_cp"), op="avg").asnumpy()[0])
+                      if world > 1 and mesh.group("dp_cp").size > 1 else local)
+    state = layout.to_full([t for _, t in layout.named_params])
+    for i, layer in enumerate(model.model.layers):  # untrained: the aux-loss-free bias update's
+        gate = layer.mlp.gate
+        if hasattr(gate, "e_score_correction_bias"):
+            state[gate.e_score_correction_bias.name] = gate.e_score_correction_bias.asnumpy()
+    # mindtrain-estimate's bytes of this rank's stage (parameters resident between steps, AdamW state)
+    est = estimate(cfg, world, "CPU").stages[mesh.group("pp").index]
+    result = {"losses": np.array(losses), "grad_norms": np.array(norms), "compiled": is_compiled(model),
+              "param_bytes_layout": layout.memory_bytes(), "param_bytes_estimate": est.params,
+              "optimizer_bytes": opt.state_bytes() if hasattr(opt, "state_bytes") else -1,
+              "optimizer_bytes_estimate": est.optimizer}
+    if rank == 0:
+        np.savez(os.path.join(out_dir, f"{case}.npz"), **result, **{f"p:{n}": v for n, v in state.items()})
+    if world > 1:
+        C.barrier()
+
+
+def main():
+    out_dir, cases = sys.argv[1], sys.argv[2].split(",")
+    if cases == ["ref"]:
+        run("ref", 1, 0, out_dir)
+        return
+    relax_receive_timeout()  # a pipeline stage waits a whole neighbour's step
+    world, rank = init_distributed()
+    for case in cases:
+        run(case, world, rank, out_dir)
+
+
+if __name__ == "__main__":
+    main()
