@@ -74,3 +74,24 @@ def test_simulated_cp_ranks_equal_one_process(seq, window, topk):
     for r in range(cp):
         np.testing.assert_allclose(got[r], whole[:, chunk_indices(seq, cp, r)], atol=2e-5, rtol=0)
     assert np.abs(whole).max() > 0.05
+
+
+def test_config_rules():
+    """Colossal CP is built (each chunk a whole number of windows of every compress ratio);
+    Ulysses and hybrid are a one-line error naming the field."""
+    from mindtrain.config import ConfigError
+    from mindtrain.config.schema import ParallelismConfig
+    from mindtrain.config.validate import validate_parallelism
+
+    m = load_config(TINY).model  # seq 256, ratios 4 and 16
+    validate_parallelism(ParallelismConfig(context_parallel=2), m)
+    validate_parallelism(ParallelismConfig(context_parallel=8), m)  # chunks of 16 tokens
+    with pytest.raises(ConfigError) as err:
+        validate_parallelism(ParallelismConfig(context_parallel=16), m)
+    assert str(err.value).startswith("parallelism.context_parallel: 16: DeepSeek-V4 needs each of the 2 x "
+                                     "context_parallel chunks (seq_length / 32 = 8 tokens)")
+    for method in ("ulysses", "hybrid"):
+        with pytest.raises(ConfigError) as err:
+            validate_parallelism(ParallelismConfig(context_parallel=4, context_parallel_method=method,
+                                                   ulysses_degree_in_cp=2 if method == "hybrid" else None), m)
+        assert str(err.value).startswith(f"parallelism.context_parallel_method: '{method}' is not built for DeepSeek-V4")

@@ -287,7 +287,7 @@ def test_mindformers_names_read_into_v4():
     assert to_canonical(dict(base, num_hidden_layers=2, scoring_func="sqrtsoftplus"))["num_key_value_heads"] == 1
 
 
-@pytest.mark.parametrize("field", ["tensor_parallel", "context_parallel", "expert_parallel", "pipeline_parallel"])
+@pytest.mark.parametrize("field", ["tensor_parallel", "expert_parallel", "pipeline_parallel"])
 def test_layouts_v4_lacks_are_refused_in_one_line(field):
     from mindtrain.config.schema import ParallelismConfig
     from mindtrain.config.validate import validate_parallelism
