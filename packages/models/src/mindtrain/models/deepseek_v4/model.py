@@ -103,6 +103,9 @@ class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
         if attention_mask is not None:
             raise ValueError("DeepSeek-V4: attention_mask (packed documents) is not supported; each row is one "
                              "causal sequence")
+        if self._exchange() is not None:
+            raise RuntimeError("DeepSeek-V4 laid out for context parallelism runs through the layout's stage "
+                               "(its pieces on this rank's chunks), not model(...)")
         tables = self.tables(s)
         h = self.embed(input_ids)
         h, counts, balances = self.run_layers(h, range(self.num_layers), tables, input_ids=input_ids)
