@@ -49,17 +49,20 @@ def _local_logits(model, ids, idx, exchange):
     return model.logits(h).asnumpy()
 
 
-@pytest.mark.parametrize("seq, window, topk", [(64, 32, 16), (128, 8, 8)])
-def test_simulated_cp_ranks_equal_one_process(seq, window, topk):
-    """seq 64 / window 32: chunks of 16 tokens, a halo of 31 keys from up to two chunks
-    before, 16 CSA entries all kept; seq 128 / window 8: a 7-key halo from the chunk before,
-    the indexer keeping 8 of up to 32 entries. HCA (ratio 16) pools one or two windows per chunk."""
+@pytest.mark.parametrize("cp, window, topk, hca", [(2, 32, 16, 16), (4, 8, 8, 8)])
+def test_simulated_cp_ranks_equal_one_process(cp, window, topk, hca):
+    """64 tokens. CP=2, window 32: chunks of 16 tokens, a halo of 31 keys from up to two
+    chunks before, 16 CSA entries all kept, HCA ratio 16; CP=4, window 8: chunks of 8 tokens
+    on 4 ranks (0 and 7, 1 and 6, ...), a 7-key halo from the chunk before, the indexer
+    keeping 8 of up to 16 entries, HCA ratio 8. HCA pools one window per chunk."""
+    seq = 64
     cfg = load_config(TINY, [f"model.seq_length={seq}", f"train_dataset.dataloader.config.seq_length={seq}",
-                             f"model.sliding_window={window}", f"model.index_topk={topk}"]).model
+                             f"model.sliding_window={window}", f"model.index_topk={topk}",
+                             f"model.compress_ratios=[0, 4, {hca}]"]).model
     model = mm.build_model(cfg, jit=False, seed=3)
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (1, seq)).astype(np.int32)
     whole = model(Tensor(ids)).asnumpy()
-    cp, store, got, rounds = 2, {}, None, 0
+    store, got, rounds = {}, None, 0
     while rounds < 10:  # a forward gathers 8 pieces: it settles in at most 9 rounds
         rounds += 1
         prev, got = got, {}

@@ -74,7 +74,8 @@ class Compressor(nn.Cell):
     ``overlap`` (compressed sparse attention) each token projects two series (width 2 x dim):
     entry w pools window w-1's first series with window w's second (2 x ratio slots).
     ``construct(x [B,S,H], cos, sin [T, dim] at the entries' positions, rotation)`` -> [B, T, dim]
-    (normed, roped), T = S // ratio; None when T is 0."""
+    (normed, roped), T = S // ratio; None when T is 0. Under context parallelism (``exchange``)
+    x holds this rank's chunks and the result is every entry of the whole sequence."""
 
     matmul_dtype = None
 
@@ -100,6 +101,9 @@ class Compressor(nn.Cell):
             return None
         cd = self.matmul_dtype
         if nw * m != c:
+            if exchange is not None:
+                raise ValueError(f"DeepSeek-V4 context parallelism: a chunk of {c} tokens is not a whole number of "
+                                 f"ratio-{m} windows (parallelism.context_parallel)")
             x = x[:, :nw * m]
         kv = linear(x, self.kv_proj.weight, None, cd).reshape(b * nch, nw, m, -1)
         gate = linear(x, self.gate_proj.weight, None, cd).reshape(b * nch, nw, m, -1) + self.position_bias
@@ -109,7 +113,7 @@ class Compressor(nn.Cell):
                 first_kv = ops.zeros((b, 1, m, d), kv.dtype)
                 first_gate = ops.fill(gate.dtype, (b, 1, m, d), NEG)
             else:
-                first_kv, first_gate = self._boundary(kv, gate, exchange, b, nch)
+                first_kv, first_gate = self._boundary(kv, gate, exchange, b, nch, detach)
             if nw > 1:
                 prev_kv = ops.concat((first_kv, kv[:, :-1, :, :d]), 1)
                 prev_gate = ops.concat((first_gate, gate[:, :-1, :, :d]), 1)
@@ -126,13 +130,15 @@ class Compressor(nn.Cell):
             pooled = ops.stop_gradient(pooled)
         return exchange(pooled)[0]
 
-    def _boundary(self, kv, gate, exchange, b: int, nch: int):
+    def _boundary(self, kv, gate, exchange, b: int, nch: int, detach: bool = False):
         """The first series of the window before each local chunk's first one (that chunk's
         ``first_kv``, ``first_gate`` [B * chunks, 1, m, d]): the last window of the chunk
         before, from the all-gathered last windows of every chunk; none (empty slots) before
         chunk 0."""
         m, d = self.ratio, self.dim
         tails = ops.stack((kv[:, -1, :, :d], gate[:, -1, :, :d]), 1).reshape(b, nch, 2 * m * d)
+        if detach:
+            tails = ops.stop_gradient(tails)
         whole = exchange(tails)[0]                                         # [B, 2cp, 2 m d], chunk order
         empty = ops.concat((ops.zeros((b, 1, m * d), whole.dtype), ops.fill(whole.dtype, (b, 1, m * d), NEG)), 2)
         ext = ops.concat((empty, whole), 1)                                # row k: the tail of chunk k - 1
