@@ -290,17 +290,14 @@ def test_mindformers_names_read_into_v4():
 
 
 def test_v4_layouts_are_accepted_and_what_cannot_split_is_refused_in_one_line():
-    """Tensor, expert and pipeline parallelism lay V4 out; context parallelism is refused
-    (not built here), and so is a tensor-parallel degree that does not divide o_groups (the
-    grouped output projection splits by whole groups)."""
+    """Tensor, expert, pipeline and context parallelism lay V4 out (the CP rules are in
+    mindtrain-config's test_config_rules); a tensor-parallel degree that does not divide
+    o_groups is refused (the grouped output projection splits by whole groups)."""
     from mindtrain.config.schema import ParallelismConfig
     from mindtrain.config.validate import validate_parallelism
 
-    for field in ("tensor_parallel", "expert_parallel", "pipeline_parallel"):
+    for field in ("tensor_parallel", "expert_parallel", "pipeline_parallel", "context_parallel"):
         validate_parallelism(ParallelismConfig(**{field: 2}), _v4())
-    with pytest.raises(ConfigError) as err:
-        validate_parallelism(ParallelismConfig(context_parallel=2), _v4())
-    assert str(err.value).startswith("parallelism.context_parallel: 2: DeepSeek-V4 is not laid out")
     with pytest.raises(ConfigError) as err:
         validate_parallelism(ParallelismConfig(tensor_parallel=2), _v4(o_groups=1, o_lora_rank=16))
     assert str(err.value) == ("parallelism.tensor_parallel: 2 must divide model.o_groups (1): DeepSeek-V4's "

@@ -308,6 +308,21 @@ def _validate_common(m: ModelConfig, path: str) -> None:
         raise ConfigError(f"{path}.rms_norm_eps", f"must be > 0, got {m.rms_norm_eps}")
 
 
+def _v4_context_parallel(p: ParallelismConfig, m: ModelConfig, path: str) -> None:
+    """DeepSeek-V4's context parallelism (MindFormers' compressed-attention scheme): colossal
+    only, each of the 2 x context_parallel chunks a whole number of compressed windows."""
+    if p.context_parallel_method != "colossal":
+        raise ConfigError(f"{path}.context_parallel_method", f"{p.context_parallel_method!r} is not built for "
+                          f"DeepSeek-V4 (its compressed attention runs MindFormers' all-gather scheme); use colossal")
+    chunk = m.seq_length // (2 * p.context_parallel)
+    for ratio in sorted({int(r) for r in (m.compress_ratios or ())[:m.num_hidden_layers] if int(r) > 1}):
+        if chunk % ratio:
+            raise ConfigError(f"{path}.context_parallel", f"{p.context_parallel}: DeepSeek-V4 needs each of the "
+                              f"2 x context_parallel chunks (seq_length / {2 * p.context_parallel} = {chunk} tokens) "
+                              f"to be a multiple of every compress ratio ({ratio}); use fewer CP ranks or a longer "
+                              f"seq_length")
+
+
 def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
     path = "parallelism"
     check_degrees(p)
@@ -315,11 +330,6 @@ def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
     reshard_after_forward(p.reshard_after_forward_policy, p.data_parallel_shard_strategy, p.pipeline_parallel > 1)
     tp = p.tensor_parallel
     if m.model_type == "deepseek_v4":
-        for name in ("context_parallel",):
-            if getattr(p, name) > 1:
-                raise ConfigError(f"{path}.{name}", f"{getattr(p, name)}: DeepSeek-V4 is not laid out over "
-                                                    f"{name.replace('_', ' ')} yet (its compressed attention has "
-                                                    f"no sequence split); set it to 1")
         if m.o_groups % tp:
             # the grouped output projection splits by whole groups (each rank's query heads)
             raise ConfigError(f"{path}.tensor_parallel", f"{tp} must divide model.o_groups ({m.o_groups}): "
@@ -344,6 +354,8 @@ def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
     if method not in ("colossal", "ulysses", "hybrid"):
         raise ConfigError(f"{path}.context_parallel_method", f"{method!r} is not a method; use colossal "
                           f"(load-balanced causal chunks with all-gathered keys/values), ulysses or hybrid")
+    if cp > 1 and m.model_type == "deepseek_v4":
+        _v4_context_parallel(p, m, path)
     if uly is not None and (not isinstance(uly, int) or uly < 1):
         raise ConfigError(f"{path}.ulysses_degree_in_cp", f"must be a positive integer, got {uly!r}")
     if cp > 1 and method == "ulysses" and uly not in (None, cp):

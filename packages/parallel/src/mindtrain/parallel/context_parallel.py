@@ -108,11 +108,31 @@ class _KVExchange:
     sequence order, in one collective. Called with any number of pieces whose sequence axis
     is their second-to-last (MLA: the latent ``[B, S, kv_lora]`` and the roped key
     ``[B, 1, S, rope]``; grouped-query attention: keys and values ``[B, Nkv, S, d]``); returns
-    them with the whole sequence on that axis."""
+    them with the whole sequence on that axis.
+
+    Any sequence cut into the same ``2 * cp`` chunks works, whatever its length: the tokens,
+    one entry per ``r`` tokens (``r`` dividing the chunk length), or one row per chunk (local
+    length 2: e.g. each chunk's last tokens, which the next chunk's rank needs). ``chunks``
+    (this rank's chunk numbers, in its local order) and ``num_chunks`` say how the sequence
+    is cut, for a model that builds its tables or masks per chunk."""
 
     def __init__(self, group: Group, seq_length: int):
         self.group = group
+        self.seq_length = seq_length
+        self.chunks = (group.index, 2 * group.size - 1 - group.index)
+        self.num_chunks = 2 * group.size
         self.perm = Tensor(_gathered_order(seq_length, group.size))
+        self._perms = {seq_length: self.perm}
+
+    def _perm(self, n: int) -> Tensor:
+        perm = self._perms.get(n)
+        if perm is None:
+            perm = self._perms[n] = Tensor(_gathered_order(n, self.group.size))
+        return perm
+
+    def _gather(self, local):
+        """Every member's rows, in group order (one all-gather; gradients summed back)."""
+        return F.all_gather(local, self.group, 0)
 
     def __call__(self, *pieces):
         flat, shapes = [], []
@@ -122,7 +142,7 @@ class _KVExchange:
             shapes.append((axes, t.shape))
             flat.append(t.reshape(t.shape[0], -1))
         local = flat[0] if len(flat) == 1 else ops.concat(flat, 1)
-        whole = ops.gather(F.all_gather(local, self.group, 0), self.perm, 0)
+        whole = ops.gather(self._gather(local), self._perm(local.shape[0] * self.group.size), 0)
         n = whole.shape[0]
         out, start = [], 0
         for (axes, shape), f in zip(shapes, flat):

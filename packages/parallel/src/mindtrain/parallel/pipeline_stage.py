@@ -1,6 +1,6 @@
 """One pipeline stage: a contiguous range of the model's units and its forward/backward.
 
-The stage runs the model's own pieces (duck-typed: ``embed``, ``rope`` or ``stage_inputs``, ``run_layers``,
+The stage runs the model's own pieces (duck-typed: ``embed``, ``begin_forward``, ``rope``, ``run_layers``,
 ``lm_loss``, ``mtp_forward``, ``combine_losses``, ``balance_term``; ``config``, ``moe_layer_ids``,
 ``balance_spans_layers``; see the
 causal LM of the models package) on the units of its parallel plan
@@ -77,11 +77,9 @@ class ModelStage:
         begin = getattr(model, "begin_forward", None)
         if begin is not None:  # per micro-batch state of the model's forward (its dropout tokens)
             begin(mb)
-        # what the layers read beside the hidden states: the model's rule (``stage_inputs``:
-        # e.g. rope tables and the token ids a hash router reads), else rope and the mask
-        stage_inputs = getattr(model, "stage_inputs", None)
-        context = tuple(stage_inputs(mb)) if stage_inputs is not None else \
-            (*model.rope(mb["position_ids"]), mb["mask_add"])
+        # what the layers read beside the hidden states and the ids the model keeps from
+        # ``begin_forward`` (e.g. the token ids a hash router reads): rope and the mask
+        context = (*model.rope(mb["position_ids"]), mb["mask_add"])
         if self.is_first:
             h = model.embed(mb["input_ids"])
         h, counts, balances = model.run_layers(h, self.decoder_ids, *context)

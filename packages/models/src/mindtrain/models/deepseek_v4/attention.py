@@ -12,6 +12,24 @@ low-rank output projection, and per layer one of three kinds of keys:
 Runs eagerly: the indexer's top-k and the variable entry counts are host-side shapes. A
 compressed entry ``w`` (tokens ``w*ratio .. (w+1)*ratio - 1``) is visible to query ``t`` when
 ``w < (t + 1) // ratio``, as HF's ``block_bias``.
+
+Context parallelism (MindFormers' ``csa_context_parallel.py`` scheme on the parallel
+package's load-balanced chunks: each rank holds chunks ``i`` and ``2 * cp - 1 - i`` of the
+``2 * cp`` equal chunks). The layout sets ``kv_exchange``, an all-gather over the CP group
+that returns pieces of any sequence cut into those chunks in sequence order. Queries stay
+local; per layer and per local chunk:
+
+- the sliding keys: the chunk's own keys after a halo of the ``sliding_window - 1`` keys
+  before it, taken from the all-gathered last keys of every chunk (MindFormers' window halo);
+- the compressed entries: each rank pools its own chunks' windows (chunk lengths are
+  multiples of the ratio); ratio 4's overlapping pooling takes its first window's other
+  series from the chunk before (the all-gathered last window of every chunk: MindFormers'
+  boundary halo); the pooled entries of all ranks are all-gathered, so every query sees the
+  whole sequence's entries under the causal entry bias;
+- the lightning indexer: its own pooled keys are gathered the same way (no gradient), its
+  queries and top-k are the local queries' over all entries.
+
+Every gather is an all-gather, its gradient summed back to the rank that made the piece.
 """
 
 from __future__ import annotations
@@ -41,9 +59,10 @@ def apply_rope(x, cos, sin, rotation, inverse: bool = False):
     return x * cos - rotated * sin if inverse else x * cos + rotated * sin
 
 
-def causal_entry_bias(seq: int, ratio: int, n_entries: int) -> np.ndarray:
-    """[S, T] additive bias: 0 where query t may see compressed entry w (w < (t + 1) // ratio)."""
-    t = np.arange(seq)[:, None]
+def causal_entry_bias(positions: np.ndarray, ratio: int, n_entries: int) -> np.ndarray:
+    """[len(positions), T] additive bias: 0 where the query at position t may see compressed
+    entry w (w < (t + 1) // ratio)."""
+    t = np.asarray(positions)[:, None]
     w = np.arange(n_entries)[None, :]
     return np.where(w < (t + 1) // ratio, 0.0, NEG).astype(np.float32)
 
@@ -55,7 +74,8 @@ class Compressor(nn.Cell):
     ``overlap`` (compressed sparse attention) each token projects two series (width 2 x dim):
     entry w pools window w-1's first series with window w's second (2 x ratio slots).
     ``construct(x [B,S,H], cos, sin [T, dim] at the entries' positions, rotation)`` -> [B, T, dim]
-    (normed, roped), T = S // ratio; None when T is 0."""
+    (normed, roped), T = S // ratio; None when T is 0. Under context parallelism (``exchange``)
+    x holds this rank's chunks and the result is every entry of the whole sequence."""
 
     matmul_dtype = None
 
@@ -68,31 +88,63 @@ class Compressor(nn.Cell):
         self.position_bias = new_weight((ratio, width), Init("zeros"), "position_bias")
         self.kv_norm = RMSNorm(dim, eps)
 
-    def construct(self, x, cos, sin, rotation):
+    def construct(self, x, cos, sin, rotation, exchange=None, detach: bool = False):
+        """Entries of ``x``'s windows; with ``exchange`` (context parallelism) of this rank's
+        chunks, then all-gathered: every entry of the whole sequence, in order (``detach``:
+        gathered without gradient, for the indexer)."""
         b, s, _ = x.shape
         m, d = self.ratio, self.dim
-        nw = s // m
+        nch = 1 if exchange is None else len(exchange.chunks)
+        c = s // nch                                                       # tokens per chunk
+        nw = c // m                                                        # windows per chunk
         if nw == 0:
             return None
         cd = self.matmul_dtype
-        if nw * m != s:
+        if nw * m != c:
+            if exchange is not None:
+                raise ValueError(f"DeepSeek-V4 context parallelism: a chunk of {c} tokens is not a whole number of "
+                                 f"ratio-{m} windows (parallelism.context_parallel)")
             x = x[:, :nw * m]
-        kv = linear(x, self.kv_proj.weight, None, cd).reshape(b, nw, m, -1)
-        gate = linear(x, self.gate_proj.weight, None, cd).reshape(b, nw, m, -1) + self.position_bias
+        kv = linear(x, self.kv_proj.weight, None, cd).reshape(b * nch, nw, m, -1)
+        gate = linear(x, self.gate_proj.weight, None, cd).reshape(b * nch, nw, m, -1) + self.position_bias
         if self.overlap:
             cur_kv, cur_gate = kv[..., d:], gate[..., d:]
-            empty_kv = ops.zeros((b, 1, m, d), kv.dtype)
-            empty_gate = ops.fill(gate.dtype, (b, 1, m, d), NEG)
-            if nw > 1:
-                prev_kv = ops.concat((empty_kv, kv[:, :-1, :, :d]), 1)
-                prev_gate = ops.concat((empty_gate, gate[:, :-1, :, :d]), 1)
+            if exchange is None:
+                first_kv = ops.zeros((b, 1, m, d), kv.dtype)
+                first_gate = ops.fill(gate.dtype, (b, 1, m, d), NEG)
             else:
-                prev_kv, prev_gate = empty_kv, empty_gate
+                first_kv, first_gate = self._boundary(kv, gate, exchange, b, nch, detach)
+            if nw > 1:
+                prev_kv = ops.concat((first_kv, kv[:, :-1, :, :d]), 1)
+                prev_gate = ops.concat((first_gate, gate[:, :-1, :, :d]), 1)
+            else:
+                prev_kv, prev_gate = first_kv, first_gate
             kv = ops.concat((prev_kv, cur_kv), 2)
             gate = ops.concat((prev_gate, cur_gate), 2)
-        pooled = (kv * ops.softmax(gate, 2)).sum(2)                       # [B, nw, d]
+        pooled = (kv * ops.softmax(gate, 2)).sum(2).reshape(b, nch * nw, d)  # [B, entries, d]
         pooled = rms_norm(pooled, self.kv_norm.weight, self.eps)
-        return apply_rope(pooled, cos, sin, rotation)
+        pooled = apply_rope(pooled, cos, sin, rotation)
+        if exchange is None:
+            return pooled
+        if detach:
+            pooled = ops.stop_gradient(pooled)
+        return exchange(pooled)[0]
+
+    def _boundary(self, kv, gate, exchange, b: int, nch: int, detach: bool = False):
+        """The first series of the window before each local chunk's first one (that chunk's
+        ``first_kv``, ``first_gate`` [B * chunks, 1, m, d]): the last window of the chunk
+        before, from the all-gathered last windows of every chunk; none (empty slots) before
+        chunk 0."""
+        m, d = self.ratio, self.dim
+        tails = ops.stack((kv[:, -1, :, :d], gate[:, -1, :, :d]), 1).reshape(b, nch, 2 * m * d)
+        if detach:
+            tails = ops.stop_gradient(tails)
+        whole = exchange(tails)[0]                                         # [B, 2cp, 2 m d], chunk order
+        empty = ops.concat((ops.zeros((b, 1, m * d), whole.dtype), ops.fill(whole.dtype, (b, 1, m * d), NEG)), 2)
+        ext = ops.concat((empty, whole), 1)                                # row k: the tail of chunk k - 1
+        before = ops.gather(ext, Tensor(np.asarray(exchange.chunks, np.int32)), 1)
+        before = before.reshape(b * nch, 1, 2, m, d)
+        return before[:, :, 0], before[:, :, 1]
 
 
 class Scorer(nn.Cell):
@@ -119,11 +171,13 @@ class Indexer(Compressor):
         self.q_b_proj = Linear(q_lora_rank, self.heads * self.dim, init_std=std)
         self.scorer = Scorer(cfg.hidden_size, self.heads, std)
 
-    def select(self, x, q_latent, tables, seq_bias):
+    def select(self, x, q_latent, tables, seq_bias, exchange=None):
         """Additive bias [B, S, T] over the compressed entries (``seq_bias`` [S, T]: the
-        causal one), or None without entries."""
+        causal one), or None without entries. With ``exchange`` (context parallelism), S are
+        the local queries and T every entry of the sequence."""
         b, s, _ = x.shape
-        keys = Compressor.construct(self, x, tables["index_entry_cos"], tables["index_entry_sin"], tables["index_rotation"])
+        keys = Compressor.construct(self, x, tables["index_entry_cos"], tables["index_entry_sin"],
+                                    tables["index_rotation"], exchange, True)
         if keys is None:
             return None
         t = keys.shape[1]
@@ -190,6 +244,7 @@ class DeepseekV4Attention(nn.Cell):
         else:
             self.compressor = None
         self.bmm_t = ops.BatchMatMul(transpose_b=True)
+        self.kv_exchange = None  # context parallelism's all-gather over the CP group (set by the layout)
 
     table_keys: tuple = ()  # the names of the tables construct is given, in order (set by the model)
 
@@ -205,27 +260,54 @@ class DeepseekV4Attention(nn.Cell):
         q = apply_rope(unweighted_rms_norm(q, self.eps), cos.reshape(1, s, 1, d), sin.reshape(1, s, 1, d), rot)
         kv = rms_norm(linear(x, self.kv_proj.weight, None, cd), self.kv_norm.weight, self.eps)
         kv = apply_rope(kv, cos, sin, rot)                                    # [B, S, d]
-        mask = ops.broadcast_to(tables["sliding_mask"], (b, s, s))
+        ex = self.kv_exchange
+        nch = 1 if ex is None else len(ex.chunks)  # the query chunks (one: the whole sequence)
+        c, bc = s // nch, b * nch
+        keys = kv.reshape(bc, c, d) if ex is None else self._window_keys(kv, tables["halo_index"], ex, nch)
+        window = tables["sliding_mask"]                                       # [chunks, c, keys]
+        mask = ops.broadcast_to(ops.expand_dims(window, 0), (b,) + tuple(window.shape)).reshape(bc, c, -1)
         if self.compressor is not None:
-            entries = self.compressor(x, tables[f"entry_cos.{self.ratio}"], tables[f"entry_sin.{self.ratio}"], rot)
-            if entries is not None:
+            entries = self.compressor(x, tables[f"entry_cos.{self.ratio}"], tables[f"entry_sin.{self.ratio}"], rot, ex)
+            if entries is not None:                                           # [B, T, d]: every entry
+                t = entries.shape[1]
                 seq_bias = tables[f"entry_bias.{self.ratio}"]
                 if self.kind == "csa":
-                    bias = self.compressor.indexer.select(x, q_latent, tables, seq_bias)
+                    bias = self.compressor.indexer.select(x, q_latent, tables, seq_bias, ex)
                 else:
-                    bias = ops.broadcast_to(seq_bias, (b, s, entries.shape[1]))
-                kv = ops.concat((kv, entries), 1)
-                mask = ops.concat((mask, bias), 2)
-        sk = kv.shape[1]
-        qh = ops.transpose(q, (0, 2, 1, 3)).reshape(b, n * s, d)
-        scores = self.bmm_t(qh, kv).reshape(b, n, s, sk) * (d ** -0.5) + ops.expand_dims(mask, 1)
-        sinks = ops.broadcast_to(self.sinks.reshape(1, n, 1, 1), (b, n, s, 1))
+                    bias = ops.broadcast_to(seq_bias, (b, s, t))
+                if nch > 1:
+                    entries = ops.broadcast_to(ops.expand_dims(entries, 1), (b, nch, t, d)).reshape(bc, t, d)
+                keys = ops.concat((keys, entries), 1)
+                mask = ops.concat((mask, bias.reshape(bc, c, t)), 2)
+        sk = keys.shape[1]
+        qh = ops.transpose(q.reshape(bc, c, n, d), (0, 2, 1, 3)).reshape(bc, n * c, d)
+        scores = self.bmm_t(qh, keys).reshape(bc, n, c, sk) * (d ** -0.5) + ops.expand_dims(mask, 1)
+        sinks = ops.broadcast_to(self.sinks.reshape(1, n, 1, 1), (bc, n, c, 1))
         probs = ops.softmax(ops.concat((scores, sinks), -1), -1)[..., :sk]
-        out = ops.bmm(probs.reshape(b, n * s, sk), kv).reshape(b, n, s, d)
-        out = ops.transpose(out, (0, 2, 1, 3))                              # [B, S, N, d]
+        out = ops.bmm(probs.reshape(bc, n * c, sk), keys).reshape(bc, n, c, d)
+        out = ops.transpose(out, (0, 2, 1, 3)).reshape(b, s, n, d)          # [B, S, N, d]
         out = apply_rope(out, cos.reshape(1, s, 1, d), sin.reshape(1, s, 1, d), rot, inverse=True)
         g = self.o_groups
         grouped = ops.transpose(out.reshape(b * s, g, n * d // g), (1, 0, 2))  # [G, BS, in]
         w = self.o_a_proj.weight.reshape(g, self.o_lora_rank, n * d // g)
         low = ops.transpose(self.bmm_t(grouped, w), (1, 0, 2)).reshape(b, s, g * self.o_lora_rank)
         return linear(low, self.o_b_proj.weight, None, cd)
+
+    @staticmethod
+    def _window_keys(kv, halo_index, exchange, nch: int):
+        """Context parallelism's sliding keys [B * chunks, halo + c, d]: per local chunk the
+        ``halo`` keys before it (zeros before the sequence start, masked) and its own. Each
+        chunk's last ``min(halo, c)`` keys are all-gathered (chunk order); ``halo_index``
+        [chunks, halo] picks each local chunk's halo from them after ``halo`` zero rows."""
+        b, s, d = kv.shape
+        c = s // nch
+        own = kv.reshape(b, nch, c, d)
+        halo = halo_index.shape[1]
+        if halo == 0:
+            return own.reshape(b * nch, c, d)
+        h = min(halo, c)
+        tails = own[:, :, c - h:, :].reshape(b, nch, h * d)
+        whole = exchange(tails)[0].reshape(b, -1, d)                          # [B, 2cp * h, d]
+        padded = ops.concat((ops.zeros((b, halo, d), kv.dtype), whole), 1)
+        before = ops.gather(padded, halo_index.reshape(-1), 1).reshape(b, nch, halo, d)
+        return ops.concat((before, own), 2).reshape(b * nch, halo + c, d)

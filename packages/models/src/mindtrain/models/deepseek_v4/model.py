@@ -87,6 +87,7 @@ class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
         self.moe_layer_ids = list(range(cfg.num_hidden_layers))
         self._expert_load = None
         self._rope_mask_cache: dict = {}
+        self._stage_ids = None  # the micro-batch's input ids of begin_forward (the pipeline stage's call)
         self._configure_cells()
         self.layer_runners: dict = {}
         self.recompute_plan = RecomputePlan()
@@ -102,9 +103,12 @@ class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
         if attention_mask is not None:
             raise ValueError("DeepSeek-V4: attention_mask (packed documents) is not supported; each row is one "
                              "causal sequence")
+        if self._exchange() is not None:
+            raise RuntimeError("DeepSeek-V4 laid out for context parallelism runs through the layout's stage "
+                               "(its pieces on this rank's chunks), not model(...)")
         tables = self.tables(s)
         h = self.embed(input_ids)
-        h, counts, balances = self.run_layers(h, range(self.num_layers), tables, input_ids)
+        h, counts, balances = self.run_layers(h, range(self.num_layers), tables, input_ids=input_ids)
         if labels is None:
             return self.logits(h)
         if loss_mask is None:
@@ -121,7 +125,14 @@ class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
         b, s, d = h.shape
         return ops.broadcast_to(ops.expand_dims(h, 2), (b, s, self.config.hc_mult, d))
 
-    def run_layers(self, h, layer_ids, tables, input_ids):
+    def run_layers(self, h, layer_ids, tables, sin=None, mask_add=None, input_ids=None):
+        """The decoder layers ``layer_ids`` -> ``(h, counts, balances)``. ``tables`` from
+        :meth:`tables` (or :meth:`rope`); ``input_ids`` [B, S] of the tokens in ``h`` (hash
+        routing), by default those of :meth:`begin_forward`. ``sin`` and ``mask_add`` (the
+        pipeline stage's call, DeepSeek-V3's) are not used: V4 builds its masks from the
+        positions in its tables."""
+        if input_ids is None:
+            input_ids = self._stage_ids
         counts, balances = [], []
         keys = tuple(tables)
         values = tuple(tables[k] for k in keys)
@@ -132,12 +143,47 @@ class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
             balances.append(bal)
         return h, counts, balances
 
-    def stage_inputs(self, mb) -> tuple:
-        """What :meth:`run_layers` reads beside the hidden states and layer ids, for a pipeline
-        stage's micro-batch ``mb`` (``input_ids`` [B, S]): the tables of its sequence length and
-        the token ids (the hash-routed layers choose experts by them, on every stage)."""
-        ids = mb["input_ids"]
-        return self.tables(ids.shape[1]), ids
+    # The pipeline stage's protocol (mindtrain.parallel's ModelStage, which context parallelism
+    # runs too): ``begin_forward(micro-batch)``, ``rope(position_ids)``, ``run_layers(h, ids,
+    # cos, sin, mask_add)``, with this rank's part of each sequence.
+    def begin_forward(self, inputs) -> None:
+        """Before the stage's forward of one micro-batch: keep its (local) ``input_ids`` for
+        the hash-routed layers."""
+        super().begin_forward(inputs)
+        self._stage_ids = inputs["input_ids"]
+
+    def _exchange(self):
+        """Context parallelism's all-gather (set on every attention cell by the layout), or None."""
+        return self.model.layers[0].self_attn.kv_exchange if self.num_layers else None
+
+    def rope(self, position_ids):
+        """``(tables, None)``: the tables (:meth:`tables`) of the tokens at ``position_ids``
+        [B, S] (this rank's chunks under context parallelism), which must be each row's
+        default positions; the second is the stage protocol's ``sin`` (V4 keeps its tables
+        in one dict)."""
+        pos = position_ids.asnumpy() if isinstance(position_ids, Tensor) else np.asarray(position_ids)
+        ex = self._exchange()
+        local = pos.shape[1]
+        if ex is None:
+            s, chunks, n = local, None, 1
+        else:
+            chunks, n = tuple(ex.chunks), ex.num_chunks
+            s = local // len(chunks) * n
+        tables = self.tables(s, chunks, n)
+        want = np.arange(s) if ex is None else np.concatenate(
+            [np.arange(k * (s // n), (k + 1) * (s // n)) for k in chunks])
+        if not (pos == want).all():
+            raise ValueError("DeepSeek-V4: position_ids other than 0..S-1 per row (packed documents) are not "
+                             "supported; each row is one sequence from position 0")
+        return tables, None
+
+    def whole_sequence_inputs(self, batch, mtp_depths: Optional[int] = None) -> dict:
+        """DeepSeek-V3's (:meth:`DeepseekV3ForCausalLM.whole_sequence_inputs`), refusing an
+        ``attention_mask`` (packed documents) as :meth:`construct` does."""
+        if batch.get("attention_mask") is not None:
+            raise ValueError("DeepSeek-V4: attention_mask (packed documents) is not supported; each row is one "
+                             "causal sequence")
+        return super().whole_sequence_inputs(batch, mtp_depths)
 
     def collapse(self, h):
         """The streams [B,S,N,H] collapsed by ``hc_head``: [B,S,H] (before the final norm)."""
@@ -151,38 +197,54 @@ class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
         norm = self.model.norm
         return self.head_loss(self.collapse(h), norm.weight, norm.eps, self.lm_head.weight, labels, loss_mask)
 
-    def tables(self, s: int) -> dict:
-        """Rope tables, pair rotations and masks of sequence length ``s`` (cached)."""
-        key = ("v4", s)
+    def tables(self, s: int, chunks: Optional[tuple] = None, num_chunks: int = 1) -> dict:
+        """Rope tables, pair rotations and masks of sequence length ``s`` (cached). With
+        ``chunks`` (context parallelism: this rank's chunk numbers of the ``num_chunks`` equal
+        chunks of the sequence), of this rank's tokens: their rows of the query tables, their
+        own entries' rope tables, the causal entry bias of their queries against every entry,
+        per local chunk the sliding mask against its halo and own keys ([chunks, c, halo + c])
+        and ``halo_index`` (see :meth:`DeepseekV4Attention._window_keys`). Without, one chunk
+        of the whole sequence and no halo."""
+        key = ("v4", s, chunks, num_chunks)
         if key in self._rope_mask_cache:
             return self._rope_mask_cache[key]
         cfg = self.config
         d, rd, ci = cfg.head_dim, cfg.qk_rope_head_dim, cfg.index_head_dim
         max_pos = cfg.max_position_embeddings
         scaling = compress_scaling(cfg.rope_scaling)
-        pos = np.arange(s)
+        c = s // num_chunks
+        chunks = chunks or (0,)
+        pos = np.concatenate([np.arange(k * c, (k + 1) * c) for k in chunks])
         out: dict = {"rotation": pair_rotation(d, rd)}
         out["main_cos"], out["main_sin"] = rope_tables(pos, d, rd, cfg.rope_theta, None, max_pos)
         out["compress_cos"], out["compress_sin"] = rope_tables(pos, d, rd, cfg.compress_rope_theta, scaling, max_pos)
-        q_idx = pos[:, None]
-        out["sliding_mask"] = np.where((pos[None, :] <= q_idx) & (pos[None, :] > q_idx - cfg.sliding_window),
-                                       0.0, NEG).astype(np.float32)
+        window = cfg.sliding_window
+        halo = window - 1 if num_chunks > 1 else 0
+        masks = []
+        for k in chunks:
+            q_idx = np.arange(k * c, (k + 1) * c)[:, None]
+            key_pos = np.arange(k * c - halo, (k + 1) * c)[None, :]
+            masks.append(np.where((key_pos >= 0) & (key_pos <= q_idx) & (key_pos > q_idx - window), 0.0, NEG))
+        out["sliding_mask"] = np.stack(masks).astype(np.float32)
+        if num_chunks > 1:
+            h = min(halo, c)
+            out["halo_index"] = np.stack([k * h + np.arange(halo) for k in chunks]).astype(np.int32)
         kinds = v4_attention_kinds(cfg)
         for kind, ratio in zip(kinds, cfg.compress_ratios):
             ratio = int(ratio)
-            nw = s // ratio if ratio else 0
+            nw = c // ratio if ratio else 0  # windows per chunk
             if kind == "sliding" or nw == 0 or f"entry_cos.{ratio}" in out:
                 continue
-            entry_pos = np.arange(nw) * ratio
+            entry_pos = np.concatenate([np.arange(k * nw, (k + 1) * nw) for k in chunks]) * ratio
             out[f"entry_cos.{ratio}"], out[f"entry_sin.{ratio}"] = rope_tables(
                 entry_pos, d, rd, cfg.compress_rope_theta, scaling, max_pos)
-            out[f"entry_bias.{ratio}"] = causal_entry_bias(s, ratio, nw)
+            out[f"entry_bias.{ratio}"] = causal_entry_bias(pos, ratio, nw * num_chunks)
             if kind == "csa":
                 out["index_rotation"] = pair_rotation(ci, rd)
                 out["index_entry_cos"], out["index_entry_sin"] = rope_tables(
                     entry_pos, ci, rd, cfg.compress_rope_theta, scaling, max_pos)
                 cos, sin = rope_tables(pos, ci, rd, cfg.compress_rope_theta, scaling, max_pos)
-                out["index_q_cos"], out["index_q_sin"] = cos.reshape(1, s, 1, ci), sin.reshape(1, s, 1, ci)
+                out["index_q_cos"], out["index_q_sin"] = cos.reshape(1, len(pos), 1, ci), sin.reshape(1, len(pos), 1, ci)
         tables = {k: Tensor(v) for k, v in out.items()}
         if len(self._rope_mask_cache) > 8:
             self._rope_mask_cache = {}
