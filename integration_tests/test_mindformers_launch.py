@@ -17,7 +17,7 @@ A fourth: MindFormers' DeepSeek-V4 system-test config ``pynative_deepseek4.yaml`
 (commit 167a50d, in the same fixtures folder: V4 with ``experimental_attention_variant: mla``,
 hyper-connections, hash routing, MTP, Muon with QK-clip, selective recompute in MindFormers'
 module names, a MindDataset loader), with the data (MindRecord files of the same corpus), the
-sizes, the batch sizes (global 4, the ramp ``[2, 2, 4]``), the recompute layer ranges (cut to
+sizes, the batch sizes (global 4, the ramp ``[2, 2, 8]``: 2 in the 4 steps), the recompute layer ranges (cut to
 the 4 layers there are) and the parallel degrees changed: its tensor, expert and pipeline
 parallelism (2 each) set to 1, because DeepSeek-V4 is laid out over data parallelism / FSDP
 only on this branch; ``data_parallel_shard: 2`` stays.
@@ -55,7 +55,7 @@ CONFIGS = {
                      {"vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 2,
                       "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "v_head_dim": 16,
                       "qk_nope_head_dim": 16, "moe_intermediate_size": 32, "moe_shared_expert_intermediate_size": 32,
-                      "n_routed_experts": 8}),
+                      "n_routed_experts": 8, "seq_length": 32}),
     # MindFormers' PyNative template (Qwen3, dense); its model shrunk to CPU test size
     "template": (os.path.join(ROOT, "packages", "config", "tests", "fixtures", "mindformers",
                               "train_config.yaml"),
@@ -103,9 +103,9 @@ def mindrecords(prefix: str, folder: str, seq: int, count: int) -> str:
 
 def published_v4(raw: dict, prefix: str, tmp: str) -> None:
     """The V4 file's data, batch sizes, recompute layer ranges and parallel degrees (see the module doc)."""
-    raw["train_dataset"]["dataloader"]["dataset_files"] = mindrecords(prefix, os.path.join(tmp, "records"), 64, 64)
+    raw["train_dataset"]["dataloader"]["dataset_files"] = mindrecords(prefix, os.path.join(tmp, "records"), 32, 32)
     raw["training"]["global_batch_size"] = 4
-    raw["training"]["rampup_batch_size"] = [2, 2, 4]
+    raw["training"]["rampup_batch_size"] = [2, 2, 8]  # 2 for the 4 steps (8 samples), then 4
     raw["recompute"]["select_module"] = {"layers.*.self_attention.*": ["0-3"], "layers.*.mlp.*": ["0-2"]}
     raw["parallelism"].update(tensor_parallel=1, expert_parallel=1, pipeline_parallel=1,
                               pipeline_parallel_interleave_num=1)

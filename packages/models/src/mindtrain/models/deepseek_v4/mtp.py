@@ -42,13 +42,16 @@ class _MTPParts:
         self.hc_mult = cfg.hc_mult
 
     def predict(self, h_prev, emb_next, ids_next, *tables):
-        """``(the streams collapsed [B,S,H] (before shared_head.norm), tokens per expert,
-        balance)`` of this depth."""
+        """One depth: ``(the streams collapsed [B,S,H] (before shared_head.norm), the same
+        through shared_head.norm (the next depth's input), tokens per expert, balance)``.
+        The layer's ``construct`` (so that what wraps a layer's call, a ZeRO-3 unit or a
+        recompute, wraps it)."""
         x = self.eh_proj(ops.concat((self.enorm(emb_next), self.hnorm(h_prev)), -1))
         b, s, d = x.shape
         streams = ops.broadcast_to(ops.expand_dims(x, 2), (b, s, self.hc_mult, d))
-        streams, counts, balance = self(streams, ids_next, *tables)
-        return self.hc_head(streams), counts, balance
+        streams, counts, balance = self.block(streams, ids_next, *tables)
+        collapsed = self.hc_head(streams)
+        return collapsed, self.shared_head.norm(collapsed), counts, balance
 
 
 def mtp_layer(cfg, layer_idx: int, moe_block: int = MOE_BLOCK) -> nn.Cell:
@@ -62,6 +65,12 @@ def mtp_layer(cfg, layer_idx: int, moe_block: int = MOE_BLOCK) -> nn.Cell:
             DeepseekV4DecoderLayer.__init__(self, cfg, layer_idx, moe_block)
             self._add_mtp_parts(cfg)
 
+        def block(self, streams, ids, *tables):
+            return DeepseekV4DecoderLayer.construct(self, streams, ids, *tables)
+
+        def construct(self, h_prev, emb_next, ids_next, *tables):
+            return self.predict(h_prev, emb_next, ids_next, *tables)
+
     return DeepseekV4MTPLayer(cfg, layer_idx, moe_block)
 
 
@@ -71,6 +80,12 @@ class DeepseekV4MLAMTPLayer(_MTPParts, DeepseekV4MLALayer):
     def __init__(self, cfg, layer_idx: int, moe_block: int = MOE_BLOCK):
         DeepseekV4MLALayer.__init__(self, cfg, layer_idx, moe_block)
         self._add_mtp_parts(cfg)
+
+    def block(self, streams, ids, *tables):
+        return DeepseekV4MLALayer.construct(self, streams, ids, *tables)
+
+    def construct(self, h_prev, emb_next, ids_next, *tables):
+        return self.predict(h_prev, emb_next, ids_next, *tables)
 
 
 def mtp_forward(model, h, depths, tables: dict):
@@ -85,12 +100,12 @@ def mtp_forward(model, h, depths, tables: dict):
     for k, (ids_k, labels_k, mask_k) in enumerate(depths, 1):
         layer = model.model.layers[n + k - 1]
         layer.self_attn.table_keys = keys
-        c_k, c, bal = layer.predict(h, model.model.embed_tokens(ids_k), ids_k, *values)
+        c_k, h, c, bal = model._layer(n + k - 1)(h, model.model.embed_tokens(ids_k),
+                                                 ids_k, *values)
         counts.append(c)
         balances.append(bal)
         norm = layer.shared_head.norm
         losses.append(model.head_loss(c_k, norm.weight, norm.eps, model.lm_head.merged_weight(), labels_k, mask_k))
-        h = norm(c_k)  # the next depth takes this depth's normed output, as MindFormers' MTP block
     return losses, counts, balances
 
 
