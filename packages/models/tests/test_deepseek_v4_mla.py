@@ -121,3 +121,25 @@ def test_mtp_gradient_by_finite_differences():
         p.set_data(Tensor(base))
         fd = (diffs[0] - diffs[1]) / 2e-2
         assert abs(g[j]) > 1e-3 and abs(fd - g[j]) <= 2e-2 * abs(fd) + 2e-4, (name, j, fd, g[j])
+
+
+def test_hybrid_variant_takes_an_mtp_module_too():
+    """The MTP module of the hybrid (HF) variant: a sliding-window V4 layer (MindFormers lists
+    compress ratio 0 for it), trained with the main model."""
+    from mindtrain.config import ModelConfig, validate_model
+
+    cfg = ModelConfig(model_type="deepseek_v4", architectures="DeepseekV4ForCausalLM", vocab_size=64, hidden_size=32,
+                      moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                      head_dim=16, q_lora_rank=16, qk_rope_head_dim=8, n_routed_experts=4, num_experts_per_tok=2,
+                      compress_ratios=[0, 4, 0], o_groups=2, o_lora_rank=8, index_n_heads=2, index_head_dim=16,
+                      index_topk=2, hc_mult=2, num_hash_layers=1, max_position_embeddings=64, seq_length=16,
+                      num_nextn_predict_layers=1, aux_loss_alpha=0.0)
+    validate_model(cfg)
+    model = mm.build_model(cfg, jit=False, seed=3)
+    assert model.model.layers[2].kind == "sliding" and model.model.layers[2].self_attn.compressor is None
+    ids = Tensor(np.random.default_rng(0).integers(0, 64, (1, 16)).astype(np.int32))
+    params = model.trainable_params()
+    (loss, metrics), grads = ms.value_and_grad(lambda i: model(i, labels=i), None, params, has_aux=True)(ids)
+    assert np.isfinite(float(loss.asnumpy())) and "mtp_loss" in metrics
+    names = [p.name for p in params]
+    assert np.abs(grads[names.index("model.layers.2.eh_proj.weight")].asnumpy()).max() > 0

@@ -44,7 +44,8 @@ _DEEPSEEK_V4 = ("head_dim", "q_lora_rank", "qk_rope_head_dim", "n_shared_experts
                 "enable_hyper_connections", "enable_hc_head", "num_nextn_predict_layers", "mtp_loss_scaling_factor",
                 # the mla variant's attention (DeepSeek-V3's)
                 "kv_lora_rank", "qk_nope_head_dim", "v_head_dim", "rope_interleave", "mla_qkv_concat",
-                "aux_loss_alpha")  # MindFormers' seq_aux_loss (HF's config.json: 0)
+                "aux_loss_alpha",  # MindFormers' seq_aux_loss (HF's config.json: 0)
+                "expert_dtype")
 _V4_NOT_READ = ("intermediate_size", "norm_topk_prob")  # V4 has no dense MLP; its routing weights are always normalised
 _QWEN3_MOE = ("decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef", "output_router_logits")
 

@@ -472,6 +472,9 @@ class ModelConfig:
     """MindFormers: grouped-matmul kernel for the routed experts (Ascend)."""
     mla_qkv_concat: Optional[bool] = None
     """MindFormers: one fused matmul for the MLA q/kv down-projections (same math)."""
+    expert_dtype: Optional[str] = None
+    """DeepSeek-V4 (HF / MindFormers): the released experts' storage dtype (fp4); the experts
+    compute with float32 weights on CPU (said at start-up)."""
     bias_swiglu_fusion: Optional[bool] = None
     """MindFormers: fused SwiGLU kernel (``hidden_act: fusedswiglu`` sets it)."""
     apply_rope_fusion: Optional[bool] = None
