@@ -10,7 +10,6 @@ import sys
 
 import mindspore as ms
 import numpy as np
-import pytest
 from mindspore import Tensor
 
 import mindtrain.models as mm

@@ -70,7 +70,8 @@ class DeepseekV4Model(nn.Cell):
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, cfg.initializer_range)
         layer = DeepseekV4MLALayer if cfg.experimental_attention_variant == "mla" else DeepseekV4DecoderLayer
         layers = [layer(cfg, i, moe_block) for i in range(cfg.num_hidden_layers)]
-        layers += [mtp_layer(cfg, cfg.num_hidden_layers + k, moe_block) for k in range(cfg.num_nextn_predict_layers)]
+        layers += [mtp_layer(cfg, cfg.num_hidden_layers + k, moe_block, DeepseekV4DecoderLayer)
+                   for k in range(cfg.num_nextn_predict_layers)]
         self.layers = nn.CellList(layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.hc_head = HyperHead(cfg) if cfg.enable_hc_head else StreamMean()

@@ -54,24 +54,35 @@ class _MTPParts:
         return collapsed, self.shared_head.norm(collapsed), counts, balance
 
 
-def mtp_layer(cfg, layer_idx: int, moe_block: int = MOE_BLOCK) -> nn.Cell:
-    """The MTP module at ``model.layers[layer_idx]`` (``layer_idx >= num_hidden_layers``)."""
+def mtp_layer(cfg, layer_idx: int, moe_block: int, hybrid_layer: type) -> nn.Cell:
+    """The MTP module at ``model.layers[layer_idx]`` (``layer_idx >= num_hidden_layers``):
+    the mla variant's, or one on ``hybrid_layer`` (the model's hybrid decoder layer class,
+    given by the model so this module does not import it)."""
     if cfg.experimental_attention_variant == "mla":
         return DeepseekV4MLAMTPLayer(cfg, layer_idx, moe_block)
-    from mindtrain.models.deepseek_v4.model import DeepseekV4DecoderLayer
+    return _hybrid_mtp_class(hybrid_layer)(cfg, layer_idx, moe_block)
 
-    class DeepseekV4MTPLayer(_MTPParts, DeepseekV4DecoderLayer):
-        def __init__(self, cfg, layer_idx, moe_block):
-            DeepseekV4DecoderLayer.__init__(self, cfg, layer_idx, moe_block)
-            self._add_mtp_parts(cfg)
 
-        def block(self, streams, ids, *tables):
-            return DeepseekV4DecoderLayer.construct(self, streams, ids, *tables)
+_HYBRID_MTP: dict = {}
 
-        def construct(self, h_prev, emb_next, ids_next, *tables):
-            return self.predict(h_prev, emb_next, ids_next, *tables)
 
-    return DeepseekV4MTPLayer(cfg, layer_idx, moe_block)
+def _hybrid_mtp_class(base: type) -> type:
+    if base not in _HYBRID_MTP:
+        class DeepseekV4MTPLayer(_MTPParts, base):
+            """An MTP module of the hybrid variant (its attention sliding-window)."""
+
+            def __init__(self, cfg, layer_idx, moe_block):
+                base.__init__(self, cfg, layer_idx, moe_block)
+                self._add_mtp_parts(cfg)
+
+            def block(self, streams, ids, *tables):
+                return base.construct(self, streams, ids, *tables)
+
+            def construct(self, h_prev, emb_next, ids_next, *tables):
+                return self.predict(h_prev, emb_next, ids_next, *tables)
+
+        _HYBRID_MTP[base] = DeepseekV4MTPLayer
+    return _HYBRID_MTP[base]
 
 
 class DeepseekV4MLAMTPLayer(_MTPParts, DeepseekV4MLALayer):
