@@ -4,7 +4,8 @@ The causal-LM machinery (embedding, the head + loss cell, expert-load bookkeepin
 is :class:`~mindtrain.models.deepseek_v3.DeepseekV3ForCausalLM`'s; V4 gives it its decoder
 layers (hybrid attention, hyper-connection streams, hash / learned mixtures of experts), the
 streams' final collapse (``hc_head``) before the norm, and its rope tables and masks. It runs
-eagerly (the indexer's choice is a host-side top-k); MTP modules are not built (HF builds none).
+eagerly (the indexer's choice is a host-side top-k). MindFormers' attention variant ``mla``
+(``mla.py``) and its MTP modules (``mtp.py``; HF builds none) are built too.
 """
 
 from __future__ import annotations
