@@ -12,6 +12,15 @@ A copy of each with only the data path, the sizes and the step count changed
 trains under msrun with 2 workers, launched with the real ``run_mindformer.py`` flags
 ``--run_mode train --use_parallel True --output_dir D``. Every worker's log shows the step
 lines; start-up notes come once, from rank 0.
+
+A fourth: MindFormers' DeepSeek-V4 system-test config ``pynative_deepseek4.yaml`` as published
+(commit 167a50d, in the same fixtures folder: V4 with ``experimental_attention_variant: mla``,
+hyper-connections, hash routing, MTP, Muon with QK-clip, selective recompute in MindFormers'
+module names, a MindDataset loader), with the data (MindRecord files of the same corpus), the
+sizes, the batch sizes (global 4, the ramp ``[2, 2, 8]``: 2 in the 4 steps), the recompute layer ranges (cut to
+the 4 layers there are) and the parallel degrees changed: its tensor, expert and pipeline
+parallelism (2 each) set to 1, because DeepSeek-V4 is laid out over data parallelism / FSDP
+only on this branch; ``data_parallel_shard: 2`` stays.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import os
 import re
 import subprocess
 
+import numpy as np
 import pytest
 import yaml
 
@@ -39,6 +49,13 @@ CONFIGS = {
                    "num_attention_heads": 2, "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8,
                    "v_head_dim": 16, "qk_nope_head_dim": 16, "moe_intermediate_size": 32,
                    "moe_shared_expert_intermediate_size": 32}),
+    # MindFormers' DeepSeek-V4 system-test file as published; its model shrunk to CPU test size
+    "published-v4": (os.path.join(ROOT, "packages", "config", "tests", "fixtures", "mindformers",
+                                  "pynative_deepseek4.yaml"),
+                     {"vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 2,
+                      "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "v_head_dim": 16,
+                      "qk_nope_head_dim": 16, "moe_intermediate_size": 32, "moe_shared_expert_intermediate_size": 32,
+                      "n_routed_experts": 8, "seq_length": 32}),
     # MindFormers' PyNative template (Qwen3, dense); its model shrunk to CPU test size
     "template": (os.path.join(ROOT, "packages", "config", "tests", "fixtures", "mindformers",
                               "train_config.yaml"),
@@ -60,6 +77,40 @@ def step_line(name):
                       + extra + r"lr: \d\.\d{6}e[-+]\d\d, grad_norm: +(\d+\.\d{6}), throughput: +\d+\.\d+T \}$")
 
 
+def mindrecords(prefix: str, folder: str, seq: int, count: int) -> str:
+    """``count`` samples of the corpus (the Megatron loader's) as MindRecord files with the
+    published file's four columns; returns the folder."""
+    from mindspore.mindrecord import FileWriter
+
+    from mindtrain.config import load_config
+    from mindtrain.data import build_dataset
+
+    cfg = load_config(os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml"),
+                      [f"model.seq_length={seq}", f"train_dataset.dataloader.config.seq_length={seq}",
+                       f"train_dataset.dataloader.config.data_path=['1', '{prefix}']",
+                       f"train_dataset.dataloader.sizes=[{count}, 0, 0]"])
+    gpt = build_dataset(cfg.train_dataset)
+    os.makedirs(folder)
+    writer = FileWriter(os.path.join(folder, "train.mindrecord"), shard_num=1, overwrite=True)
+    writer.add_schema({c: {"type": "int32" if c != "loss_mask" else "float32", "shape": [-1]}
+                       for c in ("input_ids", "labels", "loss_mask", "position_ids")}, "pretrain")
+    rows = [gpt[i] for i in range(count)]
+    writer.write_raw_data([{c: np.asarray(r[c]).astype(np.float32 if c == "loss_mask" else np.int32)
+                            for c in ("input_ids", "labels", "loss_mask", "position_ids")} for r in rows])
+    writer.commit()
+    return folder
+
+
+def published_v4(raw: dict, prefix: str, tmp: str) -> None:
+    """The V4 file's data, batch sizes, recompute layer ranges and parallel degrees (see the module doc)."""
+    raw["train_dataset"]["dataloader"]["dataset_files"] = mindrecords(prefix, os.path.join(tmp, "records"), 32, 32)
+    raw["training"]["global_batch_size"] = 4
+    raw["training"]["rampup_batch_size"] = [2, 2, 8]  # 2 for the 4 steps (8 samples), then 4
+    raw["recompute"]["select_module"] = {"layers.*.self_attention.*": ["0-3"], "layers.*.mlp.*": ["0-2"]}
+    raw["parallelism"].update(tensor_parallel=1, expert_parallel=1, pipeline_parallel=1,
+                              pipeline_parallel_interleave_num=1)
+
+
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
 def run(request, tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("mf"))
@@ -67,25 +118,28 @@ def run(request, tmp_path_factory):
     path, sizes = CONFIGS[request.param]
     with open(path, encoding="utf-8") as f:
         raw = yaml.safe_load(f)
+    if request.param == "published-v4":
+        published_v4(raw, prefix, tmp)
     if request.param == "template":
         raw.pop("callbacks")  # placeholders (callbackA / callbackB)
         raw["context"]["device_target"] = "CPU"
         raw["train_dataset"]["dataloader"].update(QUICKSTART_LOADER)
     # only the data path and the sizes change
-    raw["train_dataset"]["dataloader"]["config"]["data_path"] = ["1", prefix]
-    raw["train_dataset"]["dataloader"]["config"]["seq_length"] = 64
-    raw["train_dataset"]["dataloader"]["sizes"] = [200, 0, 0]
+    if request.param != "published-v4":
+        raw["train_dataset"]["dataloader"]["config"]["data_path"] = ["1", prefix]
+        raw["train_dataset"]["dataloader"]["config"]["seq_length"] = 64
+        raw["train_dataset"]["dataloader"]["sizes"] = [200, 0, 0]
     raw["model"]["seq_length"] = 64
     raw["model"].update(sizes)
     raw["training"]["steps"] = STEPS
-    if request.param != "template":  # the template's batch (2 per rank, 4 in all) fits 2 workers
+    if request.param in ("look-alike", "published"):  # the template's batch (2 per rank, 4 in all) fits 2 workers
         raw["training"]["global_batch_size"] = 2
     config = os.path.join(tmp, "my_ds3.yaml")
     with open(config, "w", encoding="utf-8") as f:
         yaml.safe_dump(raw, f, sort_keys=False)
     out = os.path.join(tmp, "out")
     log_dir = os.path.join(tmp, "log")
-    cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port(8550)}", "--join=True",
+    cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port(int(os.environ.get('MINDTRAIN_TEST_PORT', 8550)))}", "--join=True",
            f"--log_dir={log_dir}", ENTRY, "--config", config, "--mode", "1", "--run_mode", "train",
            "--use_parallel", "True", "--output_dir", out]
     r = subprocess.run(cmd, cwd=tmp, env=worker_env(), capture_output=True, text=True, timeout=900)
@@ -117,4 +171,4 @@ def test_startup_notes_once_from_rank_zero(run):
     assert not [line for line in logs[0] if line.startswith("mindtrain: ") and "recompute" in line]
     # params_dtype: bfloat16 (the published file) is float32 on CPU, said once
     dtype = [line for line in logs[0] if line.startswith("mindtrain: model.param_init_dtype=bfloat16")]
-    assert len(dtype) == (name == "published"), logs[0][:40]
+    assert len(dtype) == name.startswith("published"), logs[0][:40]

@@ -40,7 +40,12 @@ _QWEN3 = ("head_dim", "tie_word_embeddings")
 _DEEPSEEK_V4 = ("head_dim", "q_lora_rank", "qk_rope_head_dim", "n_shared_experts", "routed_scaling_factor",
                 "bias_update_speed", "compress_ratios", "compress_rope_theta", "sliding_window", "o_groups",
                 "o_lora_rank", "index_n_heads", "index_head_dim", "index_topk", "hc_mult", "hc_sinkhorn_iters",
-                "hc_eps", "num_hash_layers", "scoring_func", "swiglu_limit")
+                "hc_eps", "num_hash_layers", "scoring_func", "swiglu_limit", "experimental_attention_variant",
+                "enable_hyper_connections", "enable_hc_head", "num_nextn_predict_layers", "mtp_loss_scaling_factor",
+                # the mla variant's attention (DeepSeek-V3's)
+                "kv_lora_rank", "qk_nope_head_dim", "v_head_dim", "rope_interleave", "mla_qkv_concat",
+                "aux_loss_alpha",  # MindFormers' seq_aux_loss (HF's config.json: 0)
+                "expert_dtype")
 _V4_NOT_READ = ("intermediate_size", "norm_topk_prob")  # V4 has no dense MLP; its routing weights are always normalised
 _QWEN3_MOE = ("decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef", "output_router_logits")
 
@@ -91,7 +96,7 @@ def moe_layer_ids(m: ModelConfig) -> list[int]:
     if m.model_type == "deepseek_v3":
         return list(range(m.first_k_dense_replace, n + m.num_nextn_predict_layers))
     if m.model_type == "deepseek_v4":
-        return list(range(n))
+        return list(range(n + m.num_nextn_predict_layers))
     if m.model_type != "qwen3_moe" or m.n_routed_experts <= 0:
         return []
     step = max(int(m.decoder_sparse_step), 1)

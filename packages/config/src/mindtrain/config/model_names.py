@@ -88,7 +88,7 @@ DTYPE_SWITCHES = ("layernorm_compute_dtype", "softmax_compute_dtype", "rotary_dt
 
 MINDFORMERS_ONLY = (set(RENAMES) | set(FIXED) | set(YARN_DEFAULTS) | set(YARN_FACTOR_NAMES)
                     | {"position_embedding_type", "moe_router_enable_expert_bias",
-                       "moe_shared_expert_intermediate_size"})
+                       "moe_shared_expert_intermediate_size", "moe_router_pre_softmax", "qk_clip"})
 
 
 def _set(out: dict, field: str, value: Any, source: str, path: str, origin: dict[str, str]) -> None:
@@ -165,6 +165,10 @@ def to_canonical(data: dict, path: str = "model") -> dict:
         if "num_key_value_heads" not in data and "num_query_groups" not in data:
             data["num_key_value_heads"] = 1
         fixed = {k: v for k, v in FIXED.items() if k not in V4_OWN}
+        # MindFormers builds V4 as an MLA model in both attention variants (multi_latent_attention
+        # true is its default; false is another attention, GQA)
+        fixed["multi_latent_attention"] = ((True,), "DeepSeek-V4's attention is multi-latent (MindFormers "
+                                                    "builds it so in both experimental_attention_variant's)")
         hf_names = ("scoring_func",)
         renames = dict(RENAMES, moe_router_score_function=("scoring_func", _same))
     # HF's DeepseekV3Config: num_key_value_heads defaults to num_attention_heads (MLA has one per head).
@@ -183,6 +187,18 @@ def to_canonical(data: dict, path: str = "model") -> dict:
             raise ConfigError(f"{path}.moe_router_enable_expert_bias", f"must be true or false, got {enabled!r}")
         if not enabled:
             _set(out, "bias_update_speed", 0.0, "moe_router_enable_expert_bias", path, origin)
+    if "moe_router_pre_softmax" in rest:
+        # Megatron's softmax-before-top-k; the DeepSeek routers score with sigmoid or
+        # sqrtsoftplus, where MindFormers (as Megatron) does not read it
+        pre = rest.pop("moe_router_pre_softmax")
+        if not isinstance(pre, bool):
+            raise ConfigError(f"{path}.moe_router_pre_softmax", f"must be true or false, got {pre!r}")
+    if "qk_clip" in rest:
+        # MindFormers' switch for recording the max attention logits; mindtrain records them
+        # when optimizer.qk_clip_enabled (Muon) or a MaxLogitsMonitor callback asks
+        clip = rest.pop("qk_clip")
+        if not isinstance(clip, bool):
+            raise ConfigError(f"{path}.qk_clip", f"must be true or false, got {clip!r}")
     if "moe_shared_expert_intermediate_size" in rest:
         size = rest.pop("moe_shared_expert_intermediate_size")
         shared, expert = out.get("n_shared_experts", 1), out.get("moe_intermediate_size", 2048)

@@ -158,12 +158,17 @@ def _v4_layer_shapes(m: ModelConfig, i: int) -> list[tuple[str, tuple[int, ...]]
     experts table are not trained), the two norms, the two hyper-connections."""
     h, n, d, qr = m.hidden_size, m.num_attention_heads, m.head_dim, m.q_lora_rank
     g, orank, hc = m.o_groups, m.o_lora_rank, m.hc_mult
-    kind = v4_attention_kinds(m)[i]
+    mla = m.experimental_attention_variant == "mla"
+    # the mla variant's attention is DeepSeek-V3's; an MTP module's hybrid attention is sliding-window
+    kind = "mla" if mla else v4_attention_kinds(m)[i] if i < m.num_hidden_layers else "sliding"
     a = "self_attn."
-    out: list[tuple[str, tuple[int, ...]]] = [
-        (a + "sinks", (n,)), (a + "q_a_proj.weight", (qr, h)), (a + "q_a_norm.weight", (qr,)), (a + "q_b_proj.weight", (n * d, qr)),
-        (a + "kv_proj.weight", (d, h)), (a + "kv_norm.weight", (d,)), (a + "o_a_proj.weight", (g * orank, n * d // g)),
-        (a + "o_b_proj.weight", (h, g * orank))]
+    if mla:
+        out = [(name[len(f"model.layers.{i}."):], shape) for name, shape in _layer_shapes(m, i)
+               if ".self_attn." in name]
+    else:
+        out = [(a + "sinks", (n,)), (a + "q_a_proj.weight", (qr, h)), (a + "q_a_norm.weight", (qr,)),
+               (a + "q_b_proj.weight", (n * d, qr)), (a + "kv_proj.weight", (d, h)), (a + "kv_norm.weight", (d,)),
+               (a + "o_a_proj.weight", (g * orank, n * d // g)), (a + "o_b_proj.weight", (h, g * orank))]
 
     def pooling(prefix: str, dim: int, ratio: int, overlap: bool) -> list[tuple[str, tuple[int, ...]]]:
         width = 2 * dim if overlap else dim
@@ -187,6 +192,9 @@ def _v4_layer_shapes(m: ModelConfig, i: int) -> list[tuple[str, tuple[int, ...]]
     mix = (2 + hc) * hc
     for name in ("attn_hc", "ffn_hc"):
         out += [(f"{name}.fn", (mix, hc * h)), (f"{name}.base", (mix,)), (f"{name}.scale", (3,))]
+    if i >= m.num_hidden_layers:  # an MTP module (deepseek_v4/mtp.py)
+        out += [("enorm.weight", (h,)), ("hnorm.weight", (h,)), ("eh_proj.weight", (h, 2 * h)),
+                ("shared_head.norm.weight", (h,))] + _v4_head_shapes(m, "hc_head.")
     return [(f"model.layers.{i}.{name}", shape) for name, shape in out]
 
 
@@ -209,17 +217,25 @@ def _v4_tp_split(name: str) -> tuple[str, Optional[int]]:
     return tp_split(name)
 
 
+def _v4_head_shapes(m: ModelConfig, prefix: str) -> list[tuple[str, tuple[int, ...]]]:
+    """The learned collapse of the streams (none with ``enable_hc_head: false``: their mean)."""
+    hc = m.hc_mult
+    if not m.enable_hc_head:
+        return []
+    return [(prefix + "hc_fn", (hc, hc * m.hidden_size)), (prefix + "hc_base", (hc,)), (prefix + "hc_scale", (1,))]
+
+
 def _v4_specs(m: ModelConfig) -> list[ParamSpec]:
-    """DeepSeek-V4: its parameters with the splits of :func:`_v4_tp_split`."""
-    h, v, hc = m.hidden_size, m.vocab_size, m.hc_mult
+    """DeepSeek-V4: its parameters with the splits of :func:`_v4_tp_split` (the ``mla``
+    attention variant: DeepSeek-V3's attention, split by DeepSeek-V3's rules)."""
+    h, v = m.hidden_size, m.vocab_size
     shapes = [("model.embed_tokens.weight", (v, h))]
-    for i in range(m.num_hidden_layers):
+    for i in range(m.num_hidden_layers + m.num_nextn_predict_layers):
         shapes += _v4_layer_shapes(m, i)
-    shapes += [("model.norm.weight", (h,)), ("model.hc_head.hc_fn", (hc, hc * h)), ("model.hc_head.hc_base", (hc,)),
-               ("model.hc_head.hc_scale", (1,)), ("lm_head.weight", (v, h))]
+    shapes += [("model.norm.weight", (h,))] + _v4_head_shapes(m, "model.hc_head.") + [("lm_head.weight", (v, h))]
     out = []
     for name, shape in shapes:
-        style, dim = _v4_tp_split(name)
+        style, dim = tp_split(name) if m.experimental_attention_variant == "mla" else _v4_tp_split(name)
         out.append(ParamSpec(name, tuple(shape), style, dim, is_expert(name), unit_of(name, m.num_hidden_layers)))
     return out
 

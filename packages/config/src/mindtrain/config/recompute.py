@@ -65,10 +65,25 @@ def mindformers_module_path(path: str) -> str:
     return path
 
 
+_LAYER_GLOB = re.compile(r"^(?:decoder\.)?layers\.\*\.(.+?)(?:\.\*)?$")
+
+
+def in_layer_pattern(pattern: str) -> str:
+    """A ``select_module`` key written as MindFormers' PyNative files write it, a glob over
+    the model's module names (``layers.*.self_attention.*``: every module inside each
+    layer's attention), as the in-layer pattern mindtrain matches (``self_attention``: the
+    attention, whose whole computation those modules are); other keys unchanged."""
+    m = _LAYER_GLOB.match(pattern)
+    return m.group(1) if m else pattern
+
+
 def module_matches(pattern, path: str) -> bool:
-    """Whether a ``select_module`` regular expression (a string or compiled) names the layer
-    sub-module ``path``, written in mindtrain's (HF) or MindFormers' names."""
-    rx = re.compile(pattern) if isinstance(pattern, str) else pattern
+    """Whether a ``select_module`` regular expression (a string or compiled; MindFormers'
+    ``layers.*.<module>.*`` form too, :func:`in_layer_pattern`) names the layer sub-module
+    ``path``, written in mindtrain's (HF) or MindFormers' names."""
+    text = pattern if isinstance(pattern, str) else pattern.pattern
+    inner = in_layer_pattern(text)
+    rx = re.compile(inner) if inner != text or isinstance(pattern, str) else pattern
     return bool(rx.fullmatch(path) or rx.fullmatch(mindformers_module_path(path)))
 
 

@@ -414,6 +414,18 @@ class ModelConfig:
     swiglu_limit: float = 10.0
     """DeepSeek-V4: the experts' SwiGLU clamps gate pre-activations above at this and up
     pre-activations to [-limit, limit]; 0 turns the clamp off."""
+    experimental_attention_variant: str = "dsv4_hybrid"
+    """DeepSeek-V4 (MindFormers' name): the attention of its layers: ``dsv4_hybrid`` (HF's:
+    sliding / compressed sparse / heavily compressed per compress_ratios) or ``mla``
+    (DeepSeek-V3's multi-latent attention in every layer, sized by q_lora_rank, kv_lora_rank,
+    qk_nope_head_dim, qk_rope_head_dim and v_head_dim; rope and YaRN as DeepSeek-V3's)."""
+    enable_hyper_connections: bool = True
+    """DeepSeek-V4 (MindFormers' name): the residual is hc_mult hyper-connection streams (mHC);
+    false (plain residual layers) is not built."""
+    enable_hc_head: bool = True
+    """DeepSeek-V4 (MindFormers' name): the streams are collapsed before the final norms by the
+    learned head (HF's hc_head: hc_fn, hc_base, hc_scale); false collapses them by their mean
+    (MindFormers' collapse without the head, no parameters)."""
     hidden_act: str = "silu"
     max_position_embeddings: int = 163840
     initializer_range: float = 0.02
@@ -460,6 +472,9 @@ class ModelConfig:
     """MindFormers: grouped-matmul kernel for the routed experts (Ascend)."""
     mla_qkv_concat: Optional[bool] = None
     """MindFormers: one fused matmul for the MLA q/kv down-projections (same math)."""
+    expert_dtype: Optional[str] = None
+    """DeepSeek-V4 (HF / MindFormers): the released experts' storage dtype (fp4); the experts
+    compute with float32 weights on CPU (said at start-up)."""
     bias_swiglu_fusion: Optional[bool] = None
     """MindFormers: fused SwiGLU kernel (``hidden_act: fusedswiglu`` sets it)."""
     apply_rope_fusion: Optional[bool] = None

@@ -134,8 +134,6 @@ _INSTEAD = {
     ("qwen3_moe", "n_shared_experts"): "; Qwen3-MoE has no shared experts",
     ("qwen3_moe", "routed_scaling_factor"): "; Qwen3-MoE does not scale its routing weights",
     ("deepseek_v3", "tie_word_embeddings"): "; DeepSeek-V3 has its own lm_head",
-    ("deepseek_v4", "num_nextn_predict_layers"): "; DeepSeek-V4's MTP modules are not built (HF's "
-                                                 "DeepseekV4ForCausalLM does not build them either)",
     ("deepseek_v4", "first_k_dense_replace"): "; every DeepSeek-V4 layer is a mixture of experts "
                                               "(num_hash_layers of them hash-routed)",
     ("deepseek_v4", "intermediate_size"): "; DeepSeek-V4 has no dense MLP (moe_intermediate_size sizes "
@@ -186,11 +184,35 @@ def _validate_deepseek_v4(m: ModelConfig, path: str) -> None:
     sliding / compressed attention per layer, hyper-connection streams, hash-routed then
     learned mixtures of experts."""
     for name in ("seq_length", "vocab_size", "hidden_size", "moe_intermediate_size", "num_hidden_layers",
-                 "num_attention_heads", "qk_rope_head_dim", "max_position_embeddings", "sliding_window", "o_groups",
-                 "o_lora_rank", "hc_mult", "hc_sinkhorn_iters", "n_routed_experts", "num_experts_per_tok"):
+                 "num_attention_heads", "qk_rope_head_dim", "max_position_embeddings", "hc_mult", "n_routed_experts",
+                 "num_experts_per_tok"):
         _positive(getattr(m, name), f"{path}.{name}")
+    _non_negative(m.hc_sinkhorn_iters, f"{path}.hc_sinkhorn_iters")  # 0: one column normalisation (HF, MindFormers)
     _non_negative(m.n_shared_experts, f"{path}.n_shared_experts")
     _non_negative(m.swiglu_limit, f"{path}.swiglu_limit")
+    if not m.enable_hyper_connections:
+        raise ConfigError(f"{path}.enable_hyper_connections", "DeepSeek-V4 without hyper-connection streams (plain "
+                                                              "residual layers) is not built; set it to true")
+    if m.experimental_attention_variant not in ("dsv4_hybrid", "mla"):
+        raise ConfigError(f"{path}.experimental_attention_variant", f"must be dsv4_hybrid (sliding / compressed "
+                          f"attention, HF's) or mla (DeepSeek-V3's attention), got {m.experimental_attention_variant!r}")
+    if m.num_hash_layers > m.num_hidden_layers or m.num_hash_layers < 0:
+        raise ConfigError(f"{path}.num_hash_layers", f"must be between 0 and num_hidden_layers "
+                                                     f"({m.num_hidden_layers}), got {m.num_hash_layers}")
+    if m.num_experts_per_tok > m.n_routed_experts:
+        raise ConfigError(f"{path}.num_experts_per_tok", f"{m.num_experts_per_tok} exceeds n_routed_experts "
+                                                         f"({m.n_routed_experts})")
+    if m.scoring_func not in ("sqrtsoftplus", "sigmoid"):
+        raise ConfigError(f"{path}.scoring_func", f"must be sqrtsoftplus or sigmoid, got {m.scoring_func!r}")
+    if m.experimental_attention_variant == "mla":
+        _validate_v4_mla(m, path)
+        return
+    for name in ("sliding_window", "o_groups", "o_lora_rank"):
+        _positive(getattr(m, name), f"{path}.{name}")
+    extra = [int(r) for r in m.compress_ratios[m.num_hidden_layers:m.num_hidden_layers + m.num_nextn_predict_layers]]
+    if any(extra):
+        raise ConfigError(f"{path}.compress_ratios", f"the MTP modules' entries (past num_hidden_layers) must be 0: "
+                                                     f"their attention is sliding-window only, got {extra}")
     if not m.head_dim:
         raise ConfigError(f"{path}.head_dim", "DeepSeek-V4 needs head_dim (the one key/value head's size, also each "
                                               "query head's and value's), e.g. 512")
@@ -218,15 +240,20 @@ def _validate_deepseek_v4(m: ModelConfig, path: str) -> None:
         if m.qk_rope_head_dim > m.index_head_dim:
             raise ConfigError(f"{path}.index_head_dim", f"must be at least qk_rope_head_dim ({m.qk_rope_head_dim}), "
                                                         f"got {m.index_head_dim}")
-    if not 0 <= m.num_hash_layers <= n:
-        raise ConfigError(f"{path}.num_hash_layers", f"must be between 0 and num_hidden_layers ({n}), "
-                                                     f"got {m.num_hash_layers}")
-    if m.num_experts_per_tok > m.n_routed_experts:
-        raise ConfigError(f"{path}.num_experts_per_tok", f"{m.num_experts_per_tok} exceeds n_routed_experts "
-                                                         f"({m.n_routed_experts})")
-    if m.scoring_func not in ("sqrtsoftplus", "sigmoid"):
-        raise ConfigError(f"{path}.scoring_func", f"must be sqrtsoftplus or sigmoid, got {m.scoring_func!r}")
     _silu_and_rope_kind(m, path)
+
+
+def _validate_v4_mla(m: ModelConfig, path: str) -> None:
+    """DeepSeek-V4's mla variant: DeepSeek-V3's attention sizes and rope in V4's layers."""
+    for name in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
+        _positive(getattr(m, name), f"{path}.{name}")
+    if m.q_lora_rank is not None:
+        _positive(m.q_lora_rank, f"{path}.q_lora_rank")
+    if m.qk_rope_head_dim % 2:
+        raise ConfigError(f"{path}.qk_rope_head_dim", f"must be even (rotary pairs), got {m.qk_rope_head_dim}")
+    kind = _silu_and_rope_kind(m, path)
+    if kind == "yarn" and float(m.rope_scaling.get("factor", 0)) <= 0:
+        raise ConfigError(f"{path}.rope_scaling.factor", "must be > 0 for yarn scaling")
 
 
 def _silu_and_rope_kind(m: ModelConfig, path: str):
@@ -323,6 +350,21 @@ def _v4_context_parallel(p: ParallelismConfig, m: ModelConfig, path: str) -> Non
                               f"seq_length")
 
 
+def _v4_layouts_built(p: ParallelismConfig, m: ModelConfig, path: str) -> None:
+    """DeepSeek-V4's layouts are checked against one process for the hybrid attention without
+    MTP (integration_tests/test_v4_layouts.py, test_v4_context_parallel.py); the mla attention
+    variant and the MTP modules run under data parallelism / FSDP only so far."""
+    what = ("the mla attention variant (model.experimental_attention_variant)"
+            if m.experimental_attention_variant == "mla" else
+            "its MTP modules (model.num_nextn_predict_layers)" if m.num_nextn_predict_layers else None)
+    if what is None:
+        return
+    for name in ("tensor_parallel", "expert_parallel", "pipeline_parallel", "context_parallel"):
+        if getattr(p, name) > 1:
+            raise ConfigError(f"{path}.{name}", f"{getattr(p, name)}: DeepSeek-V4 with {what} is not laid out over "
+                                                f"{name.replace('_', ' ')} yet; set it to 1 (data parallelism / FSDP)")
+
+
 def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
     path = "parallelism"
     check_degrees(p)
@@ -330,7 +372,8 @@ def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
     reshard_after_forward(p.reshard_after_forward_policy, p.data_parallel_shard_strategy, p.pipeline_parallel > 1)
     tp = p.tensor_parallel
     if m.model_type == "deepseek_v4":
-        if m.o_groups % tp:
+        _v4_layouts_built(p, m, path)
+        if m.experimental_attention_variant != "mla" and m.o_groups % tp:
             # the grouped output projection splits by whole groups (each rank's query heads)
             raise ConfigError(f"{path}.tensor_parallel", f"{tp} must divide model.o_groups ({m.o_groups}): "
                                                          f"DeepSeek-V4's grouped output projection splits by groups")
@@ -540,9 +583,11 @@ def _validate_max_logits(cfg: MindTrainConfig) -> None:
     """QK-clip and the max-logit monitor: what the model's attention can report."""
     o, m, p = cfg.optimizer, cfg.model, cfg.parallelism
     clip = o.type == "Muon" and o.qk_clip_enabled
-    if clip and m.model_type != "deepseek_v3":
+    mla = m.model_type == "deepseek_v3" or (m.model_type == "deepseek_v4" and m.experimental_attention_variant == "mla")
+    if clip and not mla:
         raise ConfigError("optimizer.qk_clip_enabled", f"MindFormers' QK-clip scales MLA attention weights "
-                          f"(DeepSeek-V3) only and leaves a {m.model_type} model's alone; set it to false "
+                          f"(DeepSeek-V3, DeepSeek-V4's mla variant) only and leaves a {m.model_type} model's "
+                          f"alone; set it to false "
                           f"(callbacks: [{{type: MaxLogitsMonitor}}] reports the max attention logits)")
     monitor = any(c.type in ("MaxLogitsMonitor", "MaxLogitsReset") for c in cfg.callbacks)
     if (clip or monitor) and p.context_parallel > 1 and p.context_parallel_method == "ulysses":

@@ -100,6 +100,10 @@ def v4_from_hf(hf: dict[str, Any], kwargs: dict[str, Any]) -> None:
     n = hf["num_hidden_layers"]
     kwargs.setdefault("scoring_func", "sqrtsoftplus")  # DeepseekV4Config's default
     kwargs.setdefault("num_key_value_heads", 1)
+    # HF's model builds no MTP modules (its config.json's num_nextn_predict_layers describes the
+    # released files) and adds no balance loss
+    kwargs["num_nextn_predict_layers"] = 0
+    kwargs.setdefault("aux_loss_alpha", 0.0)
     rates = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
     rates.update(hf.get("compress_rates") or {})
     for key, short in (("compress_rate_csa", "compressed_sparse_attention"),

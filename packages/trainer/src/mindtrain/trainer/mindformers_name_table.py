@@ -62,6 +62,42 @@ _QWEN3_LAYER = _NORMS + [
     ("self_attn.q_norm.weight", "self_attention.q_layernorm.weight", "same"),
     ("self_attn.k_norm.weight", "self_attention.k_layernorm.weight", "same"),
 ] + _MLP + _MOE
+# DeepSeek-V4 (MindFormers' PyNativeDeepseekV4ForCausalLM, models/deepseek4/utils.py's
+# weight_mapping / weight_converters and the GPTModel layer specs): the hybrid attention
+# (dsv4_hybrid: DSv4HybridSelfAttention, CompressedSparseAttention, Compressor, CSAIndexer),
+# or DeepSeek-V3's MLA (the mla variant: MLASelfAttention, the V3 names above); the MoE with
+# the hash table; the hyper-connections (HyperConnectionModule: mapping_proj, bias, and the
+# three scales alpha_pre / alpha_post / alpha_res that mindtrain keeps as one [3] tensor, "scale")
+_CORE = "self_attention.core_attention."
+_V4_POOL = [("position_bias", "ape", "same"), ("kv_proj.weight", "linear_wkv.weight", "same"),
+            ("gate_proj.weight", "linear_wgate.weight", "same"), ("kv_norm.weight", "norm.weight", "same")]
+_V4_HYBRID_ATTENTION = [
+    ("self_attn.sinks", _CORE + "attn_sink", "same"),
+    ("self_attn.q_a_proj.weight", "self_attention.linear_q_down_proj.weight", "same"),
+    ("self_attn.q_a_norm.weight", "self_attention.q_layernorm.weight", "same"),
+    ("self_attn.q_b_proj.weight", "self_attention.linear_q_up_proj.weight", "same"),
+    ("self_attn.kv_proj.weight", "self_attention.linear_kv_proj.weight", "same"),
+    ("self_attn.kv_norm.weight", "self_attention.kv_layernorm.weight", "same"),
+    ("self_attn.o_a_proj.weight", "self_attention.linear_o_group_proj", "same"),
+    ("self_attn.o_b_proj.weight", "self_attention.linear_proj.weight", "same"),
+] + [("self_attn.compressor." + o, _CORE + "compressor." + t, h) for o, t, h in _V4_POOL] + [
+    ("self_attn.compressor.indexer." + o, _CORE + "indexer.compressor." + t, h) for o, t, h in _V4_POOL] + [
+    ("self_attn.compressor.indexer.q_b_proj.weight", _CORE + "indexer.linear_wq_b.weight", "same"),
+    ("self_attn.compressor.indexer.scorer.weights_proj.weight", _CORE + "indexer.linear_weights_proj.weight", "same"),
+]
+_V4_REST = _NORMS + [
+    ("mlp.gate.tid2eid", "mlp.router.tid2eid", "same"),
+    ("mlp.shared_experts.gate_proj.weight", "mlp.shared_experts.linear_fc1.weight", "gate"),
+    ("mlp.shared_experts.up_proj.weight", "mlp.shared_experts.linear_fc1.weight", "up"),
+    ("mlp.shared_experts.down_proj.weight", "mlp.shared_experts.linear_fc2.weight", "same"),
+    ("mlp.gate.e_score_correction_bias", "mlp.expert_bias", "same"),
+] + _MOE + [(f"{hc}.{o}", f"{hc}.{t}", h) for hc in ("attn_hc", "ffn_hc")
+            for o, t, h in (("fn", "mapping_proj.weight", "same"), ("base", "bias", "same"),
+                            ("scale", "alpha_pre", "scale"))]
+V4_SCALES = ("alpha_pre", "alpha_post", "alpha_res")
+"""MindFormers' three tensors [1] of a hyper-connection's ``scale`` [3], in order."""
+_V4_HEAD = [("hc_head.hc_fn", "hc_head.hc_fn.weight"), ("hc_head.hc_base", "hc_head.hc_base"),
+            ("hc_head.hc_scale", "hc_head.hc_scale")]
 _MTP = [("enorm.weight", "enorm.weight"), ("hnorm.weight", "hnorm.weight"),
         ("eh_proj.weight", "eh_proj.weight"), ("shared_head.norm.weight", "final_layernorm.weight")]
 _TOP = [("model.embed_tokens.weight", "embedding.word_embeddings.weight"),
@@ -82,6 +118,10 @@ def _family(cfg: Any) -> str:
 
 
 def _layer_map(cfg: Any) -> list[tuple[str, str, str]]:
+    if getattr(cfg, "model_type", "deepseek_v3") == "deepseek_v4":
+        if cfg.experimental_attention_variant == "mla":
+            return [e for e in _LAYER if e[0].startswith("self_attn.")] + _V4_REST
+        return _V4_HYBRID_ATTENTION + _V4_REST
     return _QWEN3_LAYER if is_qwen3(cfg) else _LAYER
 
 
@@ -96,13 +136,13 @@ def locate(name: str, cfg: Any) -> tuple[str, str]:
     """MindFormers' name of the tensor holding mindtrain's parameter ``name`` and how the
     parameter sits in it (the ``how`` of :data:`_LAYER`: "same", "q", "gate_t", ...); a name
     this map does not know is a UserError."""
-    if getattr(cfg, "model_type", "deepseek_v3") == "deepseek_v4":
-        # MindFormers' PyNative V4 (GPTModel with its dsv4 attention variants) is not mapped:
-        # DeepSeek-V3's table would give wrong names for V4's same-named weights
-        raise UserError(f"checkpoint.layout: mindformers: no MindFormers name for parameter '{name}' "
-                        "(DeepSeek-V4's MindFormers names are not mapped yet; use layout: mindtrain)")
+    v4 = getattr(cfg, "model_type", "deepseek_v3") == "deepseek_v4"
     if name in TOP_NAMES:
         return TOP_NAMES[name], "same"
+    if v4 and name.startswith("model.hc_head."):
+        for ours, theirs in _V4_HEAD:
+            if name == "model." + ours:
+                return "decoder." + theirs, "same"
     m = _OURS_LAYER.match(name)
     if m:
         prefix, mtp = _prefix(int(m.group(1)), cfg)
@@ -111,7 +151,7 @@ def locate(name: str, cfg: Any) -> tuple[str, str]:
             raise UserError(f"checkpoint.layout: mindformers: no MindFormers name for parameter '{name}' "
                             f"({_family(cfg)} has {cfg.num_hidden_layers} layers)")
         if mtp:
-            for ours, theirs in _MTP:
+            for ours, theirs in _MTP + (_V4_HEAD if v4 else []):
                 if part == ours:
                     return prefix + theirs, "same"
             prefix += "transformer_layer."
@@ -121,4 +161,13 @@ def locate(name: str, cfg: Any) -> tuple[str, str]:
     raise UserError(f"checkpoint.layout: mindformers: no MindFormers name for parameter '{name}'")
 
 
-__all__ = ["ROUTER", "TOP_NAMES", "is_qwen3", "locate"]
+def mindformers_names_of(name: str, cfg: Any) -> list[str]:
+    """Every MindFormers tensor mindtrain's parameter ``name`` is stored in: one, or for a
+    DeepSeek-V4 hyper-connection ``scale`` [3] its three scalars (:data:`V4_SCALES`)."""
+    theirs, how = locate(name, cfg)
+    if how == "scale":
+        return [theirs[:-len(V4_SCALES[0])] + s for s in V4_SCALES]
+    return [theirs]
+
+
+__all__ = ["ROUTER", "TOP_NAMES", "V4_SCALES", "is_qwen3", "locate", "mindformers_names_of"]

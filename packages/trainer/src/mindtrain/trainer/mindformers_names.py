@@ -209,8 +209,18 @@ def placement(name: str, shape: Sequence[int], cfg: Any) -> Placement:
     """Where mindtrain's parameter ``name`` (full shape ``shape``) sits in MindFormers'
     checkpoint; a name this map does not know is a UserError."""
     shape = tuple(int(n) for n in shape)
+    _refuse_v4(cfg)
     theirs, how = locate(name, cfg)
     return _placed(theirs, how, shape, cfg)
+
+
+def _refuse_v4(cfg: Any) -> None:
+    if getattr(cfg, "model_type", None) == "deepseek_v4":
+        # the names are mapped (mindformers_name_table); what is not built is writing one of
+        # mindtrain's tensors as several of MindFormers' (a hyper-connection's scale [3] is its
+        # alpha_pre / alpha_post / alpha_res) and its int32 hash tables
+        raise UserError("checkpoint.layout: mindformers is not built for DeepSeek-V4 yet (its hyper-connection "
+                        "scales are three MindFormers tensors each); use layout: mindtrain")
 
 
 def _placed(theirs: str, how: str, shape: tuple[int, ...], cfg: Any) -> Placement:
@@ -240,6 +250,7 @@ def parts(theirs: str, shape: Sequence[int], cfg: Any) -> list[tuple[str, tuple[
     their names, full shapes and placements (none for ``tokens_per_expert``); an unknown name
     is a UserError."""
     shape = tuple(int(n) for n in shape)
+    _refuse_v4(cfg)
     ident = tuple(range(len(shape)))
     top = {t: o for o, t in _TOP}
     if theirs in top:

@@ -73,3 +73,12 @@ class HyperHead(nn.Cell):
         flat = _norm(streams.reshape(b * s, n * h), self.norm_eps)
         pre = ops.sigmoid(self.matmul_t(flat, self.hc_fn) * self.hc_scale + self.hc_base) + self.eps
         return (ops.expand_dims(pre, -1) * streams.reshape(b * s, n, h)).sum(1).reshape(b, s, h)
+
+
+class StreamMean(nn.Cell):
+    """The streams' collapse without a learned head (``enable_hc_head: false``): their mean,
+    as MindFormers' ``collapse_hyper_connection_streams``. No parameters.
+    ``construct(streams [B,S,N,H])`` -> [B,S,H]."""
+
+    def construct(self, streams):
+        return streams.mean(2)

@@ -4,7 +4,8 @@ The causal-LM machinery (embedding, the head + loss cell, expert-load bookkeepin
 is :class:`~mindtrain.models.deepseek_v3.DeepseekV3ForCausalLM`'s; V4 gives it its decoder
 layers (hybrid attention, hyper-connection streams, hash / learned mixtures of experts), the
 streams' final collapse (``hc_head``) before the norm, and its rope tables and masks. It runs
-eagerly (the indexer's choice is a host-side top-k); MTP modules are not built (HF builds none).
+eagerly (the indexer's choice is a host-side top-k). MindFormers' attention variant ``mla``
+(``mla.py``) and its MTP modules (``mtp.py``; HF builds none) are built too.
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ from mindtrain.config.plan import MOE_BLOCK
 from mindtrain.models import kernels
 from mindtrain.models.deepseek_v3 import DeepseekV3ForCausalLM, Embedding, _HeadLoss
 from mindtrain.models.deepseek_v4.attention import NEG, DeepseekV4Attention, causal_entry_bias
-from mindtrain.models.deepseek_v4.hyper import HyperConnection, HyperHead, hyper_update
+from mindtrain.models.deepseek_v4.hyper import HyperConnection, HyperHead, StreamMean, hyper_update
+from mindtrain.models.deepseek_v4.mla import DeepseekV4MLALayer, mla_tables
+from mindtrain.models.deepseek_v4.mtp import mtp_forward, mtp_layer
 from mindtrain.models.deepseek_v4.moe import DeepseekV4MoE
 from mindtrain.models.deepseek_v4.rope import compress_scaling, pair_rotation, rope_tables
 from mindtrain.models.linear import Linear
 from mindtrain.models.norm import RMSNorm
 from mindtrain.models.precision import check_param_dtype, current_device, resolve_compute_dtype
+from mindtrain.models.rope import RotaryEmbedding
 
 
 class DeepseekV4DecoderLayer(nn.Cell):
@@ -36,8 +40,9 @@ class DeepseekV4DecoderLayer(nn.Cell):
 
     def __init__(self, cfg, layer_idx: int, moe_block: int = MOE_BLOCK):
         super().__init__()
-        ratio = int(cfg.compress_ratios[layer_idx])
-        self.kind = v4_attention_kinds(cfg)[layer_idx]
+        # an MTP module (layer_idx >= num_hidden_layers) is sliding-window (validate.py)
+        ratio = int(cfg.compress_ratios[layer_idx]) if layer_idx < cfg.num_hidden_layers else 0
+        self.kind = v4_attention_kinds(cfg)[layer_idx] if layer_idx < cfg.num_hidden_layers else "sliding"
         self.is_moe = True
         self.self_attn = DeepseekV4Attention(cfg, self.kind, ratio)
         self.mlp = DeepseekV4MoE(cfg, hashed=layer_idx < cfg.num_hash_layers, block=moe_block)
@@ -57,14 +62,23 @@ class DeepseekV4DecoderLayer(nn.Cell):
 
 
 class DeepseekV4Model(nn.Cell):
-    """``embed_tokens``, ``layers``, ``norm``, ``hc_head``."""
+    """``embed_tokens``, ``layers`` (decoder layers, then the MTP modules), ``norm``, ``hc_head``
+    (the learned head, or the streams' mean without ``enable_hc_head``) and, in the ``mla``
+    variant, ``rotary_emb`` (DeepSeek-V3's)."""
 
     def __init__(self, cfg: ModelConfig, moe_block: int = MOE_BLOCK):
         super().__init__()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, cfg.initializer_range)
-        self.layers = nn.CellList([DeepseekV4DecoderLayer(cfg, i, moe_block) for i in range(cfg.num_hidden_layers)])
+        layer = DeepseekV4MLALayer if cfg.experimental_attention_variant == "mla" else DeepseekV4DecoderLayer
+        layers = [layer(cfg, i, moe_block) for i in range(cfg.num_hidden_layers)]
+        layers += [mtp_layer(cfg, cfg.num_hidden_layers + k, moe_block, DeepseekV4DecoderLayer)
+                   for k in range(cfg.num_nextn_predict_layers)]
+        self.layers = nn.CellList(layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.hc_head = HyperHead(cfg)
+        self.hc_head = HyperHead(cfg) if cfg.enable_hc_head else StreamMean()
+        if cfg.experimental_attention_variant == "mla":
+            self.rotary_emb = RotaryEmbedding(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.rope_scaling,
+                                              cfg.max_position_embeddings)
 
 
 class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
@@ -83,8 +97,8 @@ class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, init_std=cfg.initializer_range)
         self.head_loss = _HeadLoss()
         self.num_layers = cfg.num_hidden_layers
-        self.num_mtp = 0
-        self.moe_layer_ids = list(range(cfg.num_hidden_layers))
+        self.num_mtp = cfg.num_nextn_predict_layers
+        self.moe_layer_ids = list(range(cfg.num_hidden_layers + self.num_mtp))
         self._expert_load = None
         self._rope_mask_cache: dict = {}
         self._stage_ids = None  # the micro-batch's input ids of begin_forward (the pipeline stage's call)
@@ -113,7 +127,14 @@ class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
             return self.logits(h)
         if loss_mask is None:
             loss_mask = ops.ones(labels.shape, ms.float32)
-        loss, metrics = self.combine_losses(self.lm_loss(h, labels, loss_mask), [], [])
+        mtp_losses = []
+        if self.num_mtp:
+            mtp_losses, c, bal = mtp_forward(self, h, self.mtp_inputs(input_ids, labels, loss_mask), tables)
+            counts += c
+            balances += bal
+        if not self.config.aux_loss_alpha:
+            balances = []  # HF's V4 adds no balance loss (aux_loss_alpha 0 from its config.json)
+        loss, metrics = self.combine_losses(self.lm_loss(h, labels, loss_mask), mtp_losses, balances)
         if counts:
             load = ops.stack([c.astype(ms.float32) for c in counts])
             self._expert_load = load if self._expert_load is None else self._expert_load + load
@@ -205,10 +226,14 @@ class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
         per local chunk the sliding mask against its halo and own keys ([chunks, c, halo + c])
         and ``halo_index`` (see :meth:`DeepseekV4Attention._window_keys`). Without, one chunk
         of the whole sequence and no halo."""
+        cfg = self.config
+        if cfg.experimental_attention_variant == "mla":
+            if chunks is not None:
+                raise ValueError("DeepSeek-V4's mla attention variant under context parallelism is not built")
+            return mla_tables(self, s)
         key = ("v4", s, chunks, num_chunks)
         if key in self._rope_mask_cache:
             return self._rope_mask_cache[key]
-        cfg = self.config
         d, rd, ci = cfg.head_dim, cfg.qk_rope_head_dim, cfg.index_head_dim
         max_pos = cfg.max_position_embeddings
         scaling = compress_scaling(cfg.rope_scaling)

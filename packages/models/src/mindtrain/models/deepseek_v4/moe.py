@@ -14,6 +14,7 @@ from mindtrain.config.plan import MOE_BLOCK, Region
 from mindtrain.models.experts import RoutedExperts
 from mindtrain.models.linear import linear
 from mindtrain.models.mlp import MLP
+from mindtrain.models.moe import sequence_balance_loss
 from mindtrain.models.router import _RANK_LIMIT, _topk_indices_by_rank
 from mindtrain.models.weights import Init, new_weight
 
@@ -83,7 +84,11 @@ class HashRouter(_Router):
 
 class DeepseekV4MoE(nn.Cell):
     """``gate`` (hash or learned), ``experts`` and ``shared_experts``. ``construct(x [B,S,H],
-    ids [B,S])`` -> (y [B,S,H], tokens per expert [E], a zero balance loss: HF's V4 adds none)."""
+    ids [B,S])`` -> (y [B,S,H], tokens per expert [E], balance loss). The balance loss is zero
+    while ``aux_loss_alpha`` is 0 (HF's V4 adds none); otherwise MindFormers' V4
+    ``seq_aux_loss``: DeepSeek-V3's sequence-wise loss over the normalised scores, with the
+    experts taken as the top-k of the scores (no correction bias, hash-routed layers
+    included: Megatron's auxiliary-loss indices, not the routed ones)."""
 
     # its region in the parallel plan (mindtrain.models.parallel_plan): the token ids follow the
     # hidden states (the hash router reads them; a sequence shard routes its own tokens' ids)
@@ -103,6 +108,7 @@ class DeepseekV4MoE(nn.Cell):
             self.shared_experts = MLP(cfg.hidden_size, cfg.moe_intermediate_size * self.n_shared, init_std=std,
                                       swiglu_limit=limit)
         self.sequence_reduce = None
+        self.balanced = bool(cfg.aux_loss_alpha)
 
     def shared_output(self, x):
         return self.shared_experts(x) if self.n_shared else None
@@ -114,9 +120,12 @@ class DeepseekV4MoE(nn.Cell):
     def construct(self, x, ids):
         b, s, h = x.shape
         flat = x.reshape(b * s, h)
-        topk_idx, topk_weight, _ = self.gate(flat, ids)
+        topk_idx, topk_weight, scores = self.gate(flat, ids)
         y, counts = self.experts(flat, topk_idx, topk_weight)
         y = y.reshape(b, s, h)
         if self.n_shared:
             y = y + self.shared_experts(x)
-        return y, counts, ops.zeros((), ms.float32)
+        if not self.balanced:
+            return y, counts, ops.zeros((), ms.float32)
+        _, top = ops.topk(ops.stop_gradient(scores), self.gate.top_k)
+        return y, counts, sequence_balance_loss(scores, top.astype(ms.int32), b, self.n_experts, self.sequence_reduce)
