@@ -17,8 +17,8 @@ process (4 accumulation micro-batches) and, in one 2-worker msrun launch, as
 
 Per-step losses and grad norms, the final weights at full shape (with the correction
 biases) equal the single process at the DeepSeek-V3 rows' tolerances (test_tp_ep_parity.py),
-and every rank's parameter and AdamW bytes are mindtrain-estimate's. Context parallelism is
-not built for V4 (refused in one line).
+and every rank's parameter and AdamW bytes are mindtrain-estimate's. Context parallelism has
+its own test (test_v4_context_parallel.py: it needs longer sequences than this job's).
 
 A fast test without msrun: tensor parallelism's splits of V4's attention as its plan
 declares them (no communication: the shards are local) and the one-line refusal of an
