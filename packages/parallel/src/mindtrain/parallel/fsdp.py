@@ -78,8 +78,10 @@ class _Bucket:
     gathered: bool = False
 
 
-class _Unit(nn.Cell):
-    """Runs one ZeRO-3 unit: gather, forward, free; backward by regather and recompute."""
+class _Kept(nn.Cell):
+    """Runs one ZeRO-3 unit whose gathered weights stay until the step's backward is done
+    (``reshard_after_forward=False``): gather (a no-op when the step gathered it already),
+    forward on the step's tape; its weight gradients are the tape's, no forward replayed."""
 
     def __init__(self, fsdp: "FSDP", bucket: _Bucket, module: nn.Cell):
         super().__init__()
@@ -98,9 +100,17 @@ class _Unit(nn.Cell):
     def construct(self, *args):
         fsdp, bucket, module = self._ctx
         fsdp._materialize(bucket)
+        return module(*args)
+
+
+class _Unit(_Kept):
+    """Runs one ZeRO-3 unit: gather, forward, free; backward by regather and recompute."""
+
+    def construct(self, *args):
+        fsdp, bucket, module = self._ctx
+        fsdp._materialize(bucket)
         out = module(*args)
-        if fsdp.reshard_after_forward:
-            fsdp._release(bucket)  # else the backward finds the weights still gathered
+        fsdp._release(bucket)
         return out
 
     def bprop(self, *args_out_dout):
@@ -204,7 +214,7 @@ class FSDP:
         path = bucket.name
         parent_path, _, key = path.rpartition(".")
         parent = cells[parent_path] if parent_path else self.model
-        wrapper = _Unit(self, bucket, cells[path])
+        wrapper = (_Unit if self.reshard_after_forward else _Kept)(self, bucket, cells[path])
         if isinstance(parent, (nn.CellList, nn.SequentialCell)) and key.isdigit():
             parent[int(key)] = wrapper
         else:
@@ -233,25 +243,35 @@ class FSDP:
     def value_and_grad(self, fn: Callable, has_aux: bool = False) -> Callable:
         """Wrap ``fn(*args) -> loss`` (or ``(loss, aux)``); each call runs forward and backward
         for one micro-batch, accumulates the gradient shards and returns what ``fn`` returns."""
-        if self.strategy == ZERO3:
-            weights = [s.param for s in self.root.slots]
+        zero3 = self.strategy == ZERO3
+        kept = zero3 and not self.reshard_after_forward
+        if zero3:
+            # without reshard after forward the units' weights are the step's tape's too
+            slots = self.root.slots + ([s for b in self.units for s in b.slots] if kept else [])
         else:
-            weights = [s.param for s in self.slots.values()]
+            slots = list(self.slots.values())
+        weights = [s.param for s in slots]
         grad_fn = ms.value_and_grad(fn, grad_position=None if weights else 0, weights=weights or None,
                                     has_aux=has_aux)
 
         def step(*args):
-            zero3 = self.strategy == ZERO3
-            if zero3:
+            if kept:  # everything stays gathered to the end of the backward: gather it at once
+                self._materialize_all(self._buckets)
+            elif zero3:
                 self._materialize(self.root)
             value, grads = grad_fn(*args)
             if not weights:
                 grads = ()
             if zero3:
                 self._release(self.root)
-                for bucket in self.units:  # without reshard: a unit whose backward did not run
+                for bucket in self.units:  # without reshard: every unit is still gathered
                     self._release(bucket)
-            self._accumulate(self.root.slots if zero3 else list(self.slots.values()), list(grads))
+            if kept:  # reduce-scattered in batches of about _RS_BYTES, not all at once
+                grads = list(grads)
+                for lo, hi in _batches([_nbytes_of(s) for s in slots], _RS_BYTES):
+                    self._accumulate(slots[lo:hi], grads[lo:hi])
+            else:
+                self._accumulate(slots, list(grads))
             return value
 
         return step
@@ -424,6 +444,22 @@ class FSDP:
             self.peak_gathered_bytes = max(self.peak_gathered_bytes, self._gathered_bytes)
         bucket.gathered = True
 
+    def _materialize_all(self, buckets: Sequence[_Bucket]) -> None:
+        """Gather every bucket of ``buckets`` not gathered yet, with one all_gather per shard
+        group for all of them."""
+        todo = [b for b in buckets if not b.gathered]
+        if not todo:
+            return
+        slots = [s for b in todo for s in b.slots]
+        fulls = self._all_gather(slots, [s.shard for s in slots])
+        self.gather_count += len(todo)
+        for s, full in zip(slots, fulls):
+            s.param.set_data(full)
+        for b in todo:
+            b.gathered = True
+        self._gathered_bytes += sum(_nbytes(s.param) for s in slots)
+        self.peak_gathered_bytes = max(self.peak_gathered_bytes, self._gathered_bytes)
+
     def _release(self, bucket: _Bucket) -> None:
         if not bucket.gathered:
             return
@@ -531,6 +567,28 @@ class FSDP:
             prev = self._pending_root.get(s.name)
             self._pending_root[s.name] = g if prev is None else prev + g
         return gx if isinstance(gx, tuple) else (gx,)
+
+
+_RS_BYTES = 64 << 20
+"""Gradients reduce-scattered together after a step's backward without reshard after forward:
+about this many bytes of full gradients per collective (Megatron's buckets are ~40M values)."""
+
+
+def _nbytes_of(s: _Slot) -> int:
+    return math.prod(s.shape) * np.dtype(ms.dtype_to_nptype(s.dtype)).itemsize
+
+
+def _batches(sizes: Sequence[int], cap: int):
+    """``(lo, hi)`` index ranges covering ``sizes`` in order, each summing to at most ``cap``
+    (or one item larger than it)."""
+    lo, total = 0, 0
+    for i, n in enumerate(sizes):
+        if i > lo and total + n > cap:
+            yield lo, i
+            lo, total = i, 0
+        total += n
+    if lo < len(sizes):
+        yield lo, len(sizes)
 
 
 def _host_gather(flat: np.ndarray, grp, slots: list) -> list[Tensor]:
