@@ -16,6 +16,13 @@ Strategies (``parallelism.data_parallel_shard_strategy``):
   forward under ``ms.grad`` (the PyNative tape cannot keep a freed weight), reduce-scatters
   the weight gradients into the shard accumulators and frees. Parameters outside every
   unit (the "root": embeddings, final norm, head) are gathered for the whole micro-batch.
+  ``bucket_bytes``: consecutive units whose full weights fit are gathered (and their
+  gradients reduce-scattered) by one collective instead of one each.
+
+  Without reshard after forward (``reshard_after_forward=False``, MindFormers' ``never``) no
+  forward is replayed: the units run on the step's own tape with every unit gathered (one
+  collective for all) until the backward has finished, and their gradients are
+  reduce-scattered after it, ZeRO-2's way.
 
   Compiled units need nothing special: mindtrain-models' compiled pieces take their weights
   as graph inputs, so the gathered weight swapped in by ``set_data`` is what they compute with.
@@ -76,6 +83,7 @@ class _Bucket:
     slots: list[_Slot]
     shared: list[_Slot] = field(default_factory=list)  # root parameters this unit also uses
     gathered: bool = False
+    group: list["_Bucket"] = field(default_factory=list)  # the units gathered with it (itself included)
 
 
 class _Kept(nn.Cell):
@@ -108,7 +116,7 @@ class _Unit(_Kept):
 
     def construct(self, *args):
         fsdp, bucket, module = self._ctx
-        fsdp._materialize(bucket)
+        fsdp._materialize_all(bucket.group)  # the unit's group: itself and the units after it
         out = module(*args)
         fsdp._release(bucket)
         return out
@@ -125,7 +133,7 @@ class FSDP:
                  strategy: str = ZERO3, shared: Optional[Mapping[str, Sequence[str]]] = None,
                  reduce_op: str = "avg", param_groups: Optional[Mapping[str, Group]] = None,
                  reshard_after_forward: bool = True, replicate: Optional[Group] = None,
-                 params: Optional[Sequence[Parameter]] = None):
+                 params: Optional[Sequence[Parameter]] = None, bucket_bytes: int = 0):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
         if reduce_op not in ("avg", "sum"):
@@ -145,7 +153,14 @@ class FSDP:
         self.gather_count = 0
         """Bucket all-gathers run so far (ZeRO-3 forward and backward, ZeRO-1/2 refreshes)."""
         self._gathered_bytes = 0
+        self.bucket_bytes = int(bucket_bytes)
+        """ZeRO-3 with reshard after forward: consecutive units whose full weights add up to at
+        most this many bytes are gathered by one collective (at the first one's forward, and
+        again at the last one's backward; each still freed after its own forward and
+        backward), and unit gradients are reduce-scattered once this many bytes of them are
+        pending; 0: one collective per unit each time."""
         self._pending_root: dict[str, Tensor] = {}
+        self._pending_grads: list[tuple[list[_Slot], list[Tensor]]] = []
         self._reduced = True
 
         # ``params``: the parameters this rank owns (a pipeline stage's), default all of the model's
@@ -182,6 +197,10 @@ class FSDP:
                     raise ValueError(f"fully_shard: shared parameter {pname} names unknown unit {u!r}")
                 bucket.shared.append(self.slots[pname])
         self._buckets = [self.root] + self.units
+        unit_bytes = [sum(_nbytes_of(s) for s in b.slots) for b in self.units]
+        for lo, hi in _batches(unit_bytes, self.bucket_bytes):
+            for b in self.units[lo:hi]:
+                b.group = self.units[lo:hi]
         if strategy == ZERO3:
             for bucket in self.units:
                 self._wrap(cells, bucket)
@@ -262,6 +281,7 @@ class FSDP:
             value, grads = grad_fn(*args)
             if not weights:
                 grads = ()
+            self._flush_grads()
             if zero3:
                 self._release(self.root)
                 for bucket in self.units:  # without reshard: every unit is still gathered
@@ -444,6 +464,13 @@ class FSDP:
             self.peak_gathered_bytes = max(self.peak_gathered_bytes, self._gathered_bytes)
         bucket.gathered = True
 
+    def _flush_grads(self) -> None:
+        """Reduce-scatter the unit gradients the backward left pending, in one collective per
+        shard group."""
+        if self._pending_grads:
+            pending, self._pending_grads = self._pending_grads, []
+            self._accumulate([s for slots, _ in pending for s in slots], [g for _, gs in pending for g in gs])
+
     def _materialize_all(self, buckets: Sequence[_Bucket]) -> None:
         """Gather every bucket of ``buckets`` not gathered yet, with one all_gather per shard
         group for all of them."""
@@ -536,7 +563,7 @@ class FSDP:
         weights' values, which keeps no state per Parameter in MindSpore's compiled graphs;
         any other module by ``ms.grad(weights=...)``."""
         douts = dout if isinstance(dout, tuple) else (dout,)
-        self._materialize(bucket)
+        self._materialize_all(bucket.group)  # backward runs the group's units last to first
         weights = [s.param for s in bucket.slots] + [s.param for s in bucket.shared]
         form = getattr(module, "functional", None)
         form = form() if form is not None else None
@@ -562,7 +589,9 @@ class FSDP:
             gx, gw = ms.grad(replay, grad_position=tuple(range(n)), weights=weights)(*args)
         self._release(bucket)
         k = len(bucket.slots)
-        self._accumulate(bucket.slots, list(gw[:k]))
+        self._pending_grads.append((bucket.slots, list(gw[:k])))
+        if sum(_nbytes_of(s) for slots, _ in self._pending_grads for s in slots) >= self.bucket_bytes:
+            self._flush_grads()
         for s, g in zip(bucket.shared, gw[k:]):
             prev = self._pending_root.get(s.name)
             self._pending_root[s.name] = g if prev is None else prev + g
@@ -676,7 +705,8 @@ def fully_shard(model: nn.Cell, mesh_or_group, units: Sequence[str] = (),
                 strategy: str = ZERO3, shared: Optional[Mapping[str, Sequence[str]]] = None,
                 reduce_op: str = "avg", dim: str = "dp",
                 param_groups: Optional[Mapping[str, Any]] = None, reshard_after_forward: bool = True,
-                replicate: Any = None, params: Optional[Sequence[Parameter]] = None) -> FSDP:
+                replicate: Any = None, params: Optional[Sequence[Parameter]] = None,
+                bucket_bytes: int = 0) -> FSDP:
     """Shard ``model``'s trainable parameters over the mesh's ``dim`` group (or a Group).
 
     ``units``: sub-Cell paths (as in ``model.cells_and_names()``, e.g. a plan unit's ``path``)
@@ -693,6 +723,10 @@ def fully_shard(model: nn.Cell, mesh_or_group, units: Sequence[str] = (),
     ``replicate`` (a Group or mesh dimension name; HSDP): ranks holding the same shards of the
     parameters sharded over ``dim``; their gradients are reduced over it too.
     ``params``: shard only these parameters of ``model`` (what one pipeline stage owns).
+    ``bucket_bytes`` (ZeRO-3 with reshard after forward): consecutive units of at most this
+    many bytes of full weights are gathered by one collective and their gradients
+    reduce-scattered by one (see :attr:`FSDP.bucket_bytes`); the peak then holds such a group
+    instead of one unit. 0: one unit at a time.
     """
     mesh = mesh_or_group if isinstance(mesh_or_group, DeviceMesh) else None
     group = mesh.group(dim) if mesh is not None else mesh_or_group
@@ -708,4 +742,4 @@ def fully_shard(model: nn.Cell, mesh_or_group, units: Sequence[str] = (),
             raise ValueError("fully_shard: replicate by dimension name needs a DeviceMesh")
         replicate = mesh.group(replicate)
     return FSDP(model, group, units, strategy, shared, reduce_op, overrides, reshard_after_forward, replicate,
-                params)
+                params, bucket_bytes)
