@@ -83,3 +83,4 @@ def test_fsdp_matches_single_process(msrun, jobs, workers):
             # one bucket of units: every unit gathered at the first one's forward (and again
             # at the last one's backward)
             assert res["one_bucket"]["peak_gathered_bytes"] == z3["full_param_bytes"]
+            assert res["one_bucket"]["gathers"] == z3["gathers"]  # each unit twice per micro-batch, no more

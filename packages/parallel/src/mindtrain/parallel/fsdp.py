@@ -83,7 +83,14 @@ class _Bucket:
     slots: list[_Slot]
     shared: list[_Slot] = field(default_factory=list)  # root parameters this unit also uses
     gathered: bool = False
-    group: list["_Bucket"] = field(default_factory=list)  # the units gathered with it (itself included)
+    # the units gathered with it (itself included), in forward order
+    group: list["_Bucket"] = field(default_factory=list, repr=False, compare=False)
+
+    def ahead(self, backward: bool) -> list["_Bucket"]:
+        """The units of its group still to run from this one on: those after it (forward),
+        or before it (backward), itself included."""
+        i = next(k for k, b in enumerate(self.group) if b is self)
+        return self.group[:i + 1] if backward else self.group[i:]
 
 
 class _Kept(nn.Cell):
@@ -116,7 +123,7 @@ class _Unit(_Kept):
 
     def construct(self, *args):
         fsdp, bucket, module = self._ctx
-        fsdp._materialize_all(bucket.group)  # the unit's group: itself and the units after it
+        fsdp._materialize_all(bucket.ahead(backward=False))
         out = module(*args)
         fsdp._release(bucket)
         return out
@@ -563,7 +570,7 @@ class FSDP:
         weights' values, which keeps no state per Parameter in MindSpore's compiled graphs;
         any other module by ``ms.grad(weights=...)``."""
         douts = dout if isinstance(dout, tuple) else (dout,)
-        self._materialize_all(bucket.group)  # backward runs the group's units last to first
+        self._materialize_all(bucket.ahead(backward=True))  # backward runs them last to first
         weights = [s.param for s in bucket.slots] + [s.param for s in bucket.shared]
         form = getattr(module, "functional", None)
         form = form() if form is not None else None
