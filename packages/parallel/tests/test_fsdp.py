@@ -74,8 +74,13 @@ def test_fsdp_matches_single_process(msrun, jobs, workers):
             for key in ("loss_rel", "norm_rel", "param_rel", "adam_m_rel"):
                 assert res["param_groups"][key] < 1e-5, (rank, key)
                 assert res["no_reshard"][key] < 1e-5, (rank, key)
+                assert res["one_bucket"][key] < 1e-5, (rank, key)
             # without reshard after forward: one all-gather per unit and micro-batch instead of
             # two (forward, backward), and every unit held at once at the end of the forward
             saved = z3["gathers"] - res["no_reshard"]["gathers"]
             assert saved == res["units"] * res["micro_steps"], (saved, res["units"], res["micro_steps"])
             assert res["no_reshard"]["peak_gathered_bytes"] > z3["peak_gathered_bytes"]
+            # one bucket of units: every unit gathered at the first one's forward (and again
+            # at the last one's backward)
+            assert res["one_bucket"]["peak_gathered_bytes"] == z3["full_param_bytes"]
+            assert res["one_bucket"]["gathers"] == z3["gathers"]  # each unit twice per micro-batch, no more

@@ -110,10 +110,10 @@ results = {"world": world, "ref_bytes": ref_bytes, "ref_losses": ref_losses, "un
 micro = GLOBAL // (world * ACCUM)
 
 
-def train(strategy, param_groups=None, reshard_after_forward=True):
+def train(strategy, param_groups=None, reshard_after_forward=True, bucket_bytes=0):
     model = TinyLM()
     fsdp = fully_shard(model, mesh, units=UNITS, strategy=strategy, shared=SHARED, param_groups=param_groups,
-                       reshard_after_forward=reshard_after_forward)
+                       reshard_after_forward=reshard_after_forward, bucket_bytes=bucket_bytes)
     opt = AdamW(fsdp.named_parameters())
 
     def loss_fn(ids, labels):
@@ -165,6 +165,8 @@ if world == 2:
     results["param_groups"], _ = train("optim_grads_params", mlp)
     # reshard_after_forward_policy "never": each unit stays gathered from forward to backward
     results["no_reshard"], _ = train("optim_grads_params", reshard_after_forward=False)
+    # every unit in one bucket: gathered by one collective, gradients reduce-scattered by one
+    results["one_bucket"], _ = train("optim_grads_params", bucket_bytes=1 << 30)
 
 # Full-state import into another data-parallel degree: the N-way ZeRO-3 export into a
 # 1-rank FSDP, and the single-process weights into an N-way ZeRO-3 model.

@@ -16,6 +16,13 @@ Strategies (``parallelism.data_parallel_shard_strategy``):
   forward under ``ms.grad`` (the PyNative tape cannot keep a freed weight), reduce-scatters
   the weight gradients into the shard accumulators and frees. Parameters outside every
   unit (the "root": embeddings, final norm, head) are gathered for the whole micro-batch.
+  ``bucket_bytes``: consecutive units whose full weights fit are gathered (and their
+  gradients reduce-scattered) by one collective instead of one each.
+
+  Without reshard after forward (``reshard_after_forward=False``, MindFormers' ``never``) no
+  forward is replayed: the units run on the step's own tape with every unit gathered (one
+  collective for all) until the backward has finished, and their gradients are
+  reduce-scattered after it, ZeRO-2's way.
 
   Compiled units need nothing special: mindtrain-models' compiled pieces take their weights
   as graph inputs, so the gathered weight swapped in by ``set_data`` is what they compute with.
@@ -76,10 +83,20 @@ class _Bucket:
     slots: list[_Slot]
     shared: list[_Slot] = field(default_factory=list)  # root parameters this unit also uses
     gathered: bool = False
+    # the units gathered with it (itself included), in forward order
+    group: list["_Bucket"] = field(default_factory=list, repr=False, compare=False)
+
+    def ahead(self, backward: bool) -> list["_Bucket"]:
+        """The units of its group still to run from this one on: those after it (forward),
+        or before it (backward), itself included."""
+        i = next(k for k, b in enumerate(self.group) if b is self)
+        return self.group[:i + 1] if backward else self.group[i:]
 
 
-class _Unit(nn.Cell):
-    """Runs one ZeRO-3 unit: gather, forward, free; backward by regather and recompute."""
+class _Kept(nn.Cell):
+    """Runs one ZeRO-3 unit whose gathered weights stay until the step's backward is done
+    (``reshard_after_forward=False``): gather (a no-op when the step gathered it already),
+    forward on the step's tape; its weight gradients are the tape's, no forward replayed."""
 
     def __init__(self, fsdp: "FSDP", bucket: _Bucket, module: nn.Cell):
         super().__init__()
@@ -98,9 +115,17 @@ class _Unit(nn.Cell):
     def construct(self, *args):
         fsdp, bucket, module = self._ctx
         fsdp._materialize(bucket)
+        return module(*args)
+
+
+class _Unit(_Kept):
+    """Runs one ZeRO-3 unit: gather, forward, free; backward by regather and recompute."""
+
+    def construct(self, *args):
+        fsdp, bucket, module = self._ctx
+        fsdp._materialize_all(bucket.ahead(backward=False))
         out = module(*args)
-        if fsdp.reshard_after_forward:
-            fsdp._release(bucket)  # else the backward finds the weights still gathered
+        fsdp._release(bucket)
         return out
 
     def bprop(self, *args_out_dout):
@@ -115,7 +140,7 @@ class FSDP:
                  strategy: str = ZERO3, shared: Optional[Mapping[str, Sequence[str]]] = None,
                  reduce_op: str = "avg", param_groups: Optional[Mapping[str, Group]] = None,
                  reshard_after_forward: bool = True, replicate: Optional[Group] = None,
-                 params: Optional[Sequence[Parameter]] = None):
+                 params: Optional[Sequence[Parameter]] = None, bucket_bytes: int = 0):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
         if reduce_op not in ("avg", "sum"):
@@ -135,7 +160,14 @@ class FSDP:
         self.gather_count = 0
         """Bucket all-gathers run so far (ZeRO-3 forward and backward, ZeRO-1/2 refreshes)."""
         self._gathered_bytes = 0
+        self.bucket_bytes = int(bucket_bytes)
+        """ZeRO-3 with reshard after forward: consecutive units whose full weights add up to at
+        most this many bytes are gathered by one collective (at the first one's forward, and
+        again at the last one's backward; each still freed after its own forward and
+        backward), and unit gradients are reduce-scattered once this many bytes of them are
+        pending; 0: one collective per unit each time."""
         self._pending_root: dict[str, Tensor] = {}
+        self._pending_grads: list[tuple[list[_Slot], list[Tensor]]] = []
         self._reduced = True
 
         # ``params``: the parameters this rank owns (a pipeline stage's), default all of the model's
@@ -172,6 +204,10 @@ class FSDP:
                     raise ValueError(f"fully_shard: shared parameter {pname} names unknown unit {u!r}")
                 bucket.shared.append(self.slots[pname])
         self._buckets = [self.root] + self.units
+        unit_bytes = [sum(_nbytes_of(s) for s in b.slots) for b in self.units]
+        for lo, hi in _batches(unit_bytes, self.bucket_bytes):
+            for b in self.units[lo:hi]:
+                b.group = self.units[lo:hi]
         if strategy == ZERO3:
             for bucket in self.units:
                 self._wrap(cells, bucket)
@@ -204,7 +240,7 @@ class FSDP:
         path = bucket.name
         parent_path, _, key = path.rpartition(".")
         parent = cells[parent_path] if parent_path else self.model
-        wrapper = _Unit(self, bucket, cells[path])
+        wrapper = (_Unit if self.reshard_after_forward else _Kept)(self, bucket, cells[path])
         if isinstance(parent, (nn.CellList, nn.SequentialCell)) and key.isdigit():
             parent[int(key)] = wrapper
         else:
@@ -233,25 +269,36 @@ class FSDP:
     def value_and_grad(self, fn: Callable, has_aux: bool = False) -> Callable:
         """Wrap ``fn(*args) -> loss`` (or ``(loss, aux)``); each call runs forward and backward
         for one micro-batch, accumulates the gradient shards and returns what ``fn`` returns."""
-        if self.strategy == ZERO3:
-            weights = [s.param for s in self.root.slots]
+        zero3 = self.strategy == ZERO3
+        kept = zero3 and not self.reshard_after_forward
+        if zero3:
+            # without reshard after forward the units' weights are the step's tape's too
+            slots = self.root.slots + ([s for b in self.units for s in b.slots] if kept else [])
         else:
-            weights = [s.param for s in self.slots.values()]
+            slots = list(self.slots.values())
+        weights = [s.param for s in slots]
         grad_fn = ms.value_and_grad(fn, grad_position=None if weights else 0, weights=weights or None,
                                     has_aux=has_aux)
 
         def step(*args):
-            zero3 = self.strategy == ZERO3
-            if zero3:
+            if kept:  # everything stays gathered to the end of the backward: gather it at once
+                self._materialize_all(self._buckets)
+            elif zero3:
                 self._materialize(self.root)
             value, grads = grad_fn(*args)
             if not weights:
                 grads = ()
+            self._flush_grads()
             if zero3:
                 self._release(self.root)
-                for bucket in self.units:  # without reshard: a unit whose backward did not run
+                for bucket in self.units:  # without reshard: every unit is still gathered
                     self._release(bucket)
-            self._accumulate(self.root.slots if zero3 else list(self.slots.values()), list(grads))
+            if kept:  # reduce-scattered in batches of about _RS_BYTES, not all at once
+                grads = list(grads)
+                for lo, hi in _batches([_nbytes_of(s) for s in slots], _RS_BYTES):
+                    self._accumulate(slots[lo:hi], grads[lo:hi])
+            else:
+                self._accumulate(slots, list(grads))
             return value
 
         return step
@@ -424,6 +471,29 @@ class FSDP:
             self.peak_gathered_bytes = max(self.peak_gathered_bytes, self._gathered_bytes)
         bucket.gathered = True
 
+    def _flush_grads(self) -> None:
+        """Reduce-scatter the unit gradients the backward left pending, in one collective per
+        shard group."""
+        if self._pending_grads:
+            pending, self._pending_grads = self._pending_grads, []
+            self._accumulate([s for slots, _ in pending for s in slots], [g for _, gs in pending for g in gs])
+
+    def _materialize_all(self, buckets: Sequence[_Bucket]) -> None:
+        """Gather every bucket of ``buckets`` not gathered yet, with one all_gather per shard
+        group for all of them."""
+        todo = [b for b in buckets if not b.gathered]
+        if not todo:
+            return
+        slots = [s for b in todo for s in b.slots]
+        fulls = self._all_gather(slots, [s.shard for s in slots])
+        self.gather_count += len(todo)
+        for s, full in zip(slots, fulls):
+            s.param.set_data(full)
+        for b in todo:
+            b.gathered = True
+        self._gathered_bytes += sum(_nbytes(s.param) for s in slots)
+        self.peak_gathered_bytes = max(self.peak_gathered_bytes, self._gathered_bytes)
+
     def _release(self, bucket: _Bucket) -> None:
         if not bucket.gathered:
             return
@@ -500,7 +570,7 @@ class FSDP:
         weights' values, which keeps no state per Parameter in MindSpore's compiled graphs;
         any other module by ``ms.grad(weights=...)``."""
         douts = dout if isinstance(dout, tuple) else (dout,)
-        self._materialize(bucket)
+        self._materialize_all(bucket.ahead(backward=True))  # backward runs them last to first
         weights = [s.param for s in bucket.slots] + [s.param for s in bucket.shared]
         form = getattr(module, "functional", None)
         form = form() if form is not None else None
@@ -526,11 +596,35 @@ class FSDP:
             gx, gw = ms.grad(replay, grad_position=tuple(range(n)), weights=weights)(*args)
         self._release(bucket)
         k = len(bucket.slots)
-        self._accumulate(bucket.slots, list(gw[:k]))
+        self._pending_grads.append((bucket.slots, list(gw[:k])))
+        if sum(_nbytes_of(s) for slots, _ in self._pending_grads for s in slots) >= self.bucket_bytes:
+            self._flush_grads()
         for s, g in zip(bucket.shared, gw[k:]):
             prev = self._pending_root.get(s.name)
             self._pending_root[s.name] = g if prev is None else prev + g
         return gx if isinstance(gx, tuple) else (gx,)
+
+
+_RS_BYTES = 64 << 20
+"""Gradients reduce-scattered together after a step's backward without reshard after forward:
+about this many bytes of full gradients per collective (Megatron's buckets are ~40M values)."""
+
+
+def _nbytes_of(s: _Slot) -> int:
+    return math.prod(s.shape) * np.dtype(ms.dtype_to_nptype(s.dtype)).itemsize
+
+
+def _batches(sizes: Sequence[int], cap: int):
+    """``(lo, hi)`` index ranges covering ``sizes`` in order, each summing to at most ``cap``
+    (or one item larger than it)."""
+    lo, total = 0, 0
+    for i, n in enumerate(sizes):
+        if i > lo and total + n > cap:
+            yield lo, i
+            lo, total = i, 0
+        total += n
+    if lo < len(sizes):
+        yield lo, len(sizes)
 
 
 def _host_gather(flat: np.ndarray, grp, slots: list) -> list[Tensor]:
@@ -618,7 +712,8 @@ def fully_shard(model: nn.Cell, mesh_or_group, units: Sequence[str] = (),
                 strategy: str = ZERO3, shared: Optional[Mapping[str, Sequence[str]]] = None,
                 reduce_op: str = "avg", dim: str = "dp",
                 param_groups: Optional[Mapping[str, Any]] = None, reshard_after_forward: bool = True,
-                replicate: Any = None, params: Optional[Sequence[Parameter]] = None) -> FSDP:
+                replicate: Any = None, params: Optional[Sequence[Parameter]] = None,
+                bucket_bytes: int = 0) -> FSDP:
     """Shard ``model``'s trainable parameters over the mesh's ``dim`` group (or a Group).
 
     ``units``: sub-Cell paths (as in ``model.cells_and_names()``, e.g. a plan unit's ``path``)
@@ -635,6 +730,10 @@ def fully_shard(model: nn.Cell, mesh_or_group, units: Sequence[str] = (),
     ``replicate`` (a Group or mesh dimension name; HSDP): ranks holding the same shards of the
     parameters sharded over ``dim``; their gradients are reduced over it too.
     ``params``: shard only these parameters of ``model`` (what one pipeline stage owns).
+    ``bucket_bytes`` (ZeRO-3 with reshard after forward): consecutive units of at most this
+    many bytes of full weights are gathered by one collective and their gradients
+    reduce-scattered by one (see :attr:`FSDP.bucket_bytes`); the peak then holds such a group
+    instead of one unit. 0: one unit at a time.
     """
     mesh = mesh_or_group if isinstance(mesh_or_group, DeviceMesh) else None
     group = mesh.group(dim) if mesh is not None else mesh_or_group
@@ -650,4 +749,4 @@ def fully_shard(model: nn.Cell, mesh_or_group, units: Sequence[str] = (),
             raise ValueError("fully_shard: replicate by dimension name needs a DeviceMesh")
         replicate = mesh.group(replicate)
     return FSDP(model, group, units, strategy, shared, reduce_op, overrides, reshard_after_forward, replicate,
-                params)
+                params, bucket_bytes)

@@ -40,6 +40,12 @@ from mindtrain.parallel.mesh import DeviceMesh, Group
 from mindtrain.parallel.tensor_parallel import apply_tensor_parallel
 
 
+ZERO3_BUCKET_BYTES = 16 << 20
+"""ZeRO-3 units gathered (and their gradients reduce-scattered) together while their full
+weights add up to at most this (``fully_shard(bucket_bytes=)``): every layer of a small model
+in one collective, one layer per collective once a layer is larger (the 375M config's)."""
+
+
 def zero3_units(model, plan) -> tuple[tuple[str, ...], dict[str, list[str]]]:
     """FSDP units = the plan's decoder layers and MTP modules, as cell paths; a parameter of
     a unit that the model also uses outside it (an MTP module's shared-head norm, applied
@@ -94,7 +100,8 @@ class ModelShare:
                 experts = {n: "dp" for n, p in self.plan["params"].items() if p.get("expert") and n in names}
                 hsdp = dict(dim="dense", replicate="dense_replica", param_groups=experts)
             self.fsdp = fully_shard(self.model, mesh, units=units, strategy=strategy, shared=shared,
-                                    reshard_after_forward=reshard, params=self.stage_params, **hsdp)
+                                    reshard_after_forward=reshard, params=self.stage_params,
+                                    bucket_bytes=ZERO3_BUCKET_BYTES, **hsdp)
             self.named_dense = self.fsdp.named_parameters()
         else:
             self.named_dense = [(p.name, p) for p in self.stage_params]
