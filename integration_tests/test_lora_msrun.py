@@ -2,7 +2,8 @@
 ZeRO-3, then under tensor (+ sequence) parallelism, while one plain process trains it alone
 (workers/lora_run.py). In every layout the frozen base stays bit-identical on every rank, only the
 adapters have optimizer state and move, resume from a saved step is exact, and the figures
-match the single process's step after step. The adapters' gradients against PEFT and the
+match the single process's step after step, with lora_dropout 0.1 (the adapters unmerged, their
+input masks drawn per token and global feature, so ZeRO-3 and TP draw one process's masks). The adapters' gradients against PEFT and the
 merged export are in packages/trainer/tests/test_lora.py."""
 
 from __future__ import annotations
