@@ -755,9 +755,6 @@ def validate_lora(cfg: MindTrainConfig) -> None:
     if family not in _LORA_FAMILIES:
         raise ConfigError("lora_config", f"LoRA on model_type {family} is not supported yet (DeepSeek-V3, Qwen3 "
                           "and Qwen3-MoE are); remove the lora_config section")
-    if cfg.parallelism.pipeline_parallel > 1:
-        raise ConfigError("lora_config", "LoRA with pipeline_parallel > 1 is not supported yet; set "
-                          "parallelism.pipeline_parallel to 1 or remove the lora_config section")
     if cfg.optimizer.type == "Muon":
         raise ConfigError("lora_config", "LoRA with optimizer.type Muon is not supported yet; use AdamW")
     if cfg.checkpoint.layout == "mindformers":
