@@ -350,9 +350,6 @@ def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
         raise ConfigError(f"{path}.ulysses_degree_in_cp", f"hybrid context parallelism needs 1 < "
                           f"ulysses_degree_in_cp < context_parallel ({cp}) dividing it, got {uly}; set one "
                           f"or use context_parallel_method: ulysses")
-    if cp > 1 and method != "colossal" and m.attention_dropout:
-        raise ConfigError(f"{path}.context_parallel_method", f"attention dropout runs with colossal context "
-                          f"parallelism only, got {method!r}; use colossal or set model.attention_dropout: 0.0")
     degree = {"ulysses": cp, "hybrid": uly}.get(method) if cp > 1 else None
     if degree:
         # MLA's keys and values have a head per query head; grouped-query attention's fewer

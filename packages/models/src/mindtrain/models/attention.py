@@ -356,7 +356,7 @@ class MLAttention(Block):
         q, kv_lat, k_rot = self.run("project", x, cos, sin)
         if self.kv_exchange is not None:
             kv_lat, k_rot = self.kv_exchange(kv_lat, k_rot)
-        keep = attention_keep(self, q.shape[1], kv_lat.shape[1])
+        keep = attention_keep(self, q.shape[1], mask_add.shape[-1])  # every key of the sequence
         if keep is not None or overridden(self.core_attention):  # the core runs eager: the pieces around it
             k, v = self.run("keys_values", q, kv_lat, k_rot)
             if self.track_max_logits:

@@ -203,7 +203,7 @@ class _UlyssesCore:
         order = np.concatenate([chunk_indices(seq_length, cp, r) for r in range(cp)])
         self.key_order = Tensor(order.astype(np.int32))
 
-    def __call__(self, q, k, v, mask_add):
+    def __call__(self, q, k, v, mask_add, keep=None):
         g = self.group
         for x in (q, k):
             if x.shape[1] % g.size:
@@ -216,7 +216,14 @@ class _UlyssesCore:
         k, v = _seq_to_heads(k, g), _seq_to_heads(v, g)
         if self.ring is not None:  # hybrid: the keys and values of every Ulysses group, same heads
             k, v = _gather_seq(k, self.ring), _gather_seq(v, self.ring)
-        out = self.inner(_seq_to_heads(q, g), k, v, mask)
+        if keep is None:
+            out = self.inner(_seq_to_heads(q, g), k, v, mask)
+        else:
+            # attention dropout's keep mask [B, N, local rows, S] (every head of this rank's
+            # queries against every key, in sequence order) goes with the queries to the head
+            # groups, its key columns in the gathered order: the mask of one process
+            keep = ops.gather(_seq_to_heads(ops.stop_gradient(keep), g), self.key_order, 3)
+            out = self.inner(_seq_to_heads(q, g), k, v, mask, keep)
         return _heads_to_seq(out, g)
 
 

@@ -93,7 +93,7 @@ class Qwen3Attention(Block):
         q, k, v = self.run("project", x, cos, sin)
         if self.kv_exchange is not None:  # context parallelism: the whole sequence's keys and values
             k, v = self.kv_exchange(k, v)
-        keep = attention_keep(self, self.num_heads, k.shape[2])
+        keep = attention_keep(self, self.num_heads, mask_add.shape[-1])  # every key of the sequence
         if keep is not None:  # attention dropout: an eager core over the repeated keys and values
             g = self.num_heads // self.num_kv_heads
             k, v = self._repeat_kv(k, g), self._repeat_kv(v, g)
