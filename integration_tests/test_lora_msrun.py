@@ -1,7 +1,8 @@
 """lora_config under msrun: one 2-worker job trains the tiny DeepSeek-V3 with LoRA under FSDP
 ZeRO-3, then under tensor (+ sequence) parallelism, then over two pipeline stages (each stage's
 adapters, their gradient norm and clipping over both stages, the adapters saved alone from
-both), while one plain process trains it alone
+both), then under context parallelism (MLA's kv_b_proj runs on the gathered keys of the whole
+sequence: its LoRA dropout masks follow those tokens), while one plain process trains it alone
 (workers/lora_run.py). In every layout the frozen base stays bit-identical on every rank, only the
 adapters have optimizer state and move, resume from a saved step is exact, and the figures
 match the single process's step after step, with lora_dropout 0.1 (the adapters unmerged, their
@@ -27,14 +28,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "workers", "lora_run.py")
 
 
-def test_lora_zero3_tp2_and_pp2_match_one_process_with_a_frozen_base(tmp_path):
+def test_lora_zero3_tp2_pp2_and_cp2_match_one_process_with_a_frozen_base(tmp_path):
     prefix = prepare_data(str(tmp_path / "data" / "pydoc"))
     env = {**worker_env(), "PYTHONPATH": os.pathsep.join([os.path.join(HERE, "workers"),
                                                           os.environ.get("PYTHONPATH", "")])}
     log = open(tmp_path / "msrun.log", "w")
     two = subprocess.Popen(["msrun", "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port(9110)}",
                             "--join=True", f"--log_dir={tmp_path / 'log'}", WORKER, str(tmp_path), prefix,
-                            "zero3,tp2,pp2"], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+                            "zero3,tp2,pp2,cp2"], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
     one = subprocess.run([sys.executable, WORKER, str(tmp_path), prefix, "ref"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=900)
     assert one.returncode == 0, one.stderr[-4000:]
@@ -51,7 +52,7 @@ def test_lora_zero3_tp2_and_pp2_match_one_process_with_a_frozen_base(tmp_path):
     want = np.array([[r[k] for k in keys] for r in ref["rows"]])
     saved_ref = load_file(tmp_path / "ref" / "ck" / "lora" / "iter_0000003" / "adapter_model.safetensors")
     assert len(saved_ref) == 32
-    for case in ("zero3", "tp2", "pp2"):
+    for case in ("zero3", "tp2", "pp2", "cp2"):
         # the adapters saved alone (rank 0 writes them; under PP it collects every stage's)
         saved = load_file(tmp_path / case / "ck" / "lora" / "iter_0000003" / "adapter_model.safetensors")
         assert sorted(saved) == sorted(saved_ref), case

@@ -1,6 +1,7 @@
 """LoRA (lora_config) on the tiny DeepSeek-V3: ``python lora_run.py OUT DATA_PREFIX CASE[,CASE...]``,
 under msrun (cases ``zero3``: FSDP ZeRO-3 over 2 ranks, ``tp2``: tensor + sequence parallel
-over 2 ranks, ``pp2``: two pipeline stages, one after the other in the same job) or as a plain process (``ref``).
+over 2 ranks, ``pp2``: two pipeline stages, ``cp2``: context parallelism (colossal), one after the other in
+the same job) or as a plain process (``ref``).
 
 Per case, each rank trains STEPS steps with the trainer (saving at step 2 and at the end),
 checks on its own pieces that every base weight is bit-identical and only adapters moved,
@@ -30,7 +31,8 @@ STEPS = 3
 LORA = ("lora_config={target_modules: 'linear_(qkv|qb|kvb|proj|fc1|fc2)', exclude_layers: 'mtp', lora_b_std: 0.01, "
         "lora_dropout: 0.1}")  # unmerged adapters in the steps, masks the same in every layout
 LAYOUTS = {"ref": [], "zero3": ["parallelism.data_parallel_shard_strategy=optim_grads_params"],
-           "tp2": ["parallelism.tensor_parallel=2"], "pp2": ["parallelism.pipeline_parallel=2"]}
+           "tp2": ["parallelism.tensor_parallel=2"], "pp2": ["parallelism.pipeline_parallel=2"],
+           "cp2": ["parallelism.context_parallel=2"]}
 
 
 def config(out: str, prefix: str, case: str, *extra):

@@ -214,8 +214,6 @@ def test_swap_off_cpu_is_refused_in_one_line(device):
 
 # ----------------------------------------------------------------------------- refusals
 @pytest.mark.parametrize("overrides, start", [
-    (["lora_config={target_modules: 'linear_qkv', lora_dropout: 0.1}", "parallelism.context_parallel=2"],
-     "lora_config.lora_dropout: LoRA dropout with context_parallel > 1 is not supported yet"),
     (["lora_config={target_modules: 'linear_qkv', lora_dropout: 1.0}"], "lora_config.lora_dropout: must be in [0, 1)"),
     (["lora_config={target_modules: ''}"], "lora_config.target_modules: is required"),
     (["lora_config={target_modules: 'linear_(qkv'}"], "lora_config.target_modules: 'linear_(qkv' is not a regex"),

@@ -745,9 +745,6 @@ def validate_lora(cfg: MindTrainConfig) -> None:
     _non_negative(lc.lora_b_std, "lora_config.lora_b_std")
     if not 0.0 <= lc.lora_dropout < 1.0:
         raise ConfigError("lora_config.lora_dropout", f"must be in [0, 1), got {lc.lora_dropout!r}")
-    if lc.lora_dropout > 0 and cfg.parallelism.context_parallel > 1:
-        raise ConfigError("lora_config.lora_dropout", "LoRA dropout with context_parallel > 1 is not supported yet "
-                          "(kv_b_proj's input holds other ranks' tokens); set it to 0 or context_parallel to 1")
     family = getattr(cfg.model, "model_type", "deepseek_v3")
     if family not in _LORA_FAMILIES:
         raise ConfigError("lora_config", f"LoRA on model_type {family} is not supported yet (DeepSeek-V3, Qwen3 "

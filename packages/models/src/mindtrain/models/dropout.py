@@ -100,11 +100,18 @@ class Dropout:
         """Off again (evaluation, inference)."""
         self.enabled = False
         self.tokens = None
+        self.whole_tokens = None
 
-    def set_tokens(self, keys) -> None:
+    whole_tokens: Optional[np.ndarray] = None
+    """Under context parallelism, the token identities of the whole sequence in its order
+    (the rows of a layer that runs on the gathered keys: MLA's ``kv_b_proj``)."""
+
+    def set_tokens(self, keys, whole=None) -> None:
         """The token identities [B, S] (:func:`token_keys`, of this rank's part of the
-        sequence) of the forward about to run."""
+        sequence) of the forward about to run; ``whole``: the whole sequence's, when that
+        part is a context-parallel chunk."""
         self.tokens = None if keys is None else np.asarray(keys, np.uint64)
+        self.whole_tokens = None if whole is None else np.asarray(whole, np.uint64)
 
     def hidden_on(self) -> bool:
         return self.enabled and self.hidden > 0 and self.tokens is not None
@@ -122,6 +129,8 @@ class Dropout:
         """This rank's token keys [B, rows]: :attr:`tokens`, or its sequence shard (see
         :attr:`sequence_shard`) when ``rows`` is that shard's length."""
         tok = self.tokens
+        if rows != tok.shape[1] and self.whole_tokens is not None and rows == self.whole_tokens.shape[1]:
+            return self.whole_tokens  # the gathered keys of the whole sequence (context parallelism)
         if rows != tok.shape[1]:
             index, size = self.sequence_shard
             if rows * size != tok.shape[1]:

@@ -97,6 +97,7 @@ def split_batch(batch: Mapping[str, Any], cp: int = 1, rank: int = 0, num_heads:
            "mask_add": Tensor(add), "lm_scale": scale(labels, loss_mask), "mtp": []}
     if "token_keys" in whole:  # the model's per-token dropout identities (numpy), chunked like the tokens
         out["token_keys"] = np.ascontiguousarray(whole["token_keys"][:, idx])
+        out["whole_token_keys"] = whole["token_keys"]  # the rows of a layer that runs on gathered keys
     for t in whole["mtp"]:
         out["mtp"].append({"input_ids": local(t["input_ids"], np.int32), "labels": local(t["labels"], np.int32),
                            "loss_mask": local(t["loss_mask"], np.float32), "scale": scale(t["labels"], t["loss_mask"])})
