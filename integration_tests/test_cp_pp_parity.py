@@ -1,7 +1,8 @@
 """Context and pipeline parallelism equal the single-process run (issue 7).
 
-Two single-process reference runs (the model's own forward in the trainer's loop; 2 and 4
-micro-batches per step) beside one 2-worker msrun job that trains 5 steps of 2 micro-batches
+Three single-process reference runs (the model's own forward in the trainer's loop; 2 and 4
+micro-batches per step, and 2 with attention and hidden dropout 0.1 for the Ulysses and hybrid
+runs, whose masks must be one process's: issue 34) beside one 2-worker msrun job that trains 5 steps of 2 micro-batches
 under CP=2 (colossal, and Ulysses: all-to-all between sequence chunks and head groups around
 each attention core), PP=2 with 1F1B, PP=2 with GPipe and PP=2 with interleaved 1F1B over 2 chunks per
 stage (packed documents with reset positions and EOD masks; PP=2 with 1F1B keeps the
@@ -33,8 +34,10 @@ pytestmark = pytest.mark.msrun
 
 WORKER = Path(__file__).parent / "workers" / "cp_pp_parity.py"
 CONFIGS = {"cp2": "1:2:1f1b", "pp2_1f1b": "2:1:1f1b", "pp2_gpipe": "2:1:gpipe",
-           # Ulysses (issue 34): sequence chunks <-> head groups by all-to-all around each attention core
-           "cp2_ulysses": "1:2:1f1b",
+           # Ulysses (issue 34): sequence chunks <-> head groups by all-to-all around each attention core;
+           # with attention and hidden dropout 0.1, against the reference with dropout (the keep
+           # masks go with the queries to the head groups)
+           "cp2_ulysses_dropout": "1:2:1f1b",
            # 2 chunks per stage (4 virtual stages): rank 0 runs layers 0 and 2, rank 1 layer 1 and the head
            "pp2_interleaved": "2:1:interleaved_1f1b:1:1:-:2:2"}
 # name -> pp:cp:schedule:tp:ep:dp_sharding:micro-batches per step on 4 workers. PP x FSDP
@@ -43,7 +46,7 @@ CONFIGS = {"cp2": "1:2:1f1b", "pp2_1f1b": "2:1:1f1b", "pp2_gpipe": "2:1:gpipe",
 CONFIGS_4 = {"pp2_fsdp2_zero3": "2:1:1f1b:1:1:optim_grads_params:4", "cp2_tp2": "1:2:1f1b:2:1:-:2",
              "pp2_ep2_fsdp2_zero1": "2:1:1f1b:1:2:optim:2",
              # hybrid CP (issue 34): Ulysses inside pairs of CP ranks, keys/values gathered across the pairs
-             "cp4_hybrid2": "1:4:1f1b:1:1:-:2"}
+             "cp4_hybrid2_dropout": "1:4:1f1b:1:1:-:2"}
 TOL = 1e-5
 # the runs with compiled (ms.jit) layers: PP alone keeps them whole (no layer is patched);
 # under PP x ZeRO-3 the stage's weights are gathered for the step by set_data, which the
@@ -61,11 +64,13 @@ def _env():
     return env
 
 
-def _reference(tmp: Path, micro: int, core: int) -> subprocess.Popen:
+def _reference(tmp: Path, micro: int, core: int, dropout: bool = False) -> subprocess.Popen:
     env = _env()
     env["CP_PP_MICRO"] = str(micro)
     env["CP_PP_REF_CORE"] = str(core)
-    return subprocess.Popen([sys.executable, str(WORKER), "reference", str(tmp / f"reference_{micro}.npz"), "--docs"],
+    env["CP_PP_DROPOUT"] = "1" if dropout else "0"
+    name = f"reference_dropout_{micro}.npz" if dropout else f"reference_{micro}.npz"
+    return subprocess.Popen([sys.executable, str(WORKER), "reference", str(tmp / name), "--docs"],
                             env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -78,7 +83,8 @@ def jobs(tmp_path_factory):
     ref = tmp / "reference_{micro}.npz"
     # 2 micro-batches per step, and 4 for the data-parallel pipelines of the 4-worker job;
     # the msrun ranks take cores 0, 1 (2 workers) and 0, 1, 0, 1 (4 workers)
-    references = [_reference(tmp, 2, core=-1), _reference(tmp, 4, core=0)]
+    # and 2 with attention and hidden dropout ("..._dropout" runs: Ulysses and hybrid CP, issue 34)
+    references = [_reference(tmp, 2, core=-1), _reference(tmp, 4, core=0), _reference(tmp, 2, core=1, dropout=True)]
     specs = [f"{k}:{v}" for k, v in CONFIGS.items()] + ["fail:2:1:1f1b"]
     start = time.monotonic()
     job = subprocess.Popen(["msrun", "--worker_num=2", "--local_worker_num=2", "--master_port=8521", "--join=True",

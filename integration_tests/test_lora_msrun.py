@@ -1,8 +1,12 @@
 """lora_config under msrun: one 2-worker job trains the tiny DeepSeek-V3 with LoRA under FSDP
-ZeRO-3, then under tensor (+ sequence) parallelism, while one plain process trains it alone
+ZeRO-3, then under tensor (+ sequence) parallelism, then over two pipeline stages (each stage's
+adapters, their gradient norm and clipping over both stages, the adapters saved alone from
+both), then under context parallelism (MLA's kv_b_proj runs on the gathered keys of the whole
+sequence: its LoRA dropout masks follow those tokens), while one plain process trains it alone
 (workers/lora_run.py). In every layout the frozen base stays bit-identical on every rank, only the
 adapters have optimizer state and move, resume from a saved step is exact, and the figures
-match the single process's step after step. The adapters' gradients against PEFT and the
+match the single process's step after step, with lora_dropout 0.1 (the adapters unmerged, their
+input masks drawn per token and global feature, so ZeRO-3 and TP draw one process's masks). The adapters' gradients against PEFT and the
 merged export are in packages/trainer/tests/test_lora.py."""
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import sys
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 from mindtrain.trainer.quickstart import free_port, prepare_data, worker_env
 
@@ -23,14 +28,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "workers", "lora_run.py")
 
 
-def test_lora_zero3_and_tp2_match_one_process_with_a_frozen_base(tmp_path):
+def test_lora_zero3_tp2_pp2_and_cp2_match_one_process_with_a_frozen_base(tmp_path):
     prefix = prepare_data(str(tmp_path / "data" / "pydoc"))
     env = {**worker_env(), "PYTHONPATH": os.pathsep.join([os.path.join(HERE, "workers"),
                                                           os.environ.get("PYTHONPATH", "")])}
     log = open(tmp_path / "msrun.log", "w")
     two = subprocess.Popen(["msrun", "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port(9110)}",
                             "--join=True", f"--log_dir={tmp_path / 'log'}", WORKER, str(tmp_path), prefix,
-                            "zero3,tp2"], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+                            "zero3,tp2,pp2,cp2"], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
     one = subprocess.run([sys.executable, WORKER, str(tmp_path), prefix, "ref"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=900)
     assert one.returncode == 0, one.stderr[-4000:]
@@ -45,7 +50,15 @@ def test_lora_zero3_and_tp2_match_one_process_with_a_frozen_base(tmp_path):
     assert ref["adapters"] == 32
     keys = ("loss", "grad_norm", "mtp_loss", "load_balancing_loss")
     want = np.array([[r[k] for k in keys] for r in ref["rows"]])
-    for case in ("zero3", "tp2"):
+    saved_ref = load_file(tmp_path / "ref" / "ck" / "lora" / "iter_0000003" / "adapter_model.safetensors")
+    assert len(saved_ref) == 32
+    for case in ("zero3", "tp2", "pp2", "cp2"):
+        # the adapters saved alone (rank 0 writes them; under PP it collects every stage's)
+        saved = load_file(tmp_path / case / "ck" / "lora" / "iter_0000003" / "adapter_model.safetensors")
+        assert sorted(saved) == sorted(saved_ref), case
+        for n, want_a in saved_ref.items():  # AdamW's normalised steps: float noise of 6e-8 in the
+            # gradients moves an adapter by up to 2e-5 of its largest value after 3 steps (TP2)
+            assert np.abs(saved[n] - want_a).max() <= 1e-4 * np.abs(want_a).max(), (case, n)
         for rank in (0, 1):
             got = rows(case, rank)
             a = np.array([[r[k] for k in keys] for r in got["rows"]])

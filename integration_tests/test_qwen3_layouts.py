@@ -12,7 +12,8 @@ suite's time; compiled by regions it printed the same step lines by hand, RESULT
 attention layer all-gathers its keys and values over the context-parallel pair; the balance
 loss's routing counts are summed over it). Each run's loss figures and grad norm, the validation
 loss after the last step, and its final checkpoint (exported to HF names, AdamW moments)
-must equal the single process within 1e-5 relative. Qwen3-MoE also runs as PP=2 (its dense
+must equal the single process within 1e-5 relative (the moments 5e-5: see MOMENTS_TOL); every
+run has attention and hidden dropout 0.1. Qwen3-MoE also runs as PP=2 (its dense
 layer 0 and first MoE layer on one stage, the last MoE layer and the head on the other): HF's
 balance is one product over every MoE layer's tokens, so the stages pass their layers' balance
 terms forward with the activations and the total routing counts back with the gradients.
@@ -28,9 +29,15 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_trainer_layouts import _assert_same, _Job  # noqa: E402  (the DeepSeek-V3 layouts' runner)
+from test_trainer_layouts import DROPOUT, _assert_same, _Job  # noqa: E402  (the DeepSeek-V3 layouts' runner)
 
 STEPS = 3
+# Every run trains with attention and hidden dropout 0.1 (issue 34). Their masks are one
+# process's in every layout: recorded in each rank's forwards over 2 steps, TP=2 and CP=2 drew
+# all 294,912 mask elements of one process bit for bit (benchmarks/RESULTS.md, 2026-12-04). The
+# AdamW moments are held to 5e-5 instead of 1e-5: with dropout, 3 steps grow TP=2's and CP=2's
+# round-off (step-1 figures within 2e-8 of one process) in layer 0's k_proj moment to 1.35e-5.
+MOMENTS_TOL = 5e-5
 
 pytestmark = pytest.mark.msrun
 
@@ -71,8 +78,8 @@ def jobs(work):
             if n not in started:
                 config, workers, extra, port = JOBS[n]
                 figures = MOE_FIGURES
-                started[n] = _Job(work, n, workers, extra, port=port or 8380, config=config, figures=figures,
-                                  steps=STEPS)
+                started[n] = _Job(work, n, workers, [*DROPOUT, *extra], port=port or 8380, config=config,
+                                  figures=figures, steps=STEPS)
         return started[name].result()
 
     yield result
@@ -84,12 +91,12 @@ def jobs(work):
 def test_qwen3_moe_layout_equals_one_process(jobs, layout):
     ref = jobs("moe_ref")
     run = jobs(layout)
-    _assert_same(run, ref, steps=STEPS)
+    _assert_same(run, ref, steps=STEPS, moments_tol=MOMENTS_TOL)
     # the balance loss is HF's (about 1 for a balanced router x top-k) and joins the loss
     assert all(1.0 < r["load_balancing_loss"] < 4.0 for r in run["rows"]), run["rows"]
 
 
 def test_qwen3_moe_pipeline_equals_one_process(jobs):
     run = jobs("moe_pp2")
-    _assert_same(run, jobs("moe_pp_ref"), steps=STEPS)
+    _assert_same(run, jobs("moe_pp_ref"), steps=STEPS, moments_tol=MOMENTS_TOL)
     assert all(1.0 < r["load_balancing_loss"] < 4.0 for r in run["rows"]), run["rows"]

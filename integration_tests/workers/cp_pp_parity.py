@@ -84,11 +84,22 @@ def make_optimizer(named_params):
     return AdamW(named_params, lr=LR, betas=(0.9, 0.95), weight_decay=0.01)
 
 
-def model_config():
+DROPOUT_SEED = 1234
+
+
+def model_config(dropout: bool = False):
+    """The tiny DeepSeek-V3; ``dropout``: attention and hidden dropout 0.1 (issue 34), whose
+    masks each step draws from (DROPOUT_SEED, the step) whatever the layout."""
     cfg = load_config(os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml"),
-                      [f"model.seq_length={SEQ}", f"train_dataset.dataloader.config.seq_length={SEQ}"],
+                      [f"model.seq_length={SEQ}", f"train_dataset.dataloader.config.seq_length={SEQ}"]
+                      + (["model.attention_dropout=0.1", "model.hidden_dropout=0.1"] if dropout else []),
                       validate=False)
     return cfg.model
+
+
+def dropout_step(model, step: int):
+    """Dropout on for training step ``step`` (1-based) when the model has it configured."""
+    model.dropout.begin_step(step, DROPOUT_SEED)
 
 
 def batches(docs: bool, micro: int = MICRO):
@@ -122,13 +133,13 @@ def batches(docs: bool, micro: int = MICRO):
     return [out[i * micro:(i + 1) * micro] for i in range(STEPS)]
 
 
-def fresh_model(jit: bool = False):
+def fresh_model(jit: bool = False, dropout: bool = False):
     ms.set_seed(42)
     np.random.seed(42)
     # the reference runs eager layers; a parallel run named in COMPILED builds compiled ones,
     # which the schedule keeps where no layer is patched (PP alone, PP x FSDP ZeRO-1/2) and
     # turns eager otherwise
-    return build_model(model_config(), jit=jit)
+    return build_model(model_config(dropout), jit=jit)
 
 
 def clip(grads, norm):
@@ -137,7 +148,7 @@ def clip(grads, norm):
 
 
 def reference(out_path: str, docs: bool) -> None:
-    model = fresh_model()
+    model = fresh_model(dropout=os.environ.get("CP_PP_DROPOUT") == "1")
     params = [(p.name, p) for p in model.trainable_params()]
     opt = make_optimizer(params)
 
@@ -147,7 +158,8 @@ def reference(out_path: str, docs: bool) -> None:
 
     grad_fn = ms.value_and_grad(fwd, None, [p for _, p in params], has_aux=True)
     rows = []
-    for step in batches(docs):
+    for i, step in enumerate(batches(docs)):
+        dropout_step(model, i + 1)
         acc, figs = None, []
         for b in step:
             t = [Tensor(b["input_ids"]), Tensor(b["labels"]), Tensor(b["loss_mask"]),
@@ -156,6 +168,7 @@ def reference(out_path: str, docs: bool) -> None:
             (loss, (lm, bal, mtp)), grads = grad_fn(*t)
             acc = list(grads) if acc is None else [a + g for a, g in zip(acc, grads)]
             figs.append([float(lm.asnumpy()), float(bal.asnumpy()), float(mtp.asnumpy()), float(loss.asnumpy())])
+        model.dropout.end_step()
         grads = [g / float(len(step)) for g in acc]
         norm = float(np.sqrt(sum(float((g * g).sum().asnumpy()) for g in grads)))
         opt.step(clip(grads, norm))
@@ -185,7 +198,8 @@ def parallel(out_dir: str, ref_path: str, specs: list[str], docs: bool) -> None:
         dp = world // (pp * cp * tp)
         dims = ParallelDims(world_size=world, pp=pp, dp_shard=dp, cp=cp, tp=tp, ep=ep)
         mesh = DeviceMesh(dims, rank).init_process_groups()
-        model = fresh_model(jit=name in COMPILED)
+        dropout = "dropout" in name  # compared with the reference that has dropout too
+        model = fresh_model(jit=name in COMPILED, dropout=dropout)
         plan = parallel_plan(model)
         sched = PipelineSchedule(model, plan, mesh, SEQ, schedule=schedule,
                                  dp_sharding=None if sharding == "-" else sharding, chunks=chunks,
@@ -196,8 +210,10 @@ def parallel(out_dir: str, ref_path: str, specs: list[str], docs: bool) -> None:
             _inject_failure(sched.stage, at_call=micro // dp + 1)
         rows = []
         t0 = time.perf_counter()
-        for step in batches(docs, micro):
+        for i, step in enumerate(batches(docs, micro)):
+            dropout_step(model, i + 1)
             grads, figures, load = sched.step(step[mesh.rank("dp")::dp])
+            model.dropout.end_step()
             grads = [g / float(len(step) // dp) for g in grads]
             norm = sched.grad_norm(grads)
             opt.step(clip(grads, norm))
@@ -219,6 +235,8 @@ def parallel(out_dir: str, ref_path: str, specs: list[str], docs: bool) -> None:
         check_shards(sched, state)  # what a sharded checkpoint writes and reads back
         state.update({p.name: p.asnumpy() for p in model.get_parameters() if p.name not in state})
         ref_file = ref_path.replace("{micro}", str(micro))
+        if dropout:
+            ref_file = ref_file.replace("reference_", "reference_dropout_")
         while not os.path.exists(ref_file):  # the reference runs beside this job
             time.sleep(0.5)
         ref = np.load(ref_file)

@@ -1,12 +1,14 @@
 """LoRA (lora_config) on the tiny DeepSeek-V3: ``python lora_run.py OUT DATA_PREFIX CASE[,CASE...]``,
 under msrun (cases ``zero3``: FSDP ZeRO-3 over 2 ranks, ``tp2``: tensor + sequence parallel
-over 2 ranks, one after the other in the same job) or as a plain process (``ref``).
+over 2 ranks, ``pp2``: two pipeline stages, ``cp2``: context parallelism (colossal), one after the other in
+the same job) or as a plain process (``ref``).
 
 Per case, each rank trains STEPS steps with the trainer (saving at step 2 and at the end),
 checks on its own pieces that every base weight is bit-identical and only adapters moved,
 that the optimizer holds the adapters' moments only, then resumes from step 2 in a new
 Trainer and checks that step 3 and the final pieces are the same to the bit (``ref`` skips
-the resume). Each rank writes
+the resume). The adapters have ``lora_dropout: 0.1``: they run unmerged in the steps, on masks
+that do not depend on the layout. Each rank writes
 ``OUT/<case>.<rank>.json``: the per-step figures and the seconds the case took.
 """
 
@@ -26,9 +28,11 @@ from mindtrain.trainer.trainer import Trainer
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml")
 STEPS = 3
-LORA = "lora_config={target_modules: 'linear_(qkv|qb|kvb|proj|fc1|fc2)', exclude_layers: 'mtp', lora_b_std: 0.01}"
+LORA = ("lora_config={target_modules: 'linear_(qkv|qb|kvb|proj|fc1|fc2)', exclude_layers: 'mtp', lora_b_std: 0.01, "
+        "lora_dropout: 0.1}")  # unmerged adapters in the steps, masks the same in every layout
 LAYOUTS = {"ref": [], "zero3": ["parallelism.data_parallel_shard_strategy=optim_grads_params"],
-           "tp2": ["parallelism.tensor_parallel=2"]}
+           "tp2": ["parallelism.tensor_parallel=2"], "pp2": ["parallelism.pipeline_parallel=2"],
+           "cp2": ["parallelism.context_parallel=2"]}
 
 
 def config(out: str, prefix: str, case: str, *extra):
@@ -52,6 +56,8 @@ def run(out: str, prefix: str, case: str, rt) -> dict:
     assert changed, "no adapter moved"
     moments = {n for kind, idx, _ in trainer.optimizer.moment_sets() for n in (trainer.params[i][0] for i in idx)}
     assert moments == adapters, sorted(moments ^ adapters)[:3]
+    dropped = sum(1 for c in _cells(trainer.model) if getattr(c, "lora_dropout", 0) == 0.1 and c.lora_a.name in before)
+    assert dropped == len(adapters) // 2, (dropped, len(adapters))  # every adapted layer drops its adapter input
     if case == "ref":  # the one-process resume is test_lora.py's
         return result(history, adapters, changed, began)
     resumed = Trainer(config(out, prefix, case, f"checkpoint.load_path={out}/{case}/ck/iter_0000002",
@@ -63,6 +69,15 @@ def run(out: str, prefix: str, case: str, rt) -> dict:
     for n, p in resumed.params:
         assert np.array_equal(p.asnumpy(), after[n]), n
     return result(history, adapters, changed, began)
+
+
+def _cells(cell):
+    """Every cell of ``cell``, into ZeRO-3's units (their layer is held aside)."""
+    for _, c in cell.cells_and_names():
+        yield c
+        inner = c.__dict__.get("_ctx")
+        if inner is not None:
+            yield from _cells(inner[2])
 
 
 def result(history, adapters, changed, began) -> dict:

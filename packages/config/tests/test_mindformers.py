@@ -134,10 +134,9 @@ def test_shared_expert_size_must_match_and_dropout_is_a_probability():
         for bad in ("1.0", "-0.1"):
             with pytest.raises(ConfigError, match=rf"^model\.{name}: must be a probability in \[0, 1\)"):
                 load_config(TINY_PATH, [f"model.{name}={bad}"])
-    with pytest.raises(ConfigError, match=r"^parallelism\.context_parallel_method: attention dropout runs with "
-                                          r"colossal"):
-        load_config(TINY_PATH, ["model.attention_dropout=0.1", "parallelism.context_parallel=2",
-                                "parallelism.context_parallel_method=ulysses"], world_size=2)
+    # attention dropout under Ulysses context parallelism is built (issue 34)
+    assert load_config(TINY_PATH, ["model.attention_dropout=0.1", "parallelism.context_parallel=2",
+                                   "parallelism.context_parallel_method=ulysses"], world_size=2).model.attention_dropout == 0.1
     v4 = os.path.join(os.path.dirname(TINY_PATH), "pynative_ds4_tiny.yaml")
     with pytest.raises(ConfigError, match=r"^model\.hidden_dropout: dropout is not built for DeepSeek-V4"):
         load_config(v4, ["model.hidden_dropout=0.1"])
@@ -215,7 +214,7 @@ def test_swap_off_cpu_is_refused_in_one_line(device):
 
 # ----------------------------------------------------------------------------- refusals
 @pytest.mark.parametrize("overrides, start", [
-    (["lora_config={target_modules: 'linear_qkv', lora_dropout: 0.1}"], "lora_config.lora_dropout: 0.1 is not supported yet"),
+    (["lora_config={target_modules: 'linear_qkv', lora_dropout: 1.0}"], "lora_config.lora_dropout: must be in [0, 1)"),
     (["lora_config={target_modules: ''}"], "lora_config.target_modules: is required"),
     (["lora_config={target_modules: 'linear_(qkv'}"], "lora_config.target_modules: 'linear_(qkv' is not a regex"),
     (["lora_config={target_modules: 'linear_qkv', lora_rank: 0}"], "lora_config.lora_rank: must be a positive integer"),

@@ -408,9 +408,6 @@ def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
         raise ConfigError(f"{path}.ulysses_degree_in_cp", f"hybrid context parallelism needs 1 < "
                           f"ulysses_degree_in_cp < context_parallel ({cp}) dividing it, got {uly}; set one "
                           f"or use context_parallel_method: ulysses")
-    if cp > 1 and method != "colossal" and m.attention_dropout:
-        raise ConfigError(f"{path}.context_parallel_method", f"attention dropout runs with colossal context "
-                          f"parallelism only, got {method!r}; use colossal or set model.attention_dropout: 0.0")
     degree = {"ulysses": cp, "hybrid": uly}.get(method) if cp > 1 else None
     if degree:
         # MLA's keys and values have a head per query head; grouped-query attention's fewer
@@ -808,16 +805,10 @@ def validate_lora(cfg: MindTrainConfig) -> None:
     _non_negative(lc.lora_b_std, "lora_config.lora_b_std")
     if not 0.0 <= lc.lora_dropout < 1.0:
         raise ConfigError("lora_config.lora_dropout", f"must be in [0, 1), got {lc.lora_dropout!r}")
-    if lc.lora_dropout > 0:
-        raise ConfigError("lora_config.lora_dropout", f"{lc.lora_dropout} is not supported yet (the adapters "
-                          "are merged into the weight, which leaves no adapter input to drop); set it to 0")
     family = getattr(cfg.model, "model_type", "deepseek_v3")
     if family not in _LORA_FAMILIES:
         raise ConfigError("lora_config", f"LoRA on model_type {family} is not supported yet (DeepSeek-V3, Qwen3 "
                           "and Qwen3-MoE are); remove the lora_config section")
-    if cfg.parallelism.pipeline_parallel > 1:
-        raise ConfigError("lora_config", "LoRA with pipeline_parallel > 1 is not supported yet; set "
-                          "parallelism.pipeline_parallel to 1 or remove the lora_config section")
     if cfg.optimizer.type == "Muon":
         raise ConfigError("lora_config", "LoRA with optimizer.type Muon is not supported yet; use AdamW")
     if cfg.checkpoint.layout == "mindformers":

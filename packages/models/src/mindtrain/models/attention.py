@@ -356,7 +356,7 @@ class MLAttention(Block):
         q, kv_lat, k_rot = self.run("project", x, cos, sin)
         if self.kv_exchange is not None:
             kv_lat, k_rot = self.kv_exchange(kv_lat, k_rot)
-        keep = attention_keep(self, q.shape[1], kv_lat.shape[1])
+        keep = attention_keep(self, q.shape[1], mask_add.shape[-1])  # every key of the sequence
         if keep is not None or overridden(self.core_attention):  # the core runs eager: the pieces around it
             k, v = self.run("keys_values", q, kv_lat, k_rot)
             if self.track_max_logits:
@@ -387,10 +387,15 @@ class MLAttention(Block):
 
         if self.q_lora_rank is None:
             q_in, wq, i = xc, w[0], 1
+            if self.q_proj.lora_dropout:  # LoRA dropout: each adapter's own input (Linear.lora_input)
+                q_in = self.q_proj.lora_input(xc)
         else:
             j = 2 if self.attention_bias else 1
-            q_lat = linear(x2, w[0], w[1] if self.attention_bias else None, cd)
+            q_x = self.q_a_proj.lora_input(x2) if self.q_a_proj.lora_dropout else x2
+            q_lat = linear(q_x, w[0], w[1] if self.attention_bias else None, cd)
             q_in, wq, i = to_compute(self.q_a_layernorm.apply(q_lat, w[j]), cd), w[j + 1], j + 2
+            if self.q_b_proj.lora_dropout:
+                q_in = self.q_b_proj.lora_input(q_in)
         # the softmax scale is folded into the query weights (cheaper than scaling [S, S])
         wq = wq.reshape(n, self.qk_head_dim, -1) * self.scaling
         wq_nope = wq[:, :self.nope].reshape(n * self.nope, -1)
@@ -401,6 +406,8 @@ class MLAttention(Block):
         q = ops.transpose(ops.concat((q_nope, to_compute(q_rot, cd)), -1), (0, 2, 1, 3))
 
         wkv = w[i]
+        if self.kv_a_proj_with_mqa.lora_dropout:
+            xc = self.kv_a_proj_with_mqa.lora_input(xc)
         kv_lat = self.matmul_t(xc, to_compute(wkv[:self.kv_lora_rank], cd))
         wk_rot, wk_half = self._rope_rows(wkv[self.kv_lora_rank:].reshape(1, self.rope, -1), 1)
         k_rot = self.matmul_t(xc, to_compute(wk_rot, cd))
@@ -434,6 +441,8 @@ class MLAttention(Block):
         sk = kv_lat.shape[1]
         wkvb = kv_b.reshape(n, self.nope + self.v_dim, -1)
         lat2 = to_compute(kv_lat.reshape(b * sk, self.kv_lora_rank), cd)
+        if self.kv_b_proj.lora_dropout:
+            lat2 = self.kv_b_proj.lora_input(lat2)
         k_nope = self.matmul_t(lat2, to_compute(wkvb[:, :self.nope].reshape(n * self.nope, -1), cd))
         v = self.matmul_t(lat2, to_compute(wkvb[:, self.nope:].reshape(n * self.v_dim, -1), cd))
         k_nope = ops.transpose(k_nope.reshape(b, sk, n, self.nope), (0, 2, 1, 3))
@@ -445,6 +454,8 @@ class MLAttention(Block):
         """The heads' outputs [B,N,S,dv] through ``o_proj`` (weight ``o_w``, bias ``o_b``): [B,S,H]."""
         b, n, s = out.shape[0], out.shape[1], out.shape[2]
         out = ops.transpose(out, (0, 2, 1, 3)).reshape(b, s, n * self.v_dim)
+        if self.o_proj.lora_dropout:
+            out = self.o_proj.lora_input(out)
         return linear(out, o_w, o_b, self.matmul_dtype)
 
 

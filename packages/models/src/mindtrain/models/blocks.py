@@ -72,9 +72,15 @@ class Block(nn.Cell):
 
     def graph(self, name: str):
         """Piece ``name``'s graph if it is compiled, else None. Call it with :func:`call_graph`."""
-        if name not in self.compiled_pieces:
+        if name not in self.compiled_pieces or self.has_lora_dropout():
             return None
         return self.graph_cache.graph(self, name)
+
+    def has_lora_dropout(self) -> bool:
+        """True when a layer inside the cell has LoRA dropout: its adapter runs unmerged in a
+        training step on numpy masks (:meth:`mindtrain.models.linear.Linear.lora_input`),
+        so the cell's pieces run eagerly."""
+        return any(getattr(c, "lora_dropout", 0) for _, c in self.cells_and_names())
 
     def functional(self):
         """``(fn, weights)`` such that ``fn(*inputs, *values)`` computes what calling the cell

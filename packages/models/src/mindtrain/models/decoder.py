@@ -50,7 +50,8 @@ class DecoderLayer(Block):
         (an eager attention core, a context-parallel exchange, a sequence reduction): then
         :meth:`forward` computes what :meth:`construct` does."""
         attn, mlp = self.self_attn, self.mlp
-        return (attn.kv_exchange is None and dropout_of(self) is None and getattr(mlp, "sequence_reduce", None) is None
+        return (attn.kv_exchange is None and dropout_of(self) is None and not self.has_lora_dropout()
+                and getattr(mlp, "sequence_reduce", None) is None
                 and not any(overridden(c) for name, c in self.cells_and_names() if name))
 
     def whole_graph(self):

@@ -285,7 +285,7 @@ class DeepseekV3ForCausalLM(nn.Cell):
         """Before a forward that runs the model's pieces (a pipeline stage): ``inputs`` is
         that micro-batch's (this rank's part of :meth:`whole_sequence_inputs`)."""
         if self.dropout.enabled:
-            self.dropout.set_tokens(inputs.get("token_keys"))
+            self.dropout.set_tokens(inputs.get("token_keys"), inputs.get("whole_token_keys"))
 
     # ------------------------------------------------------------------ balancing
     def take_expert_load(self) -> Tensor:

@@ -30,8 +30,9 @@ from mindspore import Tensor
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-HIDDEN_ATTENTION, HIDDEN_MLP, ATTENTION_PROBS = 1, 2, 3
-"""Sites: the attention output, the MLP / MoE output, the attention probabilities."""
+HIDDEN_ATTENTION, HIDDEN_MLP, ATTENTION_PROBS, LORA_INPUT = 1, 2, 3, 4
+"""Sites: the attention output, the MLP / MoE output, the attention probabilities, a LoRA
+adapter's input (keyed further by the adapted layer's name, :func:`layer_key`)."""
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -72,9 +73,12 @@ class Dropout:
     token identities of the forward that runs (:meth:`set_tokens`). One per model; its
     decoder layers and attention cells hold it (not a sub-cell: it has no weights)."""
 
-    def __init__(self, attention: float = 0.0, hidden: float = 0.0):
+    def __init__(self, attention: float = 0.0, hidden: float = 0.0, lora: float = 0.0):
         self.attention = float(attention)
         self.hidden = float(hidden)
+        self.lora = float(lora)
+        """``lora_config.lora_dropout``: on the input of each LoRA adapter (set by
+        :func:`attach_lora_dropout`)."""
         self.enabled = False
         self.seed = 0
         self.step = 0
@@ -86,7 +90,7 @@ class Dropout:
 
     @property
     def configured(self) -> bool:
-        return self.attention > 0 or self.hidden > 0
+        return self.attention > 0 or self.hidden > 0 or self.lora > 0
 
     def begin_step(self, step: int, seed: int) -> None:
         """Dropout on for the training step ``step`` (masks keyed on ``seed`` and ``step``)."""
@@ -96,11 +100,18 @@ class Dropout:
         """Off again (evaluation, inference)."""
         self.enabled = False
         self.tokens = None
+        self.whole_tokens = None
 
-    def set_tokens(self, keys) -> None:
+    whole_tokens: Optional[np.ndarray] = None
+    """Under context parallelism, the token identities of the whole sequence in its order
+    (the rows of a layer that runs on the gathered keys: MLA's ``kv_b_proj``)."""
+
+    def set_tokens(self, keys, whole=None) -> None:
         """The token identities [B, S] (:func:`token_keys`, of this rank's part of the
-        sequence) of the forward about to run."""
+        sequence) of the forward about to run; ``whole``: the whole sequence's, when that
+        part is a context-parallel chunk."""
         self.tokens = None if keys is None else np.asarray(keys, np.uint64)
+        self.whole_tokens = None if whole is None else np.asarray(whole, np.uint64)
 
     def hidden_on(self) -> bool:
         return self.enabled and self.hidden > 0 and self.tokens is not None
@@ -108,20 +119,31 @@ class Dropout:
     def attention_on(self) -> bool:
         return self.enabled and self.attention > 0 and self.tokens is not None
 
-    def active(self) -> bool:
-        return self.hidden_on() or self.attention_on()
+    def lora_on(self) -> bool:
+        return self.enabled and self.lora > 0 and self.tokens is not None
 
-    def hidden_mask(self, layer: int, site: int, shape) -> Tensor:
-        """The keep-and-scale mask [B, S_rows, H] of a layer's hidden output ``shape``: its
-        rows are this rank's sequence shard of :attr:`tokens`."""
-        b, rows, h = shape
+    def active(self) -> bool:
+        return self.hidden_on() or self.attention_on() or self.lora_on()
+
+    def _rows(self, rows: int) -> np.ndarray:
+        """This rank's token keys [B, rows]: :attr:`tokens`, or its sequence shard (see
+        :attr:`sequence_shard`) when ``rows`` is that shard's length."""
         tok = self.tokens
+        if rows != tok.shape[1] and self.whole_tokens is not None and rows == self.whole_tokens.shape[1]:
+            return self.whole_tokens  # the gathered keys of the whole sequence (context parallelism)
         if rows != tok.shape[1]:
             index, size = self.sequence_shard
             if rows * size != tok.shape[1]:
                 raise ValueError(f"dropout: {rows} rows of hidden state for {tok.shape[1]} tokens "
                                  f"(sequence shard {index} of {size})")
             tok = tok[:, index * rows:(index + 1) * rows]
+        return tok
+
+    def hidden_mask(self, layer: int, site: int, shape) -> Tensor:
+        """The keep-and-scale mask [B, S_rows, H] of a layer's hidden output ``shape``: its
+        rows are this rank's sequence shard of :attr:`tokens`."""
+        b, rows, h = shape
+        tok = self._rows(rows)
         m = keep_scale(self.hidden, self.seed, self.step, layer, site, tok[:, :, None],
                        np.arange(h, dtype=np.uint64)[None, None, :])
         return Tensor(np.ascontiguousarray(m))
@@ -135,6 +157,47 @@ class Dropout:
                        np.arange(head_offset, head_offset + heads, dtype=np.uint64)[None, :, None, None],
                        np.arange(keys, dtype=np.uint64)[None, None, None, :])
         return Tensor(np.ascontiguousarray(m))
+
+
+    def lora_mask(self, layer: int, shape, in_offset: int = 0) -> np.ndarray:
+        """The keep-and-scale mask (float32, ``shape``) of the input ``shape`` [..., in] of
+        the adapter of the layer keyed ``layer`` (:func:`layer_key`): its leading axes are
+        this rank's tokens (all of :attr:`tokens`, or its sequence shard) in order, its last
+        the input features ``in_offset ..`` (a row-split layer's slice under tensor
+        parallelism). Drawn per (seed, step, layer, token, global input feature)."""
+        n_in = shape[-1]
+        b = self.tokens.shape[0]
+        total = int(np.prod(shape[:-1]))
+        if total % b:
+            raise ValueError(f"LoRA dropout: input {tuple(shape)} for {b} samples")
+        tok = self._rows(total // b)
+        m = keep_scale(self.lora, self.seed, self.step, LORA_INPUT, layer, tok[:, :, None],
+                       np.arange(in_offset, in_offset + n_in, dtype=np.uint64)[None, None, :])
+        return np.ascontiguousarray(m.reshape(tuple(shape)))
+
+
+def layer_key(name: str) -> int:
+    """A layer's key in its LoRA dropout masks: the CRC-32 of its weight's name (the same
+    name in every layout)."""
+    return zlib.crc32(name.encode())
+
+
+def attach_lora_dropout(model, p: float) -> None:
+    """LoRA dropout ``p`` (``lora_config.lora_dropout``) on every adapted Linear layer of
+    ``model`` (after :func:`mindtrain.models.lora.add_adapter`): each gets the model's
+    :class:`Dropout` (created if ``model`` has none) and its mask key."""
+    state = getattr(model, "dropout", None)
+    if state is None:
+        state = Dropout()
+        object.__setattr__(model, "dropout", state)
+    state.lora = float(p)
+    if p <= 0:
+        return
+    for _, cell in model.cells_and_names():
+        if getattr(cell, "lora_scaling", None) is not None:
+            cell.lora_dropout = float(p)
+            object.__setattr__(cell, "_dropout", state)
+            object.__setattr__(cell, "_lora_key", layer_key(cell.weight.name[:-len(".weight")]))
 
 
 def attach_dropout(model, attention: float, hidden: float) -> Dropout:

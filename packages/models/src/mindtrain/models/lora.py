@@ -4,7 +4,9 @@ An adapted layer keeps its frozen ``weight`` [out, in] and gains ``lora_a`` [r, 
 ``lora_b`` [out, r]; it multiplies by ``weight + (alpha / r) * lora_b @ lora_a``
 (:meth:`Linear.merged_weight`), which is ``x W^T + (alpha / r) (x A^T) B^T`` of MindFormers'
 ``LinearWithLoRA`` (and PEFT's ``lora.Linear``) without dropout, computed merged: a step
-costs about as much as full fine-tuning. The adapters are named after the weight
+costs about as much as full fine-tuning. With ``lora_dropout`` > 0
+(:func:`mindtrain.models.dropout.attach_lora_dropout`) a training step runs the adapter
+unmerged on its dropped input (:meth:`Linear.lora_input`). The adapters are named after the weight
 (``<layer>.lora_a`` / ``<layer>.lora_b``, as MindFormers names them) and start as MindFormers'
 ``reset_parameter`` makes them: ``lora_a`` normal(0, lora_a_std), ``lora_b`` zeros (or
 normal(0, lora_b_std) when that is > 0), from the model's seeded per-name generator, so every

@@ -35,9 +35,16 @@ class MLP(Block):
         """The block's math (a layout may replace ``construct`` around it, e.g. tensor
         parallelism's sequence gather)."""
         cd = self.matmul_dtype
-        gate, up = linear(x, gate_w, None, cd), linear(x, up_w, None, cd)
+        x_gate = x_up = x
+        if self.gate_proj.lora_dropout:  # LoRA dropout: each adapter's own input (see Linear.lora_input)
+            x_gate = self.gate_proj.lora_input(x)
+        if self.up_proj.lora_dropout:
+            x_up = self.up_proj.lora_input(x)
+        gate, up = linear(x_gate, gate_w, None, cd), linear(x_up, up_w, None, cd)
         if self.fast_kernels and not self.swiglu_limit:
             act = kernels.fast_swiglu(gate, up)
         else:
             act = gated_silu(gate, up, self.swiglu_limit)
+        if self.down_proj.lora_dropout:
+            act = self.down_proj.lora_input(act)
         return linear(act, down_w, None, cd)

@@ -97,6 +97,7 @@ def split_batch(batch: Mapping[str, Any], cp: int = 1, rank: int = 0, num_heads:
            "mask_add": Tensor(add), "lm_scale": scale(labels, loss_mask), "mtp": []}
     if "token_keys" in whole:  # the model's per-token dropout identities (numpy), chunked like the tokens
         out["token_keys"] = np.ascontiguousarray(whole["token_keys"][:, idx])
+        out["whole_token_keys"] = whole["token_keys"]  # the rows of a layer that runs on gathered keys
     for t in whole["mtp"]:
         out["mtp"].append({"input_ids": local(t["input_ids"], np.int32), "labels": local(t["labels"], np.int32),
                            "loss_mask": local(t["loss_mask"], np.float32), "scale": scale(t["labels"], t["loss_mask"])})
@@ -223,7 +224,7 @@ class _UlyssesCore:
         order = np.concatenate([chunk_indices(seq_length, cp, r) for r in range(cp)])
         self.key_order = Tensor(order.astype(np.int32))
 
-    def __call__(self, q, k, v, mask_add):
+    def __call__(self, q, k, v, mask_add, keep=None):
         g = self.group
         for x in (q, k):
             if x.shape[1] % g.size:
@@ -236,7 +237,14 @@ class _UlyssesCore:
         k, v = _seq_to_heads(k, g), _seq_to_heads(v, g)
         if self.ring is not None:  # hybrid: the keys and values of every Ulysses group, same heads
             k, v = _gather_seq(k, self.ring), _gather_seq(v, self.ring)
-        out = self.inner(_seq_to_heads(q, g), k, v, mask)
+        if keep is None:
+            out = self.inner(_seq_to_heads(q, g), k, v, mask)
+        else:
+            # attention dropout's keep mask [B, N, local rows, S] (every head of this rank's
+            # queries against every key, in sequence order) goes with the queries to the head
+            # groups, its key columns in the gathered order: the mask of one process
+            keep = ops.gather(_seq_to_heads(ops.stop_gradient(keep), g), self.key_order, 3)
+            out = self.inner(_seq_to_heads(q, g), k, v, mask, keep)
         return _heads_to_seq(out, g)
 
 

@@ -210,6 +210,8 @@ def apply_tensor_parallel(model: nn.Cell, plan: dict, mesh: DeviceMesh, split_ex
         cell, attr = _owner(cells, name)
         if info["tp"] == "column" and attr == "weight" and hasattr(cell, "out_features"):
             cell.out_features = p.shape[0]
+        if info["tp"] == "row" and attr == "weight" and hasattr(cell, "in_offset"):
+            cell.in_offset = index * p.shape[1]  # its first global input feature (LoRA dropout's masks)
         if info["tp"] == "column" and info.get("expert") and hasattr(cell, "intermediate_size"):
             cell.intermediate_size = p.shape[info["tp_dim"]]  # stacked experts [E, I, H]
         if info["tp"] == "vocab" or (info["tp"] == "column" and info.get("role") == "head"):

@@ -386,6 +386,11 @@ class Trainer:
         from mindtrain.trainer.lora import ADAPTER_DIR, adapter_config, save_adapters
 
         full = self.layout.gather_own([self.params[i] for i in self._trained])
+        if self.dims.pp > 1:  # each stage holds its own layers' adapters: rank 0 collects them all
+            from safetensors.numpy import load, save
+
+            parts = self.rt.all_gather_bytes(save(full) if full else b"")
+            full = {n: a for part in parts if part for n, a in load(part).items()}
         path = os.path.join(self.cfg.checkpoint.save_path, ADAPTER_DIR, f"iter_{self.step:07d}")
         if self.rt.rank == 0:
             save_adapters(path, full, adapter_config(self.cfg, self.adapted))

@@ -93,7 +93,7 @@ class Qwen3Attention(Block):
         q, k, v = self.run("project", x, cos, sin)
         if self.kv_exchange is not None:  # context parallelism: the whole sequence's keys and values
             k, v = self.kv_exchange(k, v)
-        keep = attention_keep(self, self.num_heads, k.shape[2])
+        keep = attention_keep(self, self.num_heads, mask_add.shape[-1])  # every key of the sequence
         if keep is not None:  # attention dropout: an eager core over the repeated keys and values
             g = self.num_heads // self.num_kv_heads
             k, v = self._repeat_kv(k, g), self._repeat_kv(v, g)
@@ -125,14 +125,21 @@ class Qwen3Attention(Block):
         n, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
         cd = self.matmul_dtype
         x2 = x.reshape(b * s, -1)
+        xq = xk = xv = x2
+        if self.q_proj.lora_dropout:  # LoRA dropout: each adapter's own input (Linear.lora_input)
+            xq = self.q_proj.lora_input(x2)
+        if self.k_proj.lora_dropout:
+            xk = self.k_proj.lora_input(x2)
+        if self.v_proj.lora_dropout:
+            xv = self.v_proj.lora_input(x2)
         if self.attention_bias:
-            q = linear(x2, w[0], w[1], cd)
-            k = linear(x2, w[2], w[3], cd)
-            v = linear(x2, w[4], w[5], cd)
+            q = linear(xq, w[0], w[1], cd)
+            k = linear(xk, w[2], w[3], cd)
+            v = linear(xv, w[4], w[5], cd)
         else:
-            q = linear(x2, w[0], None, cd)
-            k = linear(x2, w[1], None, cd)
-            v = linear(x2, w[2], None, cd)
+            q = linear(xq, w[0], None, cd)
+            k = linear(xk, w[1], None, cd)
+            v = linear(xv, w[2], None, cd)
         q = self.q_norm.apply(q.reshape(b * s * n, d), w[-2] * self.scaling)   # float32
         k = self.k_norm.apply(k.reshape(b * s * kv, d), w[-1])
         cos = cos.reshape(b, s, 1, d)
@@ -193,4 +200,6 @@ class Qwen3Attention(Block):
         """The heads' outputs [B,N,S,d] through ``o_proj`` (weight ``o_w``, bias ``o_b``): [B,S,H]."""
         b, n, s = out.shape[0], out.shape[1], out.shape[2]
         out = ops.transpose(out, (0, 2, 1, 3)).reshape(b, s, n * self.head_dim)
+        if self.o_proj.lora_dropout:
+            out = self.o_proj.lora_input(out)
         return linear(out, o_w, o_b, self.matmul_dtype)
