@@ -1,7 +1,7 @@
 """A MindFormers user's config and launch line, unchanged but for data path and sizes.
 
-Three files: ``configs/mindformers_ds3_tiny.yaml``, which uses every section and field that
-MindFormers' own PyNative DeepSeek-V3 YAMLs use, in MindFormers' names; and MindFormers'
+Real files only (``configs/mindformers_ds3_tiny.yaml``, our file in MindFormers' names, is
+loaded by mindtrain-config's tests and by the README's commands, not here): MindFormers'
 own ``configs/deepseek3/pretrain_deepseek3_1b_8p_pynative.yaml`` as published (commit
 27f7683, in packages/config/tests/fixtures/mindformers: no dataset seed, ``params_dtype:
 bfloat16``); and MindFormers' PyNative template ``train_config.yaml`` (Qwen3, commit 167a50d,
@@ -19,8 +19,9 @@ hyper-connections, hash routing, MTP, Muon with QK-clip, selective recompute in 
 module names, a MindDataset loader), with the data (MindRecord files of the same corpus), the
 sizes, the batch sizes (global 4, the ramp ``[2, 2, 8]``: 2 in the 4 steps), the recompute layer ranges (cut to
 the 4 layers there are) and the parallel degrees changed: its tensor, expert and pipeline
-parallelism (2 each) set to 1, because DeepSeek-V4 is laid out over data parallelism / FSDP
-only on this branch; ``data_parallel_shard: 2`` stays.
+parallelism (2 each) set to 1, because DeepSeek-V4's mla attention variant is laid out over
+data parallelism / FSDP only so far (the hybrid attention has every layout:
+test_v4_layouts.py); ``data_parallel_shard: 2`` stays.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ pytestmark = pytest.mark.msrun
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 ENTRY = os.path.join(ROOT, "run_mindformer.py")
 CONFIGS = {
-    "look-alike": (os.path.join(ROOT, "configs", "mindformers_ds3_tiny.yaml"), {}),
     # MindFormers' file as published; its model shrunk to CPU test size
     "published": (os.path.join(ROOT, "packages", "config", "tests", "fixtures", "mindformers",
                                "pretrain_deepseek3_1b_8p_pynative.yaml"),
@@ -132,7 +132,7 @@ def run(request, tmp_path_factory):
     raw["model"]["seq_length"] = 64
     raw["model"].update(sizes)
     raw["training"]["steps"] = STEPS
-    if request.param in ("look-alike", "published"):  # the template's batch (2 per rank, 4 in all) fits 2 workers
+    if request.param == "published":  # the template's batch (2 per rank, 4 in all) fits 2 workers
         raw["training"]["global_batch_size"] = 2
     config = os.path.join(tmp, "my_ds3.yaml")
     with open(config, "w", encoding="utf-8") as f:
