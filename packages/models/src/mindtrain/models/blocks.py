@@ -48,6 +48,16 @@ class GraphCache:
             self._graphs[key] = entry
         return entry[1]
 
+    def model_graph(self, model, name: str, cells: tuple):
+        """One ``ms.jit`` graph of ``model``'s method ``name`` (a piece of the whole model,
+        which reads the pieces of ``cells``), keyed by those cells' constants as :meth:`graph`."""
+        key = (type(model), name, tuple(id(c) for c in cells), tuple(constants(c) for c in cells))
+        entry = self._graphs.get(key)
+        if entry is None:
+            entry = (model, ms.jit(getattr(type(model), name).__get__(model)))
+            self._graphs[key] = entry
+        return entry[1]
+
     def __len__(self) -> int:
         return len(self._graphs)
 
