@@ -1,6 +1,7 @@
-"""The tiny DeepSeek-V3 (two layers, 32 tokens, eager, ZeRO-3, no save) trained by
-``run_mindformer.py`` as one process and as 2 msrun workers at once, with extra overrides:
-the metrics rows of both, for tests that compare a feature's figures across the two."""
+"""A tiny config trained by ``run_mindformer.py`` as one process and as 2 msrun workers at
+once, with extra overrides: the metrics rows of both, for tests that compare a feature's
+figures across the two. By default the tiny DeepSeek-V3 (two layers, 32 tokens, eager,
+ZeRO-3, no save: :data:`BASE`); a test may give its own config and base overrides."""
 
 from __future__ import annotations
 
@@ -20,12 +21,16 @@ TINY = os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml")
 FIGURES = ("loss", "load_balancing_loss", "mtp_loss", "grad_norm")
 
 
-def _start(tmp: str, name: str, workers: int, prefix: str, extra, port: int) -> subprocess.Popen:
-    items = ["training.steps=4", "model.seq_length=32", "train_dataset.dataloader.config.seq_length=32",
-             "model.num_hidden_layers=2", f"train_dataset.dataloader.config.data_path=['1', '{prefix}']",
-             "checkpoint.enable_save=false", "parallelism.data_parallel_shard_strategy=optim_grads_params",
-             "compile.enable=false", f"monitor.metrics_dir={os.path.join(tmp, name)}", *extra]
-    args = ["--config", TINY, "--mode", "1"] + [a for item in items for a in ("--override", item)]
+BASE = ("training.steps=4", "model.seq_length=32", "train_dataset.dataloader.config.seq_length=32",
+        "model.num_hidden_layers=2", "parallelism.data_parallel_shard_strategy=optim_grads_params",
+        "compile.enable=false")
+
+
+def _start(tmp: str, name: str, workers: int, prefix: str, extra, port: int, config: str = TINY,
+           base=BASE) -> subprocess.Popen:
+    items = [*base, f"train_dataset.dataloader.config.data_path=['1', '{prefix}']",
+             "checkpoint.enable_save=false", f"monitor.metrics_dir={os.path.join(tmp, name)}", *extra]
+    args = ["--config", config, "--mode", "1"] + [a for item in items for a in ("--override", item)]
     cmd = [sys.executable, ENTRY, *args] if workers == 1 else [
         "msrun", f"--worker_num={workers}", f"--local_worker_num={workers}", f"--master_port={free_port(port)}",
         "--join=True", f"--log_dir={os.path.join(tmp, name, 'log')}", ENTRY, *args]
@@ -39,11 +44,13 @@ def _rows(tmp: str, name: str, proc: subprocess.Popen) -> list[dict]:
     return [json.loads(line) for line in open(metrics)]
 
 
-def one_and_two(tmp: str, extra, port: int, two_extra=()) -> tuple[list[dict], list[dict]]:
-    """The metrics rows of one process and of 2 workers (rank 0's), both with ``extra``; the
-    workers also with ``two_extra`` (their layout, e.g. tensor parallelism)."""
+def one_and_two(tmp: str, extra, port: int, two_extra=(), config: str = TINY,
+                base=BASE) -> tuple[list[dict], list[dict]]:
+    """The metrics rows of one process and of 2 workers (rank 0's), both with ``base`` and
+    ``extra`` on ``config``; the workers also with ``two_extra`` (their layout, e.g. tensor
+    parallelism)."""
     prefix = prepare_data(os.path.join(tmp, "data", "pydoc"))
-    jobs = {name: _start(tmp, name, workers, prefix, [*extra, *more], port)
+    jobs = {name: _start(tmp, name, workers, prefix, [*extra, *more], port, config, base)
             for name, workers, more in (("one", 1, ()), ("two", 2, tuple(two_extra)))}
     one, two = (_rows(tmp, name, proc) for name, proc in jobs.items())
     return one, two
