@@ -25,20 +25,10 @@ import sys
 import time
 
 
-def _pin_to_one_core():
-    # Before MindSpore starts its threads (they inherit the mask): with more processes than
-    # cores, unpinned runtime threads of every process spread over every core and burn CPU
-    # time switching. msrun rank r takes core r mod #cores, the plain reference the last one
-    # (or the core CP_PP_REF_CORE names, to spread references over the cores).
-    if os.environ.get("CP_PP_PIN", "1") != "1":
-        return
-    cpus = sorted(os.sched_getaffinity(0))
-    rank = os.environ.get("RANK_ID")
-    ref_core = int(os.environ.get("CP_PP_REF_CORE", "-1")) % len(cpus)
-    os.sched_setaffinity(0, {cpus[int(rank) % len(cpus)] if rank is not None else cpus[ref_core]})
+from pinning import pin_to_one_core  # noqa: E402  (before numpy / mindspore)
 
-
-_pin_to_one_core()
+if os.environ.get("CP_PP_PIN", "1") == "1":  # the reference's core: CP_PP_REF_CORE spreads references
+    pin_to_one_core(int(os.environ.get("CP_PP_REF_CORE", "-1")))
 
 import numpy as np  # noqa: E402
 

@@ -16,17 +16,9 @@ import zlib
 from dataclasses import replace
 
 
-def _pin_to_one_core():
-    # Before mindspore starts its threads (they inherit the mask): MindSpore's runtime threads
-    # otherwise spread over every core, and with more processes than cores they burn about a
-    # third more CPU time. msrun rank r takes core r mod #cores; the plain reference process
-    # takes the last one.
-    cpus = sorted(os.sched_getaffinity(0))
-    rank = os.environ.get("RANK_ID")
-    os.sched_setaffinity(0, {cpus[int(rank) % len(cpus)] if rank is not None else cpus[-1]})
+from pinning import pin_to_one_core  # noqa: E402  (before numpy / mindspore)
 
-
-_pin_to_one_core()
+pin_to_one_core()
 
 import numpy as np
 

@@ -17,15 +17,9 @@ import sys
 import zlib
 
 
-def _pin_to_one_core():
-    # before mindspore starts its threads: msrun rank r takes core r mod #cores, the plain
-    # reference process the last one (as tp_ep_parity.py's workers)
-    cpus = sorted(os.sched_getaffinity(0))
-    rank = os.environ.get("RANK_ID")
-    os.sched_setaffinity(0, {cpus[int(rank) % len(cpus)] if rank is not None else cpus[-1]})
+from pinning import pin_to_one_core  # noqa: E402  (before numpy / mindspore)
 
-
-_pin_to_one_core()
+pin_to_one_core()
 
 import numpy as np  # noqa: E402
 
