@@ -57,6 +57,9 @@ MODEL = [f"model.seq_length={SEQ}", f"train_dataset.dataloader.config.seq_length
          # sequence; fewer Sinkhorn iterations than the config's 20 (the same code, less time)
          "model.num_hidden_layers=2", "model.compress_ratios=[4, 16]", "model.sliding_window=16",
          "model.index_topk=4", "model.hc_sinkhorn_iters=4", f"training.global_batch_size={GLOBAL}"]
+if os.environ.get("V4_VARIANT") == "mla":  # MindFormers' published variant: DeepSeek-V3's attention, MTP
+    MODEL += ["model.experimental_attention_variant=mla", "model.kv_lora_rank=32", "model.qk_nope_head_dim=16",
+              "model.v_head_dim=16", "model.num_nextn_predict_layers=1", "model.enable_hc_head=false"]
 
 
 def config(case: str):

@@ -193,8 +193,10 @@ class DeepseekV3ForCausalLM(nn.Cell):
         time of a bench-size forward + backward, median of 3: 696 against 762 ms; issue 33)."""
         if self.num_mtp or self.layer_runners or self.recompute_wrappers or self.dropout.enabled:
             return None
-        head = self.head_loss
-        if "loss" not in head.compiled_pieces or not head.hooks_unset() or self.lm_head.lora_scaling is not None:
+        head, lm_head = self.head_loss, getattr(self, "lm_head", None)
+        if lm_head is None:  # a head tied to the embedding (Qwen3): the per-piece path
+            return None
+        if "loss" not in head.compiled_pieces or not head.hooks_unset() or lm_head.lora_scaling is not None:
             return None
         layers = tuple(self.model.layers)
         for layer in layers:

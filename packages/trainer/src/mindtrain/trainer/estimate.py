@@ -370,8 +370,9 @@ def _v4_attention(m: ModelConfig, i: int, z: _Shapes) -> Module:
     sparse layers, the indexer (its pooling, queries and relu scores; no backward through the
     choice, its pooling's tensors are kept all the same)."""
     h, n, d, qr, c, t = m.hidden_size, z.heads, m.head_dim, m.q_lora_rank, z.c, z.ta
-    kind = families.v4_attention_kinds(m)[i]
-    ratio = int(m.compress_ratios[i])
+    kinds = families.v4_attention_kinds(m)
+    kind = kinds[i] if i < len(kinds) else "sliding"        # an MTP module's attention: sliding-window
+    ratio = int(m.compress_ratios[i]) if kind != "sliding" else 0
     entries = z.sk // ratio if kind != "sliding" else 0
     own = t * h * c if c != F32 else 0
     own += t * qr * c + _rms(t, qr) + t * qr * F32          # q latent, its norm and output
@@ -411,9 +412,9 @@ def _hyper_connections(m: ModelConfig, z: _Shapes) -> int:
 def _attention(m: ModelConfig, z: _Shapes, dims: ParallelDims, i: int = 0) -> Module:
     if m.model_type in families.QWEN3_FAMILIES:
         return _gqa_attention(m, z, dims)
-    if m.model_type == "deepseek_v4":
+    if m.model_type == "deepseek_v4" and m.experimental_attention_variant != "mla":
         return _v4_attention(m, i, z)
-    h, n, c = m.hidden_size, z.heads, z.c
+    h, n, c = m.hidden_size, z.heads, z.c   # DeepSeek-V3's MLA (also V4's mla variant)
     dn, dr, dv = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
     kl, ql = m.kv_lora_rank, m.q_lora_rank
     t = z.ta

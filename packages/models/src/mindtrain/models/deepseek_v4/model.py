@@ -167,6 +167,11 @@ class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
     # The pipeline stage's protocol (mindtrain.parallel's ModelStage, which context parallelism
     # runs too): ``begin_forward(micro-batch)``, ``rope(position_ids)``, ``run_layers(h, ids,
     # cos, sin, mask_add)``, with this rank's part of each sequence.
+    def mtp_forward(self, h, depths, tables, sin=None, mask_add=None):
+        """The pipeline stage's call of the MTP depths (DeepSeek-V3's signature: ``tables``
+        from :meth:`rope`; ``sin`` and ``mask_add`` unused, as in :meth:`run_layers`)."""
+        return mtp_forward(self, h, depths, tables)
+
     def begin_forward(self, inputs) -> None:
         """Before the stage's forward of one micro-batch: keep its (local) ``input_ids`` for
         the hash-routed layers."""
