@@ -6,10 +6,10 @@ collectives (``MINDTRAIN_CPU_TRANSPORT=mccl``), the path a multi-node job takes.
 
 The single-process reference runs (as a plain process) while the 4-worker msrun job runs
 the three layouts in one launch. Every layout: the tiny config with 2 decoder layers (dense +
-MoE) and its MoE MTP module, 5 steps, 8 sequences of 16 tokens per step, 2 accumulation
+MoE) and its MoE MTP module, 3 steps, 8 sequences of 16 tokens per step, 2 accumulation
 micro-batches per rank, the trainer's AdamW, the aux-loss-free bias update with the global
 expert load. TP=2 and EP=2 alone are proven through the trainer itself
-(test_trainer_layouts.py: run_mindformer.py under msrun against one process, 5 steps).
+(test_trainer_layouts.py: run_mindformer.py under msrun against one process, 4 steps).
 """
 
 import os

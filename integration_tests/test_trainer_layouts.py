@@ -1,7 +1,7 @@
 """The trainer under every parallel layout equals the single-process run.
 
 ``run_mindformer.py`` trains the tiny DeepSeek-V3 (two decoder layers, dense and MoE, and
-its MoE MTP module) for 5 steps of the same global batch (4 sequences of 32 tokens, AdamW,
+its MoE MTP module) for 4 steps of the same global batch (4 sequences of 32 tokens, AdamW,
 clipping, the aux-loss-free bias update) as one process (compiled layers, 4 accumulation
 micro-batches) and under msrun as FSDP ZeRO-3 (2 workers, gathered per decoder layer,
 each layer compiled whole, its graph taking the gathered weights as inputs), TP=2 with sequence parallelism, EP=2 over the two data-parallel ranks, and PP=2 x
@@ -12,8 +12,8 @@ figures and grad norm (from its metrics file), the validation loop's eval loss a
 names and full AdamW moments) must equal the single process within 1e-5 relative, every run
 training with attention and hidden dropout 0.1 (issue 34: the masks are the same in every layout); ZeRO-3
 must hold half the optimizer bytes and half the parameter bytes per rank. A single process then resumes
-from the ZeRO-3 run's step-4 checkpoint (sharded state saved at full shape, in MindFormers'
-layout: checkpoint.layout=mindformers) and must reproduce step 5, and so must a TP=2 job (2 workers, its routed experts whole
+from the ZeRO-3 run's step-3 checkpoint (sharded state saved at full shape, in MindFormers'
+layout: checkpoint.layout=mindformers) and must reproduce step 4, and so must a TP=2 job (2 workers, its routed experts whole
 on both ranks: expert_tensor_parallel=1) resuming from the same folder; the two resumes run with selective and full activation
 recompute, which must change no figure, and so does the 4-worker PP=2 x CP=2 x EP=2 run (one
 layer whole, attention cores and experts of the others alone): its equality with the single
@@ -24,8 +24,8 @@ test_cp_pp_parity.py and test_tp_ep_parity.py.
 
 Independent runs overlap (the jobs wait on each other's collectives much of the time): the
 single process beside the ZeRO-3 job, then both resumes beside the TP=2 and EP=2 jobs, which run
-together; PP=2 x CP=2 x EP=2 runs alone. Only the ZeRO-3 run saves the step-4 checkpoint
-that the resume reads; every run saves its step-5 checkpoint.
+together; PP=2 x CP=2 x EP=2 runs alone. Only the ZeRO-3 run saves the step-3 checkpoint
+that the resume reads; every run saves its step-4 checkpoint.
 """
 
 from __future__ import annotations
@@ -47,17 +47,17 @@ pytestmark = pytest.mark.msrun
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 ENTRY = os.path.join(ROOT, "run_mindformer.py")
 TINY = os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml")
-STEPS = 5
+STEPS = 4
 FIGURES = ("loss", "load_balancing_loss", "mtp_loss", "grad_norm")
 # (Qwen3's layouts, test_qwen3_layouts.py, run with it too, their AdamW moments held to 5e-5)
 DROPOUT = ("model.attention_dropout=0.1", "model.hidden_dropout=0.1")
 LAYOUTS = {  # name: (workers, overrides)
-    # the only run whose step-4 checkpoint is read (by the resume)
+    # the only run whose step-3 checkpoint is read (by the resume)
     # the default sharded checkpoint: each rank writes its own dim-0 shards
     "zero3": (2, ["parallelism.data_parallel_shard_strategy=optim_grads_params",
                   f"checkpoint.save_interleaved_steps={STEPS - 1}"]),
     "tp2": (2, ["parallelism.tensor_parallel=2"]),
-    # eager: EP under compiled regions is the 4-worker run's, and a compile costs more than 5 steps save;
+    # eager: EP under compiled regions is the 4-worker run's, and a compile costs more than 4 steps save;
     # its final checkpoint in MindFormers' layout (iteration_NNNNNNNN/, ds3-model/-opt files)
     "ep2": (2, ["parallelism.expert_parallel=2", "compile.enable=false",
                 "checkpoint.layout=mindformers", "checkpoint.prefix=ds3"]),
@@ -78,7 +78,7 @@ LAYOUTS = {  # name: (workers, overrides)
 }
 
 
-# resumes of the ZeRO-3 run's sharded step-4 checkpoint, each rank reading the parts of its
+# resumes of the ZeRO-3 run's sharded step-3 checkpoint, each rank reading the parts of its
 # files that it holds: name -> (workers, overrides). Recompute changes no figure (issue 16):
 # the one-process resume recomputes the attention core and the experts, the TP=2 resume every
 # layer whole; PP=2 reads each stage's layers only.
@@ -267,7 +267,7 @@ def reference(jobs):
 @pytest.fixture(scope="module")
 def zero3(jobs):
     result = jobs("zero3").result()
-    for name in RESUMES:  # its step-4 checkpoint is written: the resumes run beside the next jobs
+    for name in RESUMES:  # its step-3 checkpoint is written: the resumes run beside the next jobs
         jobs(name)
     return result
 
@@ -320,6 +320,6 @@ def _each_rank_wrote_its_pieces(folder: str) -> None:
 def test_resume_from_a_sharded_checkpoint(jobs, reference, zero3, name):
     """The 2-worker ZeRO-3 run's sharded checkpoint (each rank's dim-0 shards) resumes in one
     process (with selective recompute), under TP=2 (with full recompute) and under PP=2: step
-    5's figures and the final weights and moments equal the uninterrupted run."""
+    4's figures and the final weights and moments equal the uninterrupted run."""
     resumed = jobs(name).result()
     _assert_same(resumed, reference, first_step=STEPS)

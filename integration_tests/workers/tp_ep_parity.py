@@ -34,7 +34,7 @@ from mindtrain.trainer.optimizer import AdamW
 from shards_check import check_shards
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-STEPS, GLOBAL, ACC, SEQ = int(os.environ.get("TP_EP_STEPS", 5)), 8, 2, 16
+STEPS, GLOBAL, ACC, SEQ = int(os.environ.get("TP_EP_STEPS", 3)), 8, 2, 16
 # case -> (dp_shard, tp, ep, fsdp)
 CASES = {"ref": (1, 1, 1, False), "tp2": (1, 2, 1, False), "ep2": (2, 1, 2, False),
          "tp2_fsdp2": (2, 2, 1, True), "ep2_fsdp2": (2, 1, 2, True), "ep2_fsdp4": (4, 1, 2, True),
