@@ -50,6 +50,8 @@ CASES = {
     # not in the test's job (its time): ZeRO-1 / ZeRO-2 over two data-parallel ranks
     "zero1": (1, 2, 1, 1, ["parallelism.data_parallel_shard_strategy=optim"]),
     "zero2": (1, 2, 1, 1, ["parallelism.data_parallel_shard_strategy=optim_grads"]),
+    "zero3": (1, 2, 1, 1, ["parallelism.data_parallel_shard_strategy=optim_grads_params"]),
+    "ep2": (1, 2, 1, 2, []),
 }
 MODEL = [f"model.seq_length={SEQ}", f"train_dataset.dataloader.config.seq_length={SEQ}",
          # two layers: compressed sparse (its indexer choosing 4 of 8 entries; hash-routed) and
@@ -59,7 +61,8 @@ MODEL = [f"model.seq_length={SEQ}", f"train_dataset.dataloader.config.seq_length
          "model.index_topk=4", "model.hc_sinkhorn_iters=4", f"training.global_batch_size={GLOBAL}"]
 if os.environ.get("V4_VARIANT") == "mla":  # MindFormers' published variant: DeepSeek-V3's attention, MTP
     MODEL += ["model.experimental_attention_variant=mla", "model.kv_lora_rank=32", "model.qk_nope_head_dim=16",
-              "model.v_head_dim=16", "model.num_nextn_predict_layers=1", "model.enable_hc_head=false"]
+              "model.v_head_dim=16", f"model.num_nextn_predict_layers={os.environ.get('V4_MTP', '1')}",
+              "model.enable_hc_head=false"]
 
 
 def config(case: str):

@@ -39,17 +39,25 @@ def test_model_section_loads_as_published():
 
 
 def test_whole_file_loads_with_the_v4_layouts_this_branch_has(tmp_path):
-    """Muon with QK-clip (MLA), MindFormers' recompute module patterns, MindDataset: only
-    tensor / expert / pipeline parallelism (not laid out for V4 here) go to 1."""
+    """Muon with QK-clip (MLA), MindFormers' recompute module patterns, MindDataset, TP=2 x
+    EP=2 x PP=2 (2-way interleaved) x FSDP 2: as published but for the data path, the file is
+    one line naming the FSDP strategy (ZeRO-3, its default, is not built with V4's MTP); with
+    ZeRO-2 named, it loads."""
     with open(DS4, encoding="utf-8") as f:
         raw = yaml.safe_load(f)
     (tmp_path / "train_dataset").mkdir()
     raw["train_dataset"]["dataloader"]["dataset_files"] = str(tmp_path / "train_dataset")
-    raw["parallelism"].update(tensor_parallel=1, expert_parallel=1, pipeline_parallel=1,
-                              pipeline_parallel_interleave_num=1)
     path = tmp_path / "ds4.yaml"
     path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    with pytest.raises(ConfigError) as err:
+        load_config(str(path))
+    assert str(err.value).startswith("parallelism.data_parallel_shard_strategy: optim_grads_params (ZeRO-3) with "
+                                     "DeepSeek-V4's MTP modules")
+    raw["parallelism"]["data_parallel_shard_strategy"] = "optim_grads"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
     cfg = load_config(str(path))
+    p = cfg.parallelism
+    assert (p.tensor_parallel, p.expert_parallel, p.pipeline_parallel, p.data_parallel_shard) == (2, 2, 2, 2)
     assert cfg.optimizer.type == "Muon" and cfg.optimizer.qk_clip_enabled
     notes = startup_notes(cfg, "CPU")
     for field in ("optimizer.use_fused_adamw", "model.moe_grouped_gemm", "model.use_flash_attention"):
@@ -79,8 +87,7 @@ def test_qk_clip_needs_mla_attention(tmp_path):
         raw = yaml.safe_load(f)
     (tmp_path / "d").mkdir()
     raw["train_dataset"]["dataloader"]["dataset_files"] = str(tmp_path / "d")
-    raw["parallelism"].update(tensor_parallel=1, expert_parallel=1, pipeline_parallel=1,
-                              pipeline_parallel_interleave_num=1)
+    raw["parallelism"]["data_parallel_shard_strategy"] = "optim_grads"
     path = tmp_path / "ds4.yaml"
     path.write_text(yaml.safe_dump(raw), encoding="utf-8")
     cfg = load_config(str(path))
