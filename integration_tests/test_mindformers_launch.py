@@ -18,10 +18,10 @@ A fourth: MindFormers' DeepSeek-V4 system-test config ``pynative_deepseek4.yaml`
 hyper-connections, hash routing, MTP, Muon with QK-clip, selective recompute in MindFormers'
 module names, a MindDataset loader), with the data (MindRecord files of the same corpus), the
 sizes, the batch sizes (global 4, the ramp ``[2, 2, 8]``: 2 in the 4 steps), the recompute layer ranges (cut to
-the 4 layers there are) and the parallel degrees changed to fit 2 workers: ``tensor_parallel: 2``
-with ``sequence_parallel: True`` stays; its data-parallel sharding, expert and pipeline
-parallelism (2 each, with 2-way interleaving) are set to 1 (its default FSDP strategy, ZeRO-3,
-is refused with MTP: see mindtrain-config's README).
+the 4 layers there are) and the parallel degrees changed to fit 2 workers: its
+``data_parallel_shard: 2`` (with the default FSDP strategy, ZeRO-3: the MTP module is a unit)
+and ``expert_parallel: 2`` stay; tensor and pipeline parallelism (2 each, with 2-way
+interleaving) are set to 1 (the V4 layout parity test runs those).
 """
 
 from __future__ import annotations
@@ -107,8 +107,7 @@ def published_v4(raw: dict, prefix: str, tmp: str) -> None:
     raw["training"]["global_batch_size"] = 4
     raw["training"]["rampup_batch_size"] = [2, 2, 8]  # 2 for the 4 steps (8 samples), then 4
     raw["recompute"]["select_module"] = {"layers.*.self_attention.*": ["0-3"], "layers.*.mlp.*": ["0-2"]}
-    raw["parallelism"].update(data_parallel_shard=1, expert_parallel=1, pipeline_parallel=1,
-                              pipeline_parallel_interleave_num=1)
+    raw["parallelism"].update(tensor_parallel=1, pipeline_parallel=1, pipeline_parallel_interleave_num=1)
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))

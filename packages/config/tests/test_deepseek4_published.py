@@ -1,7 +1,6 @@
 """MindFormers' published DeepSeek-V4 system-test config (fixtures/mindformers/pynative_deepseek4.yaml,
 verbatim): its model section loads unchanged into DeepSeek-V4's mla variant; the whole file
-loads with only the parallel degrees this branch's V4 lacks set to 1; what the CPU cannot
-honour is a start-up note."""
+loads as published but for the data path; what the CPU cannot honour is a start-up note."""
 
 import os
 
@@ -38,26 +37,20 @@ def test_model_section_loads_as_published():
     assert moe_layer_ids(m) == list(range(17))  # 16 layers and the MTP module
 
 
-def test_whole_file_loads_with_the_v4_layouts_this_branch_has(tmp_path):
+def test_whole_file_loads_as_published(tmp_path):
     """Muon with QK-clip (MLA), MindFormers' recompute module patterns, MindDataset, TP=2 x
-    EP=2 x PP=2 (2-way interleaved) x FSDP 2: as published but for the data path, the file is
-    one line naming the FSDP strategy (ZeRO-3, its default, is not built with V4's MTP); with
-    ZeRO-2 named, it loads."""
+    EP=2 x PP=2 (2-way interleaved) x FSDP 2 with its default ZeRO-3 (MTP included): as
+    published but for the data path, it loads."""
     with open(DS4, encoding="utf-8") as f:
         raw = yaml.safe_load(f)
     (tmp_path / "train_dataset").mkdir()
     raw["train_dataset"]["dataloader"]["dataset_files"] = str(tmp_path / "train_dataset")
     path = tmp_path / "ds4.yaml"
     path.write_text(yaml.safe_dump(raw), encoding="utf-8")
-    with pytest.raises(ConfigError) as err:
-        load_config(str(path))
-    assert str(err.value).startswith("parallelism.data_parallel_shard_strategy: optim_grads_params (ZeRO-3) with "
-                                     "DeepSeek-V4's MTP modules")
-    raw["parallelism"]["data_parallel_shard_strategy"] = "optim_grads"
-    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
     cfg = load_config(str(path))
     p = cfg.parallelism
     assert (p.tensor_parallel, p.expert_parallel, p.pipeline_parallel, p.data_parallel_shard) == (2, 2, 2, 2)
+    assert p.data_parallel_shard_strategy == "optim_grads_params"
     assert cfg.optimizer.type == "Muon" and cfg.optimizer.qk_clip_enabled
     notes = startup_notes(cfg, "CPU")
     for field in ("optimizer.use_fused_adamw", "model.moe_grouped_gemm", "model.use_flash_attention"):
@@ -87,7 +80,6 @@ def test_qk_clip_needs_mla_attention(tmp_path):
         raw = yaml.safe_load(f)
     (tmp_path / "d").mkdir()
     raw["train_dataset"]["dataloader"]["dataset_files"] = str(tmp_path / "d")
-    raw["parallelism"]["data_parallel_shard_strategy"] = "optim_grads"
     path = tmp_path / "ds4.yaml"
     path.write_text(yaml.safe_dump(raw), encoding="utf-8")
     cfg = load_config(str(path))

@@ -4,7 +4,12 @@ unit's Parameters (new storage each time, by set_data) and frees after.
 
 Against the plain (eager) model over three steps with a weight update between them (a
 graph that kept its compile-time weights would compute step 2 with step 1's): the same
-losses and gradients. The units' own weights stay freed between their runs.
+losses and gradients. The units' own weights stay freed between their runs. The units and
+shared weights are the layouts' own (:func:`mindtrain.parallel.share.zero3_units`), for
+DeepSeek-V3 and for DeepSeek-V4's mla variant with its MTP module, whose shared-head norm
+runs both inside the module (the next depth's input) and in the head: a unit's replayed
+backward must list it (it once did not, and every layer norm of its width got a zero
+gradient).
 """
 
 import os
@@ -16,21 +21,29 @@ from mindspore import Tensor, ops
 
 from mindtrain.config import load_config
 from mindtrain.parallel import Group, fully_shard
+from mindtrain.parallel.share import zero3_units
 
 # a model to shard (the parallel package itself never imports one)
-from mindtrain.models import build_model, parallel_plan
+from mindtrain.models import build_model, is_compiled, parallel_plan
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 SEQ = 16
 LR = 0.05
 
 
-@pytest.fixture(scope="module")
-def cfg():
+V4_MLA = ["model.experimental_attention_variant=mla", "model.kv_lora_rank=32", "model.qk_nope_head_dim=16",
+          "model.v_head_dim=16", "model.num_nextn_predict_layers=1", "model.enable_hc_head=false",
+          "model.num_hidden_layers=2", "model.compress_ratios=[0, 0]", "model.hidden_size=64"]
+CONFIGS = {"ds3": ("pynative_ds3_tiny.yaml", []), "ds4_mla_mtp": ("pynative_ds4_tiny.yaml", V4_MLA)}
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def cfg(request):
     ms.set_device("CPU")
     ms.runtime.launch_blocking()
-    return load_config(os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml"),
-                       [f"model.seq_length={SEQ}", f"train_dataset.dataloader.config.seq_length={SEQ}"],
+    name, extra = CONFIGS[request.param]
+    return load_config(os.path.join(ROOT, "configs", name),
+                       [f"model.seq_length={SEQ}", f"train_dataset.dataloader.config.seq_length={SEQ}", *extra],
                        validate=False)
 
 
@@ -60,12 +73,12 @@ def test_compiled_layers_see_the_gathered_weights_and_every_update(cfg):
 
     model = _model(cfg, jit=True)
     plan = parallel_plan(model)
-    units = [u.path for u in plan.units if u.kind in ("decoder", "mtp")]
-    # the MTP module's norm is applied by the shared head, outside the unit: a root weight
-    shared = {name: [] for name, p in plan.params.items() if p.applied_outside and p.trainable}
-    assert shared
+    units, shared = zero3_units(model, plan)
+    assert len(units) == cfg.model.num_hidden_layers + cfg.model.num_nextn_predict_layers and shared
     fsdp = fully_shard(model, Group("dp", (0,), 0), units=units, strategy="optim_grads_params", shared=shared)
-    assert all(layer.can_run_whole() for layer in model.model.layers)  # whole compiled layers
+    assert is_compiled(model)
+    if cfg.model.model_type == "deepseek_v3":  # whole compiled layers (V4's run compiled pieces)
+        assert all(layer.can_run_whole() for layer in model.model.layers)
     step = fsdp.value_and_grad(_loss(model))
     names = [p.name for p in ref_params]
 

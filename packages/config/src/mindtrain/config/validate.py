@@ -353,21 +353,13 @@ def _v4_context_parallel(p: ParallelismConfig, m: ModelConfig, path: str) -> Non
 def _v4_layouts_built(p: ParallelismConfig, m: ModelConfig, path: str) -> None:
     """DeepSeek-V4's context parallelism is MindFormers' compressed-attention scheme for the
     hybrid attention without MTP; the mla attention variant and the MTP modules are laid out
-    over TP, EP, PP and ZeRO-1/2 (the layout worker's V4_VARIANT=mla cases), the mla variant
-    without MTP over ZeRO-3 too."""
+    over TP, EP, PP and ZeRO-1/2/3 (the layout worker's V4_VARIANT=mla cases)."""
     what = ("the mla attention variant (model.experimental_attention_variant)"
             if m.experimental_attention_variant == "mla" else
             "its MTP modules (model.num_nextn_predict_layers)" if m.num_nextn_predict_layers else None)
     if what is not None and p.context_parallel > 1:
         raise ConfigError(f"{path}.context_parallel", f"{p.context_parallel}: DeepSeek-V4 with {what} is not laid "
                                                       f"out over context parallelism yet; set it to 1")
-    if m.num_nextn_predict_layers and p.data_parallel_shard_strategy == "optim_grads_params" \
-            and p.data_parallel_shard not in (0, 1):
-        # measured: the MTP module's unit under ZeRO-3 differs from one process by ~1e-4 (the
-        # same model without MTP, and MTP under ZeRO-2 / TP / EP / PP, are equal)
-        raise ConfigError(f"{path}.data_parallel_shard_strategy",
-                          "optim_grads_params (ZeRO-3) with DeepSeek-V4's MTP modules (model.num_nextn_predict_layers) "
-                          "is not built yet; use optim_grads (ZeRO-2) or optim (ZeRO-1)")
 
 
 def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:

@@ -49,10 +49,15 @@ in one collective, one layer per collective once a layer is larger (the 375M con
 def zero3_units(model, plan) -> tuple[tuple[str, ...], dict[str, list[str]]]:
     """FSDP units = the plan's decoder layers and MTP modules, as cell paths; a parameter of
     a unit that the model also uses outside it (an MTP module's shared-head norm, applied
-    by the head) stays gathered with the root."""
+    by the head) stays gathered with the root and is *shared* with its unit: the unit's
+    replayed backward must differentiate every weight the unit reads (measured: one it read
+    but did not list made the gradients of the other weights through the same compiled
+    norm graph zero)."""
     cells = dict(model.cells_and_names())
     units = tuple(u["path"] for u in plan["units"] if u["kind"] in ZERO3_UNIT_KINDS and u.get("path") in cells)
-    shared = {name: [] for name, p in plan["params"].items() if p.get("applied_outside") and p["trainable"]}
+    path = {u["name"]: u.get("path") for u in plan["units"]}
+    shared = {name: [path[p["unit"]]] if path.get(p["unit"]) in units else []
+              for name, p in plan["params"].items() if p.get("applied_outside") and p["trainable"]}
     return units, shared
 
 
