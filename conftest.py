@@ -26,7 +26,7 @@ def _restore_node_timeout():
 # beside the one-process tests, on the other pytest-xdist worker: the msrun group is the
 # longer of the two workers' shares (in a fresh-clone run at 93a03b3: 1,310 s of msrun
 # tests against 1,107 s of the others), and these even them out
-BESIDE = ("integration_tests/test_estimate_validation.py", "integration_tests/test_mtp_scale_follows.py",
+BESIDE = ("integration_tests/test_mtp_scale_follows.py",
           "integration_tests/test_qwen3_layouts.py", "integration_tests/test_rampup_msrun.py",
           "integration_tests/test_muon_msrun.py")
 

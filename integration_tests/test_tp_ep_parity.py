@@ -158,3 +158,14 @@ def test_tp2_ep2_zero3_compiled_by_regions_matches_single_process(results):
     # resident between steps: the shards and the experts, no full weight of any layer
     assert int(got["expert_bytes"]) > 0
     assert int(got["param_bytes_layout"]) == int(got["shard_bytes"]) + int(got["expert_bytes"])
+
+
+@pytest.mark.parametrize("case", ["tp2_ep2_zero3_compiled", "tp2_ep2_etp1"])
+def test_each_rank_holds_the_estimated_bytes(results, case):
+    """mindtrain-estimate against a real run (with test_v4_layouts.py's V4 rows): rank 0's
+    parameter bytes resident between steps (its ZeRO-3 shards of the TP pieces, its experts)
+    and its AdamW state are the estimate's for the same config under TP=2 x EP=2 x ZeRO-3,
+    with the experts TP-split and whole (expert_tensor_parallel 1)."""
+    got = results[case]
+    assert int(got["param_bytes_layout"]) == int(got["param_bytes_estimate"]), case
+    assert int(got["optimizer_bytes"]) == int(got["optimizer_bytes_estimate"]), case

@@ -30,6 +30,7 @@ from mindtrain.models import apply_compile, build_model, is_compiled, parallel_p
 from mindtrain.parallel import DeviceMesh, collectives as C, fully_shard, init_distributed
 from mindtrain.parallel.expert_parallel import apply_expert_parallel, global_expert_load
 from mindtrain.parallel.tensor_parallel import apply_tensor_parallel, param_bytes
+from mindtrain.trainer.estimate import estimate
 from mindtrain.trainer.optimizer import AdamW
 from shards_check import check_shards
 
@@ -123,11 +124,10 @@ def run_layout(case, world, rank, out_dir):
     dims = ParallelDims(world_size=dp * tp_size, pp=1, dp_shard=dp, cp=1, tp=tp_size, ep=ep_size)
     assert dims.world_size == world, (case, world)
     mesh = make_mesh(dims, world, rank)
-    config = load_config(os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml"),
-                         ["parallelism.data_parallel_shard_strategy=optim_grads_params",
-                          f"parallelism.tensor_parallel={tp_size}", f"parallelism.expert_parallel={ep_size}"]
-                         + (["parallelism.expert_tensor_parallel=1"] if case in ETP1 else []),
-                         validate=False)
+    overrides = (["parallelism.data_parallel_shard_strategy=optim_grads_params",
+                  f"parallelism.tensor_parallel={tp_size}", f"parallelism.expert_parallel={ep_size}"]
+                 + (["parallelism.expert_tensor_parallel=1"] if case in ETP1 else []))
+    config = load_config(os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml"), overrides, validate=False)
     model = build()
     apply_compile(model)
     plan = parallel_plan(model)
@@ -160,6 +160,14 @@ def run_layout(case, world, rank, out_dir):
               "param_bytes_layout": layout.memory_bytes(),
               "shard_bytes": sum(int(p.size) * p.itemsize for p in fsdp.params),
               "expert_bytes": layout.ep.param_bytes() if layout.ep is not None else 0}
+    # mindtrain-estimate's bytes of this rank (parameters resident between steps, AdamW state)
+    # for the same config and sizes, loaded as the trainer loads it
+    est = estimate(load_config(os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml"), overrides
+                               + [f"model.seq_length={SEQ}", f"train_dataset.dataloader.config.seq_length={SEQ}",
+                                  "model.num_hidden_layers=2", f"training.global_batch_size={GLOBAL}"],
+                               world_size=world), world, "CPU").stages[0]
+    result.update(param_bytes_estimate=est.params, optimizer_bytes=opt.state_bytes(),
+                  optimizer_bytes_estimate=est.optimizer)
     if rank == 0:
         np.savez(os.path.join(out_dir, f"{case}.npz"), **result, **{f"p:{n}": v for n, v in state.items()})
     C.barrier()
