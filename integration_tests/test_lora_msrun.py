@@ -2,8 +2,10 @@
 ZeRO-3, then under tensor (+ sequence) parallelism, then over two pipeline stages (each stage's
 adapters, their gradient norm and clipping over both stages, the adapters saved alone from
 both), then under context parallelism (MLA's kv_b_proj runs on the gathered keys of the whole
-sequence: its LoRA dropout masks follow those tokens), while one plain process trains it alone
-(workers/lora_run.py). In every layout the frozen base stays bit-identical on every rank, only the
+sequence: its LoRA dropout masks follow those tokens), then under ZeRO-3 with Muon on the
+adapters (as MindFormers' optimizer holds only them: each adapter a whole matrix for
+Newton-Schulz, gathered from its shards), while one plain process trains it alone with AdamW
+and with Muon (workers/lora_run.py). In every layout the frozen base stays bit-identical on every rank, only the
 adapters have optimizer state and move, resume from a saved step is exact, and the figures
 match the single process's step after step, with lora_dropout 0.1 (the adapters unmerged, their
 input masks drawn per token and global feature, so ZeRO-3 and TP draw one process's masks). The adapters' gradients against PEFT and the
@@ -35,8 +37,9 @@ def test_lora_zero3_tp2_pp2_and_cp2_match_one_process_with_a_frozen_base(tmp_pat
     log = open(tmp_path / "msrun.log", "w")
     two = subprocess.Popen(["msrun", "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port(9110)}",
                             "--join=True", f"--log_dir={tmp_path / 'log'}", WORKER, str(tmp_path), prefix,
-                            "zero3,tp2,pp2,cp2"], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
-    one = subprocess.run([sys.executable, WORKER, str(tmp_path), prefix, "ref"], cwd=tmp_path, env=env,
+                            "zero3,tp2,pp2,cp2,zero3_muon"], cwd=tmp_path, env=env, stdout=log,
+                           stderr=subprocess.STDOUT)
+    one = subprocess.run([sys.executable, WORKER, str(tmp_path), prefix, "ref,ref_muon"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=900)
     assert one.returncode == 0, one.stderr[-4000:]
     rc = two.wait(timeout=900)
@@ -46,13 +49,14 @@ def test_lora_zero3_tp2_pp2_and_cp2_match_one_process_with_a_frozen_base(tmp_pat
     def rows(case, rank=0):
         return json.loads((tmp_path / f"{case}.{rank}.json").read_text())
 
-    ref = rows("ref")
-    assert ref["adapters"] == 32
     keys = ("loss", "grad_norm", "mtp_loss", "load_balancing_loss")
-    want = np.array([[r[k] for k in keys] for r in ref["rows"]])
-    saved_ref = load_file(tmp_path / "ref" / "ck" / "lora" / "iter_0000003" / "adapter_model.safetensors")
-    assert len(saved_ref) == 32
-    for case in ("zero3", "tp2", "pp2", "cp2"):
+    for case, one_process in (("zero3", "ref"), ("tp2", "ref"), ("pp2", "ref"), ("cp2", "ref"),
+                              ("zero3_muon", "ref_muon")):
+        ref = rows(one_process)
+        assert ref["adapters"] == 32
+        want = np.array([[r[k] for k in keys] for r in ref["rows"]])
+        saved_ref = load_file(tmp_path / one_process / "ck" / "lora" / "iter_0000003" / "adapter_model.safetensors")
+        assert len(saved_ref) == 32
         # the adapters saved alone (rank 0 writes them; under PP it collects every stage's)
         saved = load_file(tmp_path / case / "ck" / "lora" / "iter_0000003" / "adapter_model.safetensors")
         assert sorted(saved) == sorted(saved_ref), case
@@ -67,3 +71,7 @@ def test_lora_zero3_tp2_pp2_and_cp2_match_one_process_with_a_frozen_base(tmp_pat
                   f"{got['changed']} of this rank's adapter pieces moved; {got['seconds']:.1f} s")
             assert err < 1e-5, (case, rank, a, want)
     print(f"one process: {ref['seconds']:.1f} s")
+    # Muon moved the adapters otherwise than AdamW did
+    adamw = load_file(tmp_path / "ref" / "ck" / "lora" / "iter_0000003" / "adapter_model.safetensors")
+    muon = load_file(tmp_path / "ref_muon" / "ck" / "lora" / "iter_0000003" / "adapter_model.safetensors")
+    assert all(not np.allclose(adamw[n], muon[n]) for n in adamw if "lora_B" in n or "lora_b" in n)

@@ -1,7 +1,8 @@
 """LoRA (lora_config) on the tiny DeepSeek-V3: ``python lora_run.py OUT DATA_PREFIX CASE[,CASE...]``,
 under msrun (cases ``zero3``: FSDP ZeRO-3 over 2 ranks, ``tp2``: tensor + sequence parallel
-over 2 ranks, ``pp2``: two pipeline stages, ``cp2``: context parallelism (colossal), one after the other in
-the same job) or as a plain process (``ref``).
+over 2 ranks, ``pp2``: two pipeline stages, ``cp2``: context parallelism (colossal), ``zero3_muon``:
+ZeRO-3 with Muon on the adapters, one after the other in the same job) or as a plain process
+(``ref``, ``ref_muon``).
 
 Per case, each rank trains STEPS steps with the trainer (saving at step 2 and at the end),
 checks on its own pieces that every base weight is bit-identical and only adapters moved,
@@ -32,7 +33,11 @@ LORA = ("lora_config={target_modules: 'linear_(qkv|qb|kvb|proj|fc1|fc2)', exclud
         "lora_dropout: 0.1}")  # unmerged adapters in the steps, masks the same in every layout
 LAYOUTS = {"ref": [], "zero3": ["parallelism.data_parallel_shard_strategy=optim_grads_params"],
            "tp2": ["parallelism.tensor_parallel=2"], "pp2": ["parallelism.pipeline_parallel=2"],
-           "cp2": ["parallelism.context_parallel=2"]}
+           "cp2": ["parallelism.context_parallel=2"],
+           # Muon on the adapters (MindFormers' optimizer sees only them): whole matrices gathered
+           # from their ZeRO-3 shards for Newton-Schulz, against one process's Muon
+           "ref_muon": ["optimizer.type=Muon"],
+           "zero3_muon": ["parallelism.data_parallel_shard_strategy=optim_grads_params", "optimizer.type=Muon"]}
 
 
 def config(out: str, prefix: str, case: str, *extra):
@@ -58,7 +63,7 @@ def run(out: str, prefix: str, case: str, rt) -> dict:
     assert moments == adapters, sorted(moments ^ adapters)[:3]
     dropped = sum(1 for c in _cells(trainer.model) if getattr(c, "lora_dropout", 0) == 0.1 and c.lora_a.name in before)
     assert dropped == len(adapters) // 2, (dropped, len(adapters))  # every adapted layer drops its adapter input
-    if case == "ref":  # the one-process resume is test_lora.py's
+    if case.startswith("ref"):  # the one-process resume is test_lora.py's
         return result(history, adapters, changed, began)
     resumed = Trainer(config(out, prefix, case, f"checkpoint.load_path={out}/{case}/ck/iter_0000002",
                              "checkpoint.enable_save=false"), rt, out=lambda _line: None)

@@ -806,8 +806,10 @@ def validate_lora(cfg: MindTrainConfig) -> None:
     if family not in _LORA_FAMILIES:
         raise ConfigError("lora_config", f"LoRA on model_type {family} is not supported yet (DeepSeek-V3, Qwen3 "
                           "and Qwen3-MoE are); remove the lora_config section")
-    if cfg.optimizer.type == "Muon":
-        raise ConfigError("lora_config", "LoRA with optimizer.type Muon is not supported yet; use AdamW")
+    if cfg.optimizer.type == "Muon" and cfg.optimizer.qk_clip_enabled:
+        raise ConfigError("optimizer.qk_clip_enabled", "QK-clip scales the query and key weights, which LoRA "
+                          "freezes (the adapters saved alone would no longer give the trained model); set it "
+                          "to false with lora_config")
     if cfg.checkpoint.layout == "mindformers":
         raise ConfigError("lora_config", "LoRA with checkpoint.layout mindformers is not supported yet (its "
                           "name table has no adapters); use layout: mindtrain")

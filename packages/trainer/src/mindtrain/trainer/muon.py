@@ -113,7 +113,10 @@ class Muon:
         self.rms = float(cfg.matched_adamw_rms)
         self.layout = layout
         self.model = model
-        shards = layout.shards() if layout is not None else None
+        shards = None
+        if layout is not None:  # aligned with named_params (a subset of the layout's: LoRA's adapters)
+            where = dict(zip([n for n, _ in layout.named_params], layout.shards()))
+            shards = [where[n] for n in self.names]
         self.global_shapes = ([tuple(s.global_shape) for s in shards] if shards is not None
                               else [tuple(p.shape) for p in self.params])
         mla = any(n.endswith("kv_a_proj_with_mqa.weight") for n in self.names)

@@ -11,6 +11,8 @@ from mindtrain.trainer.mindformers_name_table import TOP_NAMES, locate
 
 # MindFormers' default adamw_include: its embedding and output layer go to AdamW
 DEFAULT_ADAMW_INCLUDE = ("*word_embeddings*", "*output_layer*")
+# LoRA's adapters of a Linear's ``weight`` (mindtrain.models.lora): ``<layer>.lora_a`` / ``.lora_b``
+ADAPTER_SUFFIXES = (".lora_a", ".lora_b")
 # whole float32 arrays one gather of the distributed update holds at most (a larger matrix alone)
 GATHER_BYTES = 64 * 2 ** 20
 
@@ -31,12 +33,15 @@ def uses_muon(name: str, shape: Sequence[int], adamw_include: Optional[Sequence[
     """Whether Muon (not AdamW) updates parameter ``name`` of full shape ``shape``: a 2-D
     matrix or stacked ``[E, rows, cols]`` experts that no ``adamw_include`` glob names, in
     mindtrain's name or in MindFormers' (:func:`mindformers_name`; ``model``: the model
-    config). The optimizer (:mod:`mindtrain.trainer.muon`) and ``mindtrain-estimate`` both
+    config; a LoRA adapter by its layer's MindFormers name, ``output_layer.lora_a``). The optimizer (:mod:`mindtrain.trainer.muon`) and ``mindtrain-estimate`` both
     decide with this."""
     if len(shape) not in (2, 3):
         return False
     include = tuple(adamw_include) if adamw_include is not None else DEFAULT_ADAMW_INCLUDE
-    theirs = mindformers_name(name, model)
+    adapter = name.endswith(ADAPTER_SUFFIXES)
+    theirs = mindformers_name(name[:name.rindex(".")] + ".weight" if adapter else name, model)
+    if adapter and theirs is not None:  # a LoRA adapter: its layer's MindFormers name, MindFormers' suffix
+        theirs = theirs[:-len(".weight")] + name[name.rindex("."):]
     return not any(fnmatch(name, g) or (theirs is not None and fnmatch(theirs, g)) for g in include)
 
 

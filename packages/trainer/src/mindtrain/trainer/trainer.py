@@ -144,7 +144,8 @@ class Trainer:
 
             self._trained = [i for i, (n, _) in enumerate(self.params) if is_adapter(n)]
             self.optimizer = AdapterOptimizer(build_optimizer([self.params[i] for i in self._trained], cfg.optimizer,
-                                                              lr=self.schedule(1)), self._trained)
+                                                              lr=self.schedule(1), layout=self.layout,
+                                                              model=cfg.model), self._trained)
             self.out(f"mindtrain: LoRA: adapters on {len(self.adapted)} Linear layers (rank "
                      f"{cfg.lora_config.lora_rank}, alpha {cfg.lora_config.lora_alpha}); the optimizer trains only them")
         self.flops_per_token = self._flops_per_token()
