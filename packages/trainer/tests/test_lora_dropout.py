@@ -16,7 +16,7 @@ import pytest
 from mindspore import Tensor
 
 import mindtrain.models as mm
-from mindtrain.config import ConfigError, LoraConfig
+from mindtrain.config import LoraConfig
 from mindtrain.models.dropout import LORA_INPUT, attach_lora_dropout, token_keys
 from mindtrain.models.lora import add_adapter
 from mindtrain.models.mlp import MLP
@@ -157,9 +157,40 @@ def test_every_site_of_the_model_runs_unmerged_in_a_step_and_merged_outside():
     assert np.abs(got - want).max() > 1e-4
 
 
-def test_lora_dropout_refused_on_the_head():
-    model = mm.from_pretrained(os.path.join(MODELS, "hf_qlora"), jit=False, num_nextn_predict_layers=0)
-    cfg = SimpleNamespace(model=model.config, lora_config=LoraConfig(
-        target_modules="output_layer", lora_dropout=0.1))
-    with pytest.raises(ConfigError, match="lora_config.lora_dropout"):
-        apply_lora(model, cfg, empty=False)
+@pytest.mark.parametrize("target, mtp", [("output_layer", 0), ("eh_proj", 1)])
+def test_head_and_mtp_projection_adapters_run_unmerged_in_a_step(target, mtp):
+    """An adapter on the head (its loss through the head + loss cell) or on an MTP module's
+    eh_proj: outside a step the model equals the one without dropout; in a step the loss with
+    a vanishing rate equals the merged one, with p = 0.3 it differs; and the head + loss
+    cell's training loss equals the masked cross-entropy of the logits the plain Linear path
+    gives for the same masks (the same [x, dropout(x)] either way)."""
+    ms.set_device("CPU")
+
+    def model(p):
+        m = mm.from_pretrained(os.path.join(MODELS, "hf_qlora"), jit=False, num_nextn_predict_layers=mtp)
+        cfg = SimpleNamespace(model=m.config, lora_config=LoraConfig(
+            target_modules=target, lora_rank=4, lora_alpha=8, lora_b_std=0.05, lora_dropout=p))
+        assert len(apply_lora(m, cfg, empty=False)) == 1
+        return m
+
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(2, 100, (2, 13)).astype(np.int32)
+    ids, labels = Tensor(tokens[:, :-1]), Tensor(tokens[:, 1:])
+    plain, dropped, tiny = model(0.0), model(0.3), model(1e-9)
+    want_loss = float(plain(ids, labels=labels)[0].asnumpy())
+    assert float(dropped(ids, labels=labels)[0].asnumpy()) == want_loss  # outside a step: merged
+    keys = token_keys(ids.asnumpy())
+    for m in (tiny, dropped):
+        m.dropout.begin_step(1, 5)
+        m.dropout.set_tokens(keys)
+    np.testing.assert_allclose(float(tiny(ids, labels=labels)[0].asnumpy()), want_loss, rtol=1e-5)
+    got_loss, metrics = dropped(ids, labels=labels)
+    got_loss = float(got_loss.asnumpy())
+    assert abs(got_loss - want_loss) > 1e-4
+    if not mtp:  # the head: its loss equals the cross-entropy of its logits, masks alike
+        got_loss = float(metrics["lm_loss"].asnumpy())  # without the balance loss
+        logits = dropped(ids).asnumpy().astype(np.float64)
+        logp = logits - logits.max(-1, keepdims=True)
+        logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+        ce = -np.take_along_axis(logp, tokens[:, 1:, None].astype(np.int64), -1).mean()
+        np.testing.assert_allclose(got_loss, ce, rtol=1e-5)

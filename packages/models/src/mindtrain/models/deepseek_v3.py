@@ -61,7 +61,11 @@ class _HeadLoss(Block):
     Two hooks let a layout change how it runs without re-implementing it (both eager-only):
     ``sequence_gather`` (None by default) maps the normed hidden states [B, S_local, H] of a
     sequence-parallel rank to [B, S, H] before the head; ``ce.token_loss`` is the per-token
-    cross-entropy (see :class:`~mindtrain.models.loss.MaskedCrossEntropy`).
+    cross-entropy (see :class:`~mindtrain.models.loss.MaskedCrossEntropy`). A third,
+    ``lora_input``, is the head's :meth:`~mindtrain.models.linear.Linear.lora_input` when its
+    LoRA adapter has dropout (:func:`mindtrain.models.dropout.attach_lora_dropout` sets it):
+    in a training step the head weight comes unmerged, ``[weight, s * B @ A]``, and the normed
+    states as ``[x, dropout(x)]`` (before a sequence gather: the masks are the rank's tokens').
     """
 
     matmul_dtype = None
@@ -73,10 +77,12 @@ class _HeadLoss(Block):
         self.ce = MaskedCrossEntropy()
         self.matmul = ops.MatMul(transpose_b=True)
         self.sequence_gather = None
+        self.lora_input = None
 
     def hooks_unset(self) -> bool:
         """True while no layout has set a hook (then the cell can be one graph)."""
-        return self.sequence_gather is None and isinstance(self.ce.token_loss, TokenCrossEntropy)
+        return (self.sequence_gather is None and self.lora_input is None
+                and isinstance(self.ce.token_loss, TokenCrossEntropy))
 
     def piece_weights(self, name: str) -> tuple:
         return ()  # the norm and head weights come as inputs
@@ -94,8 +100,11 @@ class _HeadLoss(Block):
             x = kernels.fast_rms_norm(x, norm_weight, eps)
         else:
             x = norm_weight * (x * ops.rsqrt(ops.mean(ops.square(x), -1, keep_dims=True) + eps))
+        if self.lora_input is not None:  # [x, dropout(x)] while the head's adapter runs unmerged
+            x = self.lora_input(x)
         if self.sequence_gather is not None:
-            x = self.sequence_gather(x.reshape(h.shape)).reshape(-1, h.shape[-1])
+            width = x.shape[-1]
+            x = self.sequence_gather(x.reshape(h.shape[:-1] + (width,))).reshape(-1, width)
         cd = self.matmul_dtype
         logits = self.matmul(to_compute(x, cd), to_compute(head_weight, cd))
         if cd is not None:

@@ -58,6 +58,8 @@ class MTPLayer(DecoderLayer):
     def forward(self, h_prev, emb_next, cos, sin, mask_add, *w):
         """The module's math on its weights ``w`` (:meth:`piece_weights`)."""
         x = ops.concat((self.enorm.apply(emb_next, w[-3]), self.hnorm.apply(h_prev, w[-2])), -1)
+        if self.eh_proj.lora_dropout:  # [x, dropout(x)] for the unmerged adapter (w[-1] is [H, 4H] then)
+            x = self.eh_proj.lora_input(x)
         h = linear(x, w[-1], None, self.eh_proj.matmul_dtype)
         if h.dtype != ms.float32:
             h = ops.cast(h, ms.float32)

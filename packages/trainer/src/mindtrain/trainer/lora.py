@@ -78,11 +78,6 @@ def apply_lora(model, cfg: MindTrainConfig, empty: bool) -> list[str]:
     if "lm_head.weight" in chosen and cfg.model.num_nextn_predict_layers:
         raise ConfigError("lora_config.target_modules", "an adapter on output_layer (the head the MTP modules "
                           "share) is not supported yet with MTP; exclude it (exclude_layers: output_layer)")
-    if lc.lora_dropout > 0:
-        head = [n for n in chosen if n == "lm_head.weight" or ".eh_proj." in n]
-        if head:
-            raise ConfigError("lora_config.lora_dropout", f"LoRA dropout on {head[0][:-len('.weight')]} (the head "
-                              "or an MTP projection) is not supported yet; exclude it or set lora_dropout: 0")
     for name in chosen:
         add_adapter(layers[name], lc.lora_rank, lc.lora_alpha, lc.lora_a_std, lc.lora_b_std, empty)
     if lc.lora_dropout > 0:

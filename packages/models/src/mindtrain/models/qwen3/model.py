@@ -97,7 +97,10 @@ class Qwen3ForCausalLM(DeepseekV3ForCausalLM):
 
     def logits(self, h):
         """Final norm and the head: float32 logits [B, S, V]."""
-        logits = linear(self.model.norm(h), self.output_weight(), None, self.head_loss.matmul_dtype)
+        x = self.model.norm(h)
+        if self.head_loss.lora_input is not None:  # the head's adapter unmerged (LoRA dropout): [x, dropout(x)]
+            x = self.head_loss.lora_input(x)
+        logits = linear(x, self.output_weight(), None, self.head_loss.matmul_dtype)
         return logits if logits.dtype == ms.float32 else ops.cast(logits, ms.float32)
 
     def lm_loss(self, h, labels, loss_mask):
