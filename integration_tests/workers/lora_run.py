@@ -29,8 +29,8 @@ from mindtrain.trainer.trainer import Trainer
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml")
 STEPS = 3
-# every Linear of the decoder layers and of the MTP module (its eh_proj too), not the head
-LORA = ("lora_config={target_modules: 'linear_(qkv|qb|kvb|proj|fc1|fc2)|eh_proj', lora_b_std: 0.01, "
+# every Linear of the decoder layers and of the MTP module (its eh_proj too), and the head
+LORA = ("lora_config={target_modules: 'linear_(qkv|qb|kvb|proj|fc1|fc2)|eh_proj|output_layer', lora_b_std: 0.01, "
         "lora_dropout: 0.1}")  # unmerged adapters in the steps, masks the same in every layout
 LAYOUTS = {"ref": [], "zero3": ["parallelism.data_parallel_shard_strategy=optim_grads_params"],
            "tp2": ["parallelism.tensor_parallel=2"], "pp2": ["parallelism.pipeline_parallel=2"],

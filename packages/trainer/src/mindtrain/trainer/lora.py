@@ -75,9 +75,6 @@ def apply_lora(model, cfg: MindTrainConfig, empty: bool) -> list[str]:
         example = mindformers_path(next(iter(layers)), cfg.model) if layers else "model.decoder.layers.0..."
         raise ConfigError("lora_config.target_modules", f"{lc.target_modules!r} matches no Linear layer; it is "
                           f"searched in MindFormers' module paths, e.g. {example}")
-    if "lm_head.weight" in chosen and cfg.model.num_nextn_predict_layers:
-        raise ConfigError("lora_config.target_modules", "an adapter on output_layer (the head the MTP modules "
-                          "share) is not supported yet with MTP; exclude it (exclude_layers: output_layer)")
     for name in chosen:
         add_adapter(layers[name], lc.lora_rank, lc.lora_alpha, lc.lora_a_std, lc.lora_b_std, empty)
     if lc.lora_dropout > 0:
