@@ -90,16 +90,52 @@ def test_compile_switch_changes_the_speed_not_the_figures(tiny_config):
     np.testing.assert_allclose(runs[False], runs[True], rtol=1e-6)
 
 
-def test_deepseek_v4_trains_in_one_process(tiny_data, tmp_path):
-    """configs/pynative_ds4_tiny.yaml (sliding, compressed sparse and heavily compressed layers,
-    hash and learned routing, hyper-connection streams) trains through the Trainer: finite
-    losses and gradient norms, each step's record."""
-    from mindtrain.config import load_config
+V4_VARIANTS = {  # the tiny config's hybrid attention; the mla variant with an MTP module (2 layers: hash
+    # routing, then learned); fewer Sinkhorn iterations than the config's 20 (the same code, less time)
+    "dsv4_hybrid": ["model.hc_sinkhorn_iters=4"],
+    "mla_mtp": ["model.experimental_attention_variant=mla", "model.kv_lora_rank=32", "model.qk_nope_head_dim=16",
+                "model.v_head_dim=16", "model.num_nextn_predict_layers=1", "model.num_hidden_layers=2",
+                "model.hc_sinkhorn_iters=4"],
+}
 
-    cfg = load_config(os.path.join(os.path.dirname(__file__), "..", "..", "..", "configs", "pynative_ds4_tiny.yaml"),
-                      ["model.seq_length=32", "train_dataset.dataloader.config.seq_length=32", "training.steps=2",
-                       "compile.enable=false", f"train_dataset.dataloader.config.data_path=['1', '{tiny_data}']",
-                       f"monitor.metrics_dir={tmp_path}/metrics"])
-    records = Trainer(cfg, Runtime(device="CPU"), out=lambda _line: None).train()
+
+@pytest.mark.parametrize("variant", list(V4_VARIANTS))
+def test_deepseek_v4_trains_in_one_process_and_resumes_in_the_mindformers_layout(tiny_data, tmp_path, variant):
+    """configs/pynative_ds4_tiny.yaml (sliding, compressed sparse and heavily compressed layers,
+    hash and learned routing, hyper-connection streams; or the mla variant with an MTP module)
+    trains through the Trainer: finite losses and gradient norms, each step's record. It saves
+    each step in MindFormers' layout (checkpoint.layout: mindformers); resumed from step 1, step
+    2 has the uninterrupted run's figures and its checkpoint equals the uninterrupted run's bit
+    for bit (weights, hash tables, moments)."""
+    from mindtrain.config import load_config
+    from mindtrain.trainer import mindformers_checkpoint as mf
+
+    def config(*extra):
+        return load_config(os.path.join(os.path.dirname(__file__), "..", "..", "..", "configs", "pynative_ds4_tiny.yaml"),
+                           ["model.seq_length=32", "train_dataset.dataloader.config.seq_length=32", "training.steps=2",
+                            "training.local_batch_size=2", "compile.enable=false", f"train_dataset.dataloader.config.data_path=['1', '{tiny_data}']",
+                            f"monitor.metrics_dir={tmp_path}/metrics", "checkpoint.layout=mindformers",
+                            "checkpoint.prefix=ds4", "checkpoint.enable_save=true", "checkpoint.save_interval=1",
+                            *V4_VARIANTS[variant], *extra])
+
+    records = Trainer(config(f"checkpoint.save_path={tmp_path}/a"), Runtime(device="CPU"), out=lambda _line: None).train()
     assert [r["step"] for r in records] == [1, 2]
     assert all(np.isfinite(r["loss"]) and 0 < r["grad_norm"] < 1e3 for r in records)
+    first = tmp_path / "a" / mf.folder_name(1)
+    resumed = Trainer(config(f"checkpoint.save_path={tmp_path}/b", f"checkpoint.load_path={first}"),
+                      Runtime(device="CPU"), out=lambda _line: None).train()
+    assert [r["step"] for r in resumed] == [2]
+    for key in ("loss", "grad_norm", "load_balancing_loss", "mtp_loss", "lr", "consumed_samples"):
+        assert resumed[0][key] == records[1][key], key
+    a, b = (tmp_path / d / mf.folder_name(2) for d in ("a", "b"))
+    files = sorted(p.name for p in a.glob("*.safetensors"))
+    assert files == sorted(p.name for p in b.glob("*.safetensors")) == ["ds4-model-0000000-0000001.safetensors",
+                                                                        "ds4-opt-0000000-0000001.safetensors"]
+    for f in files:
+        ta, tb = load_file(str(a / f)), load_file(str(b / f))
+        assert sorted(ta) == sorted(tb)
+        for k in ta:
+            assert ta[k].dtype == tb[k].dtype and (ta[k] == tb[k]).all(), (f, k)
+    model = load_file(str(a / files[0]))
+    assert model["decoder.layers.0.mlp.router.tid2eid"].dtype == np.int32 and "decoder.layers.0.ffn_hc.alpha_res" in model
+    assert ("mtp.layers.0.eh_proj.weight" in model) == (variant == "mla_mtp")

@@ -48,8 +48,10 @@ def export_hf(folder: str, out: str, max_shard_bytes: int = MAX_SHARD_BYTES, lor
         raise UserError(f"{config_path}: missing; the checkpoint folder is incomplete")
     with open(config_path, encoding="utf-8") as f:
         hf_config = json.load(f)
+    model_config = config_from_hf(hf_config)
     # checkpoint.layout: mindformers: MindFormers' fused tensors read as the network's
-    reader = mf.MindFormersBoxes(folder, config_from_hf(hf_config)) if mindformers else sharded.ShardedReader(folder)
+    reader = (mf.MindFormersBoxes(folder, mf.with_stored_mtp(model_config, folder)) if mindformers
+              else sharded.ShardedReader(folder))
     adapters, scaling = ({}, 0.0)
     if lora is not None:
         from mindtrain.trainer.lora import load_adapters
@@ -74,14 +76,14 @@ def export_hf(folder: str, out: str, max_shard_bytes: int = MAX_SHARD_BYTES, lor
         if name == "step" or name.startswith(_OPTIMIZER) or is_adapter(name):
             continue
         shape = reader.global_shapes[name]
-        for hf_name, e in hf_tensor_names(name, shape):
+        for hf_name, e in hf_tensor_names(name, shape, model_config.model_type):
             source[hf_name] = (name, e)
             if name in merges:
                 a, b = merges[name]
                 entries.append(_merged(reader, hf_name, name, shape, a, b, scaling))
             else:
                 entries.append(_lazy(reader, hf_name, name, shape, e))
-    for copy, src in hf_copies(config_from_hf(hf_config)):
+    for copy, src in hf_copies(model_config):
         if src in source:
             name, e = source[src]
             entries.append(_lazy(reader, copy, name, reader.global_shapes[name], e))
@@ -103,6 +105,9 @@ def _merged(reader, hf_name: str, name: str, shape: tuple, a: np.ndarray, b: np.
 
 def _lazy(reader: sharded.ShardedReader, hf_name: str, name: str, shape: tuple, expert: Optional[int]
           ) -> sharded.Lazy:
+    if name.endswith(".tid2eid"):  # DeepSeek-V4's token -> experts table: integer ids in HF files
+        return sharded.Lazy(hf_name, tuple(shape), np.dtype(np.int64),
+                            lambda: reader.read_full(name).astype(np.int64))
     if expert is None:
         return sharded.Lazy(hf_name, tuple(shape), np.dtype(np.float32),
                             lambda: reader.read_full(name).astype(np.float32, copy=False))

@@ -19,7 +19,8 @@ make (:func:`to_pieces`, through :mod:`mindtrain.trainer.mindformers_names`): a 
 tensor's piece is a box as it is, the gate and up pieces of the same rows one box of
 ``linear_fc1`` together, a piece of ``q_a_proj`` a box of ``linear_qkv`` of its own, a piece of
 Qwen3's q/k/v a box of ``linear_qkv`` per query-group block it crosses (a rank's whole groups
-joined into one). Nothing is gathered. A file holds one box per tensor, so a rank with two
+joined into one), a piece of DeepSeek-V4's hyper-connection ``scale`` a box of each of the
+alphas it covers (the hash table int32). Nothing is gathered. A file holds one box per tensor, so a rank with two
 boxes of one tensor (``linear_qkv``'s FSDP-cut parts) writes a second file (MindFormers names files by index
 and count, ``{prefix}-model-{j * world + rank}-{n * world}``, as its balanced save does).
 :class:`MindFormersBoxes` reads it back, and what MindFormers wrote, box by box
@@ -30,6 +31,7 @@ card). numpy, safetensors and json only.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -41,6 +43,7 @@ import numpy as np
 from mindtrain.config import UserError
 from mindtrain.trainer import mindformers_names as names
 from mindtrain.trainer import sharded
+from mindtrain.trainer.mindformers_name_table import INTEGER_TENSORS
 from mindtrain.trainer.mindformers_names import Placement
 from mindtrain.trainer.sharded import Lazy, Piece
 
@@ -110,10 +113,13 @@ def to_pieces(pieces: Sequence[tuple[Piece, Lazy]], cfg: Any = None) -> list[tup
     """This rank's pieces of mindtrain's tensors (weights and buffers of kind "model"; the
     moments ``exp_avg.<n>`` / ``exp_avg_sq.<n>`` and ``step`` of kind "opt") as pieces of
     MindFormers' tensors, each made when it is written. With the model config ``cfg`` they take
-    MindFormers' PyNative names and layouts (and each router's ``tokens_per_expert`` buffer,
-    zeros); without, the network's own names. Parts of one MindFormers tensor that together
-    make one box (the gate and up pieces of the same rows, adjacent halves) become one piece;
-    the others stay several boxes of it."""
+    MindFormers' PyNative names, layouts and types, a piece of a tensor MindFormers keeps as
+    several (V4's hyper-connection ``scale``) cut into a piece of each, plus MindFormers'
+    constants that mindtrain has none of (``tokens_per_expert`` zeros, V4's ``rms_weight`` /
+    ``q_rms_gamma`` ones: :func:`mindformers_names.companion_boxes`); without, the network's
+    own names. Parts of one MindFormers tensor that together make one box (the gate and up
+    pieces of the same rows, adjacent halves) become one piece; the others stay several boxes
+    of it."""
     regions: dict[tuple[str, str], list[tuple[Placement, Piece, Lazy]]] = {}
     out: list[tuple[Piece, Lazy]] = []
     for p, lazy in pieces:
@@ -122,23 +128,32 @@ def to_pieces(pieces: Sequence[tuple[Piece, Lazy]], cfg: Any = None) -> list[tup
                         Lazy(STEP, (1,), np.dtype(np.int64), lambda g=lazy.get: np.asarray(g(), np.int64).reshape(1))))
             continue
         prefix, name = _moment(p.name) if p.kind == "opt" else ("", p.name)
-        pl = (names.placement(name, p.global_shape, cfg) if cfg is not None
-              else Placement(name, p.global_shape, tuple(range(len(p.global_shape)))))
-        pl = pl.renamed(prefix + pl.theirs)
-        regions.setdefault((p.kind, pl.theirs), []).append((pl, p, lazy))
-        if cfg is not None and p.kind == "model" and pl.theirs.endswith("mlp.expert_bias"):
-            theirs = pl.theirs[:-len("expert_bias")] + names.TOKENS_PER_EXPERT
-            out.append((Piece("model", theirs, p.global_shape, p.offset, p.shape, "float32"),
-                        Lazy(theirs, p.shape, np.dtype(np.float32), lambda s=p.shape: np.zeros(s, np.float32))))
-        elif (cfg is not None and p.kind == "model" and names.is_qwen3(cfg) and pl.theirs.endswith(names.ROUTER)
-              and p.offset[1] == 0):  # Qwen3-MoE has no expert bias: the router's rows give the experts
-            theirs = pl.theirs[:-len("router.weight")] + names.TOKENS_PER_EXPERT
-            out.append((Piece("model", theirs, p.global_shape[:1], p.offset[:1], p.shape[:1], "float32"),
-                        Lazy(theirs, p.shape[:1], np.dtype(np.float32), lambda s=p.shape[:1]: np.zeros(s, np.float32))))
+        pls = (names.placements(name, p.global_shape, cfg) if cfg is not None
+               else [Placement(name, p.global_shape, tuple(range(len(p.global_shape))))])
+        cut = [(pl, box) for pl in pls for box in (pl.clip(p.offset, p.shape),) if box is not None]
+        whole = len(cut) == 1 and cut[0][1] == (tuple(p.offset), tuple(p.shape))
+        get = lazy.get if whole else _shared(lazy.get, len(cut))
+        for pl, (offset, shape) in cut:
+            pl = pl.moment(prefix) if prefix else pl
+            part, part_lazy = p, lazy
+            if not whole:  # the part of the piece in this MindFormers tensor
+                part = Piece(p.kind, p.name, p.global_shape, offset, shape, p.dtype)
+                cut_box = tuple(slice(o - b, o - b + n) for o, b, n in zip(offset, p.offset, shape))
+                part_lazy = Lazy(lazy.name, shape, lazy.dtype, lambda g=get, c=cut_box: g()[c])
+            regions.setdefault((p.kind, pl.theirs), []).append((pl, part, part_lazy))
+            if cfg is None or p.kind != "model":
+                continue
+            box_offset, extent = pl.box(offset, shape)
+            for theirs, c_offset, c_shape, axes, value in names.companion_boxes(pl.theirs, box_offset, extent, cfg):
+                out.append((Piece("model", theirs, tuple(pl.shape[a] for a in axes), c_offset, c_shape, "float32"),
+                            Lazy(theirs, c_shape, np.dtype(np.float32),
+                                 lambda s=c_shape, v=value: np.full(s, v, np.float32))))
     for (kind, theirs), parts in regions.items():
         for offset, shape, get in _boxes(parts):
             pl, p, lazy = parts[0]
-            out.append((Piece(kind, theirs, pl.shape, offset, shape, p.dtype), Lazy(theirs, shape, lazy.dtype, get)))
+            dtype = np.dtype(pl.dtype) if pl.dtype is not None else lazy.dtype
+            out.append((Piece(kind, theirs, pl.shape, offset, shape, pl.dtype or p.dtype),
+                        Lazy(theirs, shape, dtype, get)))
     return out
 
 
@@ -252,7 +267,7 @@ def read_checkpoint(folder: str, workers: int = 1) -> tuple[dict[str, np.ndarray
     tests, not for training, which reads its boxes only (:class:`MindFormersBoxes`)."""
     common = read_json(os.path.join(folder, COMMON_FILE))
     r = reader(folder)
-    r.check_files(integers=(STEP,))
+    r.check_files(integers=(STEP,) + tuple(n for n in r.names() if n.endswith(INTEGER_TENSORS)))
     kind = {f: _FILE.match(f).group("kind") for f in model_files(folder)}
     with ThreadPoolExecutor(max(1, workers)) as pool:
         arrays = dict(zip(r.names(), pool.map(r.read_full, r.names())))
@@ -274,6 +289,18 @@ def network_tensors(model: dict[str, np.ndarray], opt: dict[str, np.ndarray], mo
         moments = {k[len(theirs) + 1:]: a for k, a in opt.items() if k.startswith(theirs + ".")}
         out.update({f"{theirs}.{n}": a for n, a in names.from_mindformers(moments, model_config).items()})
     return names.from_mindformers(model, model_config), out
+
+
+_MTP_NAME = re.compile(r"^mtp\.layers\.(\d+)\.")
+
+
+def with_stored_mtp(cfg: Any, folder: str) -> Any:
+    """The model config ``cfg`` with the MTP depth of the MindFormers-named folder (DeepSeek-V4's
+    HF config.json reads back without MTP modules: HF builds none)."""
+    depth = {int(m.group(1)) + 1 for n in reader(folder).names() for m in (_MTP_NAME.match(n),) if m}
+    if not depth or max(depth) <= cfg.num_nextn_predict_layers:
+        return cfg
+    return dataclasses.replace(cfg, num_nextn_predict_layers=max(depth))
 
 
 class MindFormersBoxes:
@@ -302,11 +329,11 @@ class MindFormersBoxes:
                 param_shapes.update({ours: mine for ours, mine, _ in made})
         self.expected = {n: self._place(n, s) for n, s in param_shapes.items()}
         self.global_shapes: dict[str, tuple[int, ...]] = {}
-        self._where: dict[str, Placement] = {}
-        for name, pl in self.expected.items():
+        self._where: dict[str, list[Placement]] = {}
+        for name, pls in self.expected.items():
             for theirs, ours in (("", ""), *((f"{t}.", f"{o}.") for t, o in MOMENTS.items())):
-                if theirs + pl.theirs in stored:
-                    self._where[ours + name] = pl.renamed(theirs + pl.theirs)
+                if all(theirs + pl.theirs in stored for pl in pls):
+                    self._where[ours + name] = [pl.moment(theirs) if theirs else pl for pl in pls]
                     self.global_shapes[ours + name] = tuple(int(x) for x in param_shapes[name])
         if STEP in stored:
             self.global_shapes["step"] = ()
@@ -314,13 +341,14 @@ class MindFormersBoxes:
         self.missing = [n for n in param_shapes if n not in self._where]
         if self.missing and not all(mtp and n.startswith(mtp) for n in self.missing):
             first = next(n for n in self.missing if not (mtp and n.startswith(mtp)))
-            raise UserError(f"checkpoint.load_path: {folder} holds no '{self.expected[first].theirs}' (the model's "
+            lacking = next(pl.theirs for pl in self.expected[first] if pl.theirs not in stored)
+            raise UserError(f"checkpoint.load_path: {folder} holds no '{lacking}' (the model's "
                             f"'{first}'); the checkpoint is of another model")
 
-    def _place(self, name: str, shape: Sequence[int]) -> Placement:
+    def _place(self, name: str, shape: Sequence[int]) -> list[Placement]:
         if self.mindformers_names:
-            return names.placement(name, shape, self.cfg)
-        return Placement(name, tuple(int(x) for x in shape), tuple(range(len(shape))))
+            return names.placements(name, shape, self.cfg)
+        return [Placement(name, tuple(int(x) for x in shape), tuple(range(len(shape))))]
 
     def names(self) -> list[str]:
         return list(self.global_shapes)
@@ -336,7 +364,7 @@ class MindFormersBoxes:
             for n in params:
                 if f"{ours}.{n}" not in self._where and f"muon_m.{n}" not in self._where:
                     raise UserError(f"checkpoint.load_path: the optimizer files of {self.folder} hold no "
-                                    f"'{theirs}.{self.expected[n].theirs}'; they do not match this model (set "
+                                    f"'{theirs}.{self.expected[n][0].theirs}'; they do not match this model (set "
                                     "checkpoint.no_load_optim: true to load the weights only)")
 
     def check_shapes(self, shapes) -> None:
@@ -344,34 +372,43 @@ class MindFormersBoxes:
         folder holds no weight the model lacks; else one line naming the first that differs."""
         stored = self.reader.global_shapes
         for name, shape in shapes:
-            pl = self._place(name, shape)
-            if pl.theirs in stored and tuple(stored[pl.theirs]) != pl.shape:
-                mine = "" if pl.theirs == name else f" (the model's '{name}')"
-                raise UserError(f"checkpoint.load_path: '{pl.theirs}'{mine} has shape {list(stored[pl.theirs])} in "
-                                f"{self.folder}, the model's is {list(pl.shape)}; the checkpoint was written for "
-                                "another model")
-        known = {pl.theirs for pl in self.expected.values()}
+            for pl in self._place(name, shape):
+                if pl.theirs in stored and tuple(stored[pl.theirs]) != pl.shape:
+                    mine = "" if pl.theirs == name else f" (the model's '{name}')"
+                    raise UserError(f"checkpoint.load_path: '{pl.theirs}'{mine} has shape {list(stored[pl.theirs])} "
+                                    f"in {self.folder}, the model's is {list(pl.shape)}; the checkpoint was written "
+                                    "for another model")
+        known = {pl.theirs for pls in self.expected.values() for pl in pls}
         for theirs, shape in stored.items():
             if theirs == STEP or theirs.startswith(tuple(f"{t}." for t in MOMENTS)) or theirs in known:
                 continue
             if self.mindformers_names:
                 names.parts(theirs, shape, self.cfg)  # a name the map does not know: its own line
-                if theirs.endswith(names.TOKENS_PER_EXPERT):
+                if names.is_companion(theirs, self.cfg):
                     continue
             raise UserError(f"checkpoint.load_path: {self.folder} holds '{theirs}', which this model has no "
                             "parameter for; the checkpoint is of another model")
 
     def check_files(self) -> None:
-        """Every chunk is whole in the file metadata.json names, floating point (the step an integer)."""
-        self.reader.check_files(integers=(STEP,))
+        """Every chunk is whole in the file metadata.json names, floating point (the step, and
+        what MindFormers stores as integers, V4's hash tables, an integer)."""
+        tables = tuple(pl.theirs for pls in self.expected.values() for pl in pls if pl.dtype is not None)
+        self.reader.check_files(integers=(STEP,) + tables)
 
     def read(self, name: str, offset: Sequence[int], shape: Sequence[int]) -> np.ndarray:
         if name == "step":
             return np.asarray(self.reader.read_full(STEP), np.int64).reshape(())
-        pl = self._where[name]
-        if pl.block != 1:  # one read per block the box crosses (Qwen3's q/k/v in linear_qkv)
-            return np.concatenate([self._read(pl, o, s) for o, s in pl.runs(offset, shape)], axis=pl.axis)
-        return self._read(pl, offset, shape)
+        pls = self._where[name]
+        got = []
+        for pl in pls:  # the parts of the box in each MindFormers tensor it is cut into, in order
+            clipped = pl.clip(offset, shape)
+            if clipped is None:
+                continue
+            if pl.block != 1:  # one read per block the box crosses (Qwen3's q/k/v in linear_qkv)
+                got.append(np.concatenate([self._read(pl, o, s) for o, s in pl.runs(*clipped)], axis=pl.axis))
+            else:
+                got.append(self._read(pl, *clipped))
+        return got[0] if len(got) == 1 else np.concatenate(got, axis=pls[0].axis)
 
     def _read(self, pl: Placement, offset: Sequence[int], shape: Sequence[int]) -> np.ndarray:
         box_offset, box_shape = pl.box(offset, shape)

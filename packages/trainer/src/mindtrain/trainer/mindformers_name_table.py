@@ -1,4 +1,4 @@
-"""mindtrain's parameter names -> MindFormers' PyNative DeepSeek-V3 and Qwen3 / Qwen3-MoE names,
+"""mindtrain's parameter names -> MindFormers' PyNative DeepSeek-V3, DeepSeek-V4 and Qwen3 / Qwen3-MoE names,
 as plain Python (no numpy): the name table of :mod:`mindtrain.trainer.mindformers_names`
 (which documents the map and adds how each tensor sits in MindFormers'), shared with the
 rule of which parameters Muon updates (:mod:`mindtrain.trainer.muon_rules`), so the optimizer
@@ -86,16 +86,21 @@ _V4_HYBRID_ATTENTION = [
     ("self_attn.compressor.indexer.scorer.weights_proj.weight", _CORE + "indexer.linear_weights_proj.weight", "same"),
 ]
 _V4_REST = _NORMS + [
-    ("mlp.gate.tid2eid", "mlp.router.tid2eid", "same"),
+    ("mlp.gate.tid2eid", "mlp.router.tid2eid", "int32"),  # MindFormers' table is int32 [V, K]; mindtrain's float ids
     ("mlp.shared_experts.gate_proj.weight", "mlp.shared_experts.linear_fc1.weight", "gate"),
     ("mlp.shared_experts.up_proj.weight", "mlp.shared_experts.linear_fc1.weight", "up"),
     ("mlp.shared_experts.down_proj.weight", "mlp.shared_experts.linear_fc2.weight", "same"),
     ("mlp.gate.e_score_correction_bias", "mlp.expert_bias", "same"),
 ] + _MOE + [(f"{hc}.{o}", f"{hc}.{t}", h) for hc in ("attn_hc", "ffn_hc")
             for o, t, h in (("fn", "mapping_proj.weight", "same"), ("base", "bias", "same"),
-                            ("scale", "alpha_pre", "scale"))]
+                            ("scale", "alpha_pre", "split:0:3"), ("scale", "alpha_post", "split:1:3"),
+                            ("scale", "alpha_res", "split:2:3"))]
+INTEGER_TENSORS = tuple(t for _, t, how in _V4_REST if how == "int32")
+"""Suffixes of the MindFormers tensors stored as integers (V4's hash tables)."""
 V4_SCALES = ("alpha_pre", "alpha_post", "alpha_res")
-"""MindFormers' three tensors [1] of a hyper-connection's ``scale`` [3], in order."""
+"""MindFormers' three tensors [1] of a hyper-connection's ``scale`` [3], in order
+(pynative/transformers/hyper_connection.py ``HyperConnectionModule``; "split:k:n": part k of n
+equal parts along axis 0)."""
 _V4_HEAD = [("hc_head.hc_fn", "hc_head.hc_fn.weight"), ("hc_head.hc_base", "hc_head.hc_base"),
             ("hc_head.hc_scale", "hc_head.hc_scale")]
 _MTP = [("enorm.weight", "enorm.weight"), ("hnorm.weight", "hnorm.weight"),
@@ -104,6 +109,31 @@ _TOP = [("model.embed_tokens.weight", "embedding.word_embeddings.weight"),
         ("model.norm.weight", "decoder.final_layernorm.weight"), ("lm_head.weight", "output_layer.weight")]
 TOP_NAMES = dict(_TOP)
 """MindFormers' names of the top-level weights, by mindtrain's."""
+# MindFormers' parameters that mindtrain has no counterpart of: constants its modules keep as
+# parameters without a gradient, which its saves write. Per family: (the MindFormers tensor of
+# the same module that sizes it, that tensor's axes the constant spans, the constant's name, its
+# value). Written beside their tensor's boxes, dropped on read.
+TOKENS_PER_EXPERT = "mlp.tokens_per_expert"  # MoELayer's token count (zeroed after each step)
+_COMPANIONS = {
+    "deepseek_v3": [("mlp.expert_bias", (0,), TOKENS_PER_EXPERT, 0.0)],
+    "qwen3": [(ROUTER, (0,), TOKENS_PER_EXPERT, 0.0)],  # Qwen3-MoE: no expert bias
+    # every V4 MoE layer has one (hash-routed layers have no expert bias); HyperConnectionModule's
+    # fixed RMSNorm gamma [n*H]; DSv4HybridSelfAttention's fixed query RMSNorm gamma
+    # [q_head_dim], which MindFormers sets to v_head_dim (kv_layernorm's size; the mla variant has none)
+    "deepseek_v4": [(ROUTER, (0,), TOKENS_PER_EXPERT, 0.0),
+                    ("attn_hc.mapping_proj.weight", (1,), "attn_hc.rms_weight", 1.0),
+                    ("ffn_hc.mapping_proj.weight", (1,), "ffn_hc.rms_weight", 1.0),
+                    ("self_attention.kv_layernorm.weight", (0,), "self_attention.q_rms_gamma", 1.0)],
+}
+
+
+def companions(cfg: Any) -> list[tuple[str, tuple[int, ...], str, float]]:
+    """MindFormers' constant parameters of the family of model config ``cfg`` that mindtrain
+    has none of: (sizing tensor's suffix, its axes, the constant's suffix, its value)."""
+    family = getattr(cfg, "model_type", "deepseek_v3")
+    return _COMPANIONS["qwen3" if is_qwen3(cfg) else family if family in _COMPANIONS else "deepseek_v3"]
+
+
 _OURS_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _THEIRS_LAYER = re.compile(r"^(decoder\.layers\.(\d+)|mtp\.layers\.(\d+))\.(.+)$")
 
@@ -132,17 +162,19 @@ def _prefix(index: int, cfg) -> tuple[str, bool]:
     return f"decoder.layers.{index}.", False
 
 
-def locate(name: str, cfg: Any) -> tuple[str, str]:
-    """MindFormers' name of the tensor holding mindtrain's parameter ``name`` and how the
-    parameter sits in it (the ``how`` of :data:`_LAYER`: "same", "q", "gate_t", ...); a name
-    this map does not know is a UserError."""
+def locate_all(name: str, cfg: Any) -> list[tuple[str, str]]:
+    """Every MindFormers tensor holding a part of mindtrain's parameter ``name``, and how the
+    part sits in it (the ``how`` of :data:`_LAYER`: "same", "q", "gate_t", ..., "split:k:n"
+    for part k of n along axis 0, "int32" for a table MindFormers keeps as int32): one, or
+    several (a DeepSeek-V4 hyper-connection ``scale`` [3] is :data:`V4_SCALES`); a name this
+    map does not know is a UserError."""
     v4 = getattr(cfg, "model_type", "deepseek_v3") == "deepseek_v4"
     if name in TOP_NAMES:
-        return TOP_NAMES[name], "same"
+        return [(TOP_NAMES[name], "same")]
     if v4 and name.startswith("model.hc_head."):
         for ours, theirs in _V4_HEAD:
             if name == "model." + ours:
-                return "decoder." + theirs, "same"
+                return [("decoder." + theirs, "same")]
     m = _OURS_LAYER.match(name)
     if m:
         prefix, mtp = _prefix(int(m.group(1)), cfg)
@@ -153,21 +185,25 @@ def locate(name: str, cfg: Any) -> tuple[str, str]:
         if mtp:
             for ours, theirs in _MTP + (_V4_HEAD if v4 else []):
                 if part == ours:
-                    return prefix + theirs, "same"
+                    return [(prefix + theirs, "same")]
             prefix += "transformer_layer."
-        for ours, theirs, how in _layer_map(cfg):
-            if part == ours:
-                return prefix + theirs, how
+        found = [(prefix + theirs, how) for ours, theirs, how in _layer_map(cfg) if part == ours]
+        if found:
+            return found
     raise UserError(f"checkpoint.layout: mindformers: no MindFormers name for parameter '{name}'")
+
+
+def locate(name: str, cfg: Any) -> tuple[str, str]:
+    """The first of :func:`locate_all`: MindFormers' name of the tensor holding (the first part
+    of) mindtrain's parameter ``name``, and how it sits there."""
+    return locate_all(name, cfg)[0]
 
 
 def mindformers_names_of(name: str, cfg: Any) -> list[str]:
     """Every MindFormers tensor mindtrain's parameter ``name`` is stored in: one, or for a
     DeepSeek-V4 hyper-connection ``scale`` [3] its three scalars (:data:`V4_SCALES`)."""
-    theirs, how = locate(name, cfg)
-    if how == "scale":
-        return [theirs[:-len(V4_SCALES[0])] + s for s in V4_SCALES]
-    return [theirs]
+    return [theirs for theirs, _ in locate_all(name, cfg)]
 
 
-__all__ = ["ROUTER", "TOP_NAMES", "V4_SCALES", "is_qwen3", "locate", "mindformers_names_of"]
+__all__ = ["INTEGER_TENSORS", "ROUTER", "TOKENS_PER_EXPERT", "TOP_NAMES", "V4_SCALES", "companions", "is_qwen3", "locate",
+           "locate_all", "mindformers_names_of"]

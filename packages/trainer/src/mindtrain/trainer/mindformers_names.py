@@ -1,5 +1,5 @@
-"""mindtrain's parameter names <-> MindFormers' PyNative DeepSeek-V3 and Qwen3 / Qwen3-MoE
-names (numpy only); the model config's ``model_type`` picks the map.
+"""mindtrain's parameter names <-> MindFormers' PyNative DeepSeek-V3, DeepSeek-V4 and Qwen3 /
+Qwen3-MoE names (numpy only); the model config's ``model_type`` picks the map.
 
 mindtrain names its parameters as Hugging Face does, with routed experts stacked
 (``model.layers.N.mlp.experts.gate_proj [E, I, H]``). MindFormers'
@@ -73,10 +73,20 @@ an FSDP cut at any row gives several, which the writer puts in further files as 
 DeepSeek-V3's two ``linear_qkv`` parts. So a rank writes and reads MindFormers' tensors piece
 by piece. Every transform only moves values, so the AdamW moments of a parameter map exactly
 as the parameter does. Sizes come from the model config (``mindtrain.config.ModelConfig``).
+
+DeepSeek-V4 (``PyNativeDeepseekV4ForCausalLM``; the names in mindformers_name_table.py) adds two
+kinds: one of mindtrain's tensors kept by MindFormers as several (a hyper-connection ``scale``
+[3] is ``alpha_pre`` / ``alpha_post`` / ``alpha_res``, [1] each: a placement per MindFormers
+tensor, each with the ``span`` of mindtrain's indices it holds, so a rank's piece is cut at their
+borders and a read joins them), and a tensor MindFormers stores in another type (the hash
+table ``tid2eid``, int32; mindtrain's ids are float). MindFormers' constants that mindtrain has
+none of (``tokens_per_expert``, V4's fixed RMSNorm gammas ``rms_weight`` and ``q_rms_gamma``) are
+written beside the tensor that sizes them (:func:`companion_boxes`) and dropped on read.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -85,12 +95,8 @@ import numpy as np
 from mindtrain.config import UserError
 from mindtrain.config.families import head_dim
 # the name table itself (plain Python, shared with the Muon routing rule)
-from mindtrain.trainer.mindformers_name_table import (ROUTER, _MTP, _THEIRS_LAYER, _TOP, _family,
-                                                      _layer_map, is_qwen3, locate)
-
-# MindFormers' MoE layer keeps a per-expert token count as a parameter (no gradient); mindtrain
-# has none. It is written as zeros (MindFormers zeroes it after each step) and dropped on read.
-TOKENS_PER_EXPERT = "tokens_per_expert"
+from mindtrain.trainer.mindformers_name_table import (_MTP, _THEIRS_LAYER, _TOP, _V4_HEAD, _family,
+                                                      _layer_map, companions, is_qwen3, locate_all)
 
 
 def uses_mindformers_names(names) -> bool:
@@ -118,11 +124,16 @@ def _groups(cfg) -> tuple[int, int, int]:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where one of mindtrain's tensors sits in MindFormers' tensor ``theirs`` (of full shape
-    ``shape``): axis k of ``theirs`` is axis ``perm[k]`` of mindtrain's, and along axis
-    ``dim`` mindtrain's index i is index ``start + stride * (i // block) + i % block`` of
-    ``theirs`` (``start + stride * i`` for the default ``block`` 1): blocks of ``block`` rows
-    every ``stride`` rows (Qwen3's ``linear_qkv``, one block per query group)."""
+    """Where one of mindtrain's tensors, or the part of it in ``span``, sits in MindFormers'
+    tensor ``theirs`` (of full shape ``shape``): axis k of ``theirs`` is axis ``perm[k]`` of
+    mindtrain's, and along axis ``dim`` mindtrain's index i is index ``start + stride * (i //
+    block) + i % block`` of ``theirs`` (``start + stride * i`` for the default ``block`` 1):
+    blocks of ``block`` rows every ``stride`` rows (Qwen3's ``linear_qkv``, one block per query
+    group). ``span`` (lo, hi): only mindtrain's indices lo..hi-1 along :attr:`axis` are in
+    ``theirs`` (one of several MindFormers tensors a mindtrain tensor is cut into: V4's
+    hyper-connection ``scale`` [3] is three [1] tensors, ``start`` -lo); None: all of them.
+    ``dtype``: the type MindFormers stores ``theirs`` as, when it is not mindtrain's (V4's
+    hash table, int32); values are converted both ways (mindtrain's are float32)."""
 
     theirs: str
     shape: tuple[int, ...]
@@ -131,10 +142,30 @@ class Placement:
     start: int = 0
     stride: int = 1
     block: int = 1
+    span: Optional[tuple[int, int]] = None
+    dtype: Optional[str] = None
 
     def renamed(self, theirs: str) -> "Placement":
-        """The same placement in another tensor (a moment of the parameter)."""
-        return Placement(theirs, self.shape, self.perm, self.dim, self.start, self.stride, self.block)
+        """The same placement in another tensor."""
+        return dataclasses.replace(self, theirs=theirs)
+
+    def moment(self, prefix: str) -> "Placement":
+        """The same placement in the optimizer's tensor ``prefix + theirs`` (a moment of the
+        parameter: floating point whatever the parameter is stored as)."""
+        return dataclasses.replace(self, theirs=prefix + self.theirs, dtype=None)
+
+    def clip(self, offset: Sequence[int], shape: Sequence[int]
+             ) -> Optional[tuple[tuple[int, ...], tuple[int, ...]]]:
+        """The part of mindtrain's box ``offset``/``shape`` that is in ``theirs`` (the box
+        itself without a ``span``), or None when none of it is."""
+        offset, shape = tuple(int(x) for x in offset), tuple(int(x) for x in shape)
+        if self.span is None:
+            return offset, shape
+        a = self.axis
+        lo, hi = max(offset[a], self.span[0]), min(offset[a] + shape[a], self.span[1])
+        if hi <= lo:
+            return None
+        return offset[:a] + (lo,) + offset[a + 1:], shape[:a] + (hi - lo,) + shape[a + 1:]
 
     @property
     def axis(self) -> int:
@@ -177,8 +208,9 @@ class Placement:
         return tuple(off), tuple(ext)
 
     def to_theirs(self, a: np.ndarray) -> np.ndarray:
-        """mindtrain's values in ``theirs``' axis order (stride aside)."""
-        return np.transpose(a, self.perm) if self.perm != tuple(range(len(self.perm))) else a
+        """mindtrain's values in ``theirs``' axis order (stride aside) and type."""
+        a = np.transpose(a, self.perm) if self.perm != tuple(range(len(self.perm))) else a
+        return a.astype(self.dtype) if self.dtype is not None else a
 
     def from_theirs(self, a: np.ndarray, offset: Optional[Sequence[int]] = None) -> np.ndarray:
         """mindtrain's values from the box :meth:`box` read of ``theirs`` (for ``block`` > 1,
@@ -191,7 +223,7 @@ class Placement:
             a = a[(slice(None),) * self.dim + (slice(None, None, self.stride),)]
         if self.perm != tuple(range(len(self.perm))):
             a = np.transpose(a, np.argsort(self.perm))
-        return np.ascontiguousarray(a)
+        return np.ascontiguousarray(a, np.float32 if self.dtype is not None else None)
 
     def _count(self, span: int, lo: int) -> int:
         """How many of mindtrain's rows from ``lo`` on a span of ``span`` rows of ``theirs``
@@ -205,26 +237,34 @@ class Placement:
                 return n
 
 
-def placement(name: str, shape: Sequence[int], cfg: Any) -> Placement:
+def placements(name: str, shape: Sequence[int], cfg: Any) -> list[Placement]:
     """Where mindtrain's parameter ``name`` (full shape ``shape``) sits in MindFormers'
-    checkpoint; a name this map does not know is a UserError."""
+    checkpoint: one placement, or one per MindFormers tensor it is cut into (their ``span``
+    in order along the axis); a name this map does not know is a UserError."""
     shape = tuple(int(n) for n in shape)
-    _refuse_v4(cfg)
-    theirs, how = locate(name, cfg)
-    return _placed(theirs, how, shape, cfg)
+    return [_placed(theirs, how, shape, cfg) for theirs, how in locate_all(name, cfg)]
 
 
-def _refuse_v4(cfg: Any) -> None:
-    if getattr(cfg, "model_type", None) == "deepseek_v4":
-        # the names are mapped (mindformers_name_table); what is not built is writing one of
-        # mindtrain's tensors as several of MindFormers' (a hyper-connection's scale [3] is its
-        # alpha_pre / alpha_post / alpha_res) and its int32 hash tables
-        raise UserError("checkpoint.layout: mindformers is not built for DeepSeek-V4 yet (its hyper-connection "
-                        "scales are three MindFormers tensors each); use layout: mindtrain")
+def placement(name: str, shape: Sequence[int], cfg: Any) -> Placement:
+    """:func:`placements` of a parameter that is one MindFormers tensor (or part of one)."""
+    (pl,) = placements(name, shape, cfg)
+    return pl
+
+
+def _split(how: str) -> tuple[int, int]:
+    """(k, n) of "split:k:n": part k of n equal parts along axis 0."""
+    _, k, n = how.split(":")
+    return int(k), int(n)
 
 
 def _placed(theirs: str, how: str, shape: tuple[int, ...], cfg: Any) -> Placement:
     ident = tuple(range(len(shape)))
+    if how.startswith("split:"):
+        k, n = _split(how)
+        size = shape[0] // n
+        return Placement(theirs, (size,) + shape[1:], ident, start=-k * size, span=(k * size, (k + 1) * size))
+    if how == "int32":
+        return Placement(theirs, shape, ident, dtype="int32")
     if how == "q":
         return Placement(theirs, (shape[0] + _kv_rows(cfg),) + shape[1:], ident)
     if how == "kv":
@@ -245,16 +285,49 @@ def _placed(theirs: str, how: str, shape: tuple[int, ...], cfg: Any) -> Placemen
     return Placement(theirs, shape, ident)
 
 
+def is_companion(theirs: str, cfg: Any) -> bool:
+    """Whether MindFormers' tensor ``theirs`` is one of the constants mindtrain has no
+    counterpart of (``tokens_per_expert``, V4's ``rms_weight`` and ``q_rms_gamma``)."""
+    m = _THEIRS_LAYER.match(theirs)
+    if not m:
+        return False
+    rest = m.group(4)
+    if m.group(3) is not None and rest.startswith("transformer_layer."):
+        rest = rest[len("transformer_layer."):]
+    return any(rest == c for _, _, c, _ in companions(cfg))
+
+
+def companion_boxes(theirs: str, offset: Sequence[int], shape: Sequence[int], cfg: Any
+                    ) -> list[tuple[str, tuple[int, ...], tuple[int, ...], tuple[int, ...], float]]:
+    """The constants (:func:`is_companion`) that MindFormers' tensor ``theirs`` sizes, and
+    their parts that its box ``offset``/``shape`` makes: (name, offset, shape, the axes of
+    ``theirs`` the constant spans, value): the box's extent along those axes, when the box
+    starts at 0 on every other axis (each part of a constant is made once, by the box that
+    starts there); none otherwise."""
+    out = []
+    for anchor, axes, companion, value in companions(cfg):
+        if not theirs.endswith("." + anchor):
+            continue
+        if any(int(offset[d]) != 0 for d in range(len(offset)) if d not in axes):
+            continue
+        out.append((theirs[:-len(anchor)] + companion, tuple(int(offset[a]) for a in axes),
+                    tuple(int(shape[a]) for a in axes), axes, value))
+    return out
+
+
 def parts(theirs: str, shape: Sequence[int], cfg: Any) -> list[tuple[str, tuple[int, ...], Placement]]:
     """mindtrain's tensors that make up MindFormers' tensor ``theirs`` (full shape ``shape``):
-    their names, full shapes and placements (none for ``tokens_per_expert``); an unknown name
-    is a UserError."""
+    their names, full shapes and placements (none for the constants of
+    :func:`is_companion`); an unknown name is a UserError."""
     shape = tuple(int(n) for n in shape)
-    _refuse_v4(cfg)
     ident = tuple(range(len(shape)))
     top = {t: o for o, t in _TOP}
+    if getattr(cfg, "model_type", None) == "deepseek_v4":  # the learned stream head
+        top.update({"decoder." + t: "model." + o for o, t in _V4_HEAD})
     if theirs in top:
         return [(top[theirs], shape, Placement(theirs, shape, ident))]
+    if is_companion(theirs, cfg):
+        return []
     m = _THEIRS_LAYER.match(theirs)
     if not m:
         raise UserError(f"checkpoint.load_path: '{theirs}' is no parameter of MindFormers' {_family(cfg)} that "
@@ -271,14 +344,12 @@ def parts(theirs: str, shape: Sequence[int], cfg: Any) -> list[tuple[str, tuple[
             raise UserError(f"checkpoint.load_path: holds '{theirs}' but model.num_nextn_predict_layers is "
                             f"{cfg.num_nextn_predict_layers}; set it to the checkpoint's MTP depth")
         ours = f"model.layers.{cfg.num_hidden_layers + k}."
-        for o, t in _MTP:
+        for o, t in _MTP + (_V4_HEAD if getattr(cfg, "model_type", None) == "deepseek_v4" else []):
             if rest == t:
                 return [(ours + o, shape, Placement(theirs, shape, ident))]
         if not rest.startswith("transformer_layer."):
             raise UserError(f"checkpoint.load_path: '{theirs}' is no part of a MindFormers MTP layer mindtrain knows")
         rest = rest[len("transformer_layer."):]
-    if rest == "mlp." + TOKENS_PER_EXPERT:
-        return []
     out = []
     for o, t, how in _layer_map(cfg):
         if t != rest or (how == "q" and o.endswith("q_a_proj.weight") != bool(cfg.q_lora_rank)):
@@ -306,45 +377,60 @@ def _our_shape(how: str, shape: tuple[int, ...], cfg: Any) -> tuple[int, ...]:
     if how in ("gq", "gk", "gv"):
         groups, rep, d = _groups(cfg)
         return (groups * (rep if how == "gq" else 1) * d,) + shape[1:]
+    if how.startswith("split:"):
+        return (shape[0] * _split(how)[1],) + shape[1:]
     return shape
 
 
 def to_mindformers(tensors: dict[str, np.ndarray], cfg: Any, buffers: bool = False) -> dict[str, np.ndarray]:
     """mindtrain-named arrays (network names, stacked experts) under MindFormers' PyNative
-    names and layouts. ``buffers`` adds MindFormers' ``tokens_per_expert`` (model files only,
-    not moments). A name this map does not know is a UserError."""
+    names and layouts. ``buffers`` adds MindFormers' constants (:func:`is_companion`: model
+    files only, not moments). A name this map does not know is a UserError."""
     out: dict[str, np.ndarray] = {}
     filled: dict[str, list[str]] = {}
     for name, a in tensors.items():
         a = np.asarray(a)
-        pl = placement(name, a.shape, cfg)
-        if pl.theirs not in out:
-            out[pl.theirs] = np.zeros(pl.shape, a.dtype)
-        offset, extent = pl.box((0,) * a.ndim, a.shape)
-        index = tuple(slice(o, o + n, pl.stride if d == pl.dim else 1)
-                      for d, (o, n) in enumerate(zip(offset, extent)))
-        if pl.block != 1:
-            index = (slice(None),) * pl.dim + (pl.index(np.arange(a.shape[pl.axis])),)
-        out[pl.theirs][index] = pl.to_theirs(a)
-        filled.setdefault(pl.theirs, []).append(name)
+        for pl in placements(name, a.shape, cfg):
+            clipped = pl.clip((0,) * a.ndim, a.shape)
+            if clipped is None:
+                continue
+            off, shp = clipped
+            part = a[tuple(slice(o, o + n) for o, n in zip(off, shp))]
+            if pl.theirs not in out:
+                out[pl.theirs] = np.zeros(pl.shape, pl.dtype or a.dtype)
+            offset, extent = pl.box(off, shp)
+            index = tuple(slice(o, o + n, pl.stride if d == pl.dim else 1)
+                          for d, (o, n) in enumerate(zip(offset, extent)))
+            if pl.block != 1:
+                index = (slice(None),) * pl.dim + (pl.index(np.arange(off[pl.axis], off[pl.axis] + shp[pl.axis])),)
+            out[pl.theirs][index] = pl.to_theirs(part)
+            filled.setdefault(pl.theirs, []).append(name)
     for theirs, names in filled.items():
         need = [o for o, _, _ in parts(theirs, out[theirs].shape, cfg)]
         lacking = [n for n in need if n not in names]
         if lacking:
             raise UserError(f"checkpoint.layout: mindformers: '{lacking[0]}' is missing; MindFormers' "
                             f"{theirs.rsplit('.', 2)[-2]} needs all of {len(need)} parts")
-        if buffers and theirs.endswith(ROUTER):
-            out[theirs[:-len("router.weight")] + TOKENS_PER_EXPERT] = np.zeros(out[theirs].shape[0], np.float32)
+        if buffers:
+            shape = out[theirs].shape
+            for companion, _, extent, _, value in companion_boxes(theirs, (0,) * len(shape), shape, cfg):
+                out[companion] = np.full(extent, value, np.float32)
     return out
 
 
 def from_mindformers(tensors: dict[str, np.ndarray], cfg: Any) -> dict[str, np.ndarray]:
     """MindFormers-named arrays back under mindtrain's network names (the inverse of
-    :func:`to_mindformers`; ``tokens_per_expert`` buffers are dropped)."""
+    :func:`to_mindformers`; the constants of :func:`is_companion` are dropped)."""
     out: dict[str, np.ndarray] = {}
     for theirs, a in tensors.items():
         a = np.asarray(a)
         for ours, shape, pl in parts(theirs, a.shape, cfg):
-            offset, extent = pl.box((0,) * len(shape), shape)
-            out[ours] = pl.from_theirs(a[tuple(slice(o, o + n) for o, n in zip(offset, extent))], (0,) * len(shape))
+            off, shp = pl.clip((0,) * len(shape), shape)
+            offset, extent = pl.box(off, shp)
+            values = pl.from_theirs(a[tuple(slice(o, o + n) for o, n in zip(offset, extent))], off)
+            if shp == shape:
+                out[ours] = values
+            else:  # one of the MindFormers tensors it is cut into
+                out.setdefault(ours, np.zeros(shape, values.dtype))[tuple(slice(o, o + n) for o, n in
+                                                                          zip(off, shp))] = values
     return out
