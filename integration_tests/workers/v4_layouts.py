@@ -5,7 +5,8 @@ Every case loads ``configs/pynative_ds4_tiny.yaml`` with its parallel degrees (v
 the trainer validates them), builds the model with the same name-seeded weights, compiles
 it, lays it out through :func:`mindtrain.parallel.parallelize` (the trainer's entry point),
 trains STEPS steps of the same GLOBAL sequences (the trainer's AdamW, clipping's global
-grad norm, the aux-loss-free bias update with the global expert load), and rank 0 writes
+grad norm, the aux-loss-free bias update with the global expert load; attention and hidden
+dropout 0.1, each step's masks drawn from training.seed and the step), and rank 0 writes
 ``OUT_DIR/<case>.npz``: per-step losses and grad norms, every final parameter at full shape
 and the bytes this rank holds.
 """
@@ -58,7 +59,10 @@ MODEL = [f"model.seq_length={SEQ}", f"train_dataset.dataloader.config.seq_length
          # heavily compressed (learned routing), each with a sliding window shorter than the
          # sequence; fewer Sinkhorn iterations than the config's 20 (the same code, less time)
          "model.num_hidden_layers=2", "model.compress_ratios=[4, 16]", "model.sliding_window=16",
-         "model.index_topk=4", "model.hc_sinkhorn_iters=4", f"training.global_batch_size={GLOBAL}"]
+         "model.index_topk=4", "model.hc_sinkhorn_iters=4", f"training.global_batch_size={GLOBAL}",
+         # attention and hidden dropout in every case (issue 34): the masks are a hash of the
+         # seed, the step and each token's sample and position, the same in every layout
+         "model.attention_dropout=0.1", "model.hidden_dropout=0.1"]
 if os.environ.get("V4_VARIANT") == "mla":  # MindFormers' published variant: DeepSeek-V3's attention, MTP
     MODEL += ["model.experimental_attention_variant=mla", "model.kv_lora_rank=32", "model.qk_nope_head_dim=16",
               "model.v_head_dim=16", f"model.num_nextn_predict_layers={os.environ.get('V4_MTP', '1')}",
@@ -130,7 +134,9 @@ def run(case, world, rank, out_dir):
         t0 = time.perf_counter()
         ids, labels = data(step)
         rows = [slice(d * acc + m, d * acc + m + 1) for m in range(acc)]
+        model.dropout.begin_step(step + 1, cfg.training.seed)  # the trainer's: on for the step's forwards
         figures = layout.run_step([{"input_ids": ids[r], "labels": labels[r]} for r in rows])
+        model.dropout.end_step()
         grads = layout.gradients()
         norms.append(layout.grad_norm(grads))
         opt.step(grads)

@@ -137,9 +137,13 @@ def test_shared_expert_size_must_match_and_dropout_is_a_probability():
     # attention dropout under Ulysses context parallelism is built (issue 34)
     assert load_config(TINY_PATH, ["model.attention_dropout=0.1", "parallelism.context_parallel=2",
                                    "parallelism.context_parallel_method=ulysses"], world_size=2).model.attention_dropout == 0.1
+    # DeepSeek-V4 has both (issue 32), its colossal context parallelism too; a bad rate is refused alike
     v4 = os.path.join(os.path.dirname(TINY_PATH), "pynative_ds4_tiny.yaml")
-    with pytest.raises(ConfigError, match=r"^model\.hidden_dropout: dropout is not built for DeepSeek-V4"):
-        load_config(v4, ["model.hidden_dropout=0.1"])
+    m = load_config(v4, ["model.hidden_dropout=0.1", "model.attention_dropout=0.2", "parallelism.context_parallel=2",
+                         "parallelism.data_parallel_shard=1"], world_size=2).model
+    assert (m.hidden_dropout, m.attention_dropout) == (0.1, 0.2)
+    with pytest.raises(ConfigError, match=r"^model\.attention_dropout: must be a probability in \[0, 1\)"):
+        load_config(v4, ["model.attention_dropout=1.0"])
 
 
 def test_style_conversion_round_trips():

@@ -9,7 +9,7 @@ from typing import Optional
 from mindtrain.config.derived import (check_degrees, check_zero_strategy, num_accumulation_steps, resolve_parallelism,
                                       total_lr_steps, warmup_steps)
 from mindtrain.config.errors import ConfigError
-from mindtrain.config.families import FAMILY_NAMES, MODEL_TYPES, QWEN3_FAMILIES, head_dim, moe_layer_ids, unread_fields
+from mindtrain.config.families import MODEL_TYPES, QWEN3_FAMILIES, head_dim, moe_layer_ids, unread_fields
 from mindtrain.config.fsdp_policy import reshard_after_forward
 from mindtrain.config.rampup import BatchRamp
 from mindtrain.config.pipeline import check_micro_batches, layer_counts, microbatch_note, resolve_schedule
@@ -324,9 +324,6 @@ def _validate_common(m: ModelConfig, path: str) -> None:
         value = getattr(m, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
             raise ConfigError(f"{path}.{name}", f"must be a probability in [0, 1), got {value!r}")
-        if value and m.model_type == "deepseek_v4":
-            raise ConfigError(f"{path}.{name}", f"dropout is not built for {FAMILY_NAMES[m.model_type]} "
-                                                f"(DeepSeek-V3 and Qwen3 have it); set it to 0.0, got {value}")
     _non_negative(m.num_nextn_predict_layers, f"{path}.num_nextn_predict_layers")
     _non_negative(m.aux_loss_alpha, f"{path}.aux_loss_alpha")
     _non_negative(m.bias_update_speed, f"{path}.bias_update_speed")

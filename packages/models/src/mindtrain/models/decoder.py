@@ -8,7 +8,7 @@ from mindspore import ops
 
 from mindtrain.models.attention import MLAttention, take_max_logits
 from mindtrain.models.blocks import Block, call_graph, overridden
-from mindtrain.models.dropout import HIDDEN_ATTENTION, HIDDEN_MLP, dropout_of
+from mindtrain.models.dropout import HIDDEN_ATTENTION, HIDDEN_MLP, dropout_of, hidden_dropout
 from mindtrain.models.mlp import MLP
 from mindtrain.models.moe import MoE
 from mindtrain.models.norm import RMSNorm
@@ -113,7 +113,4 @@ class DecoderLayer(Block):
         """``y`` [B, S, H] (a residual branch's output) with hidden dropout applied in a
         training step (MindFormers' ``hidden_states_dropout`` before the residual add), else
         ``y``; the mask is :class:`~mindtrain.models.dropout.Dropout`'s, the same in every layout."""
-        state = dropout_of(self)
-        if state is None or not state.hidden_on():
-            return y
-        return y * state.hidden_mask(self.__dict__["_layer_index"], site, y.shape).astype(y.dtype)
+        return hidden_dropout(self, y, site)

@@ -1,9 +1,11 @@
 """Dropout whose mask is the same in every layout: a counter-based hash, not an RNG stream.
 
 Where (MindFormers' PyNative ``TransformerLayer``, Megatron's bias-dropout-add): ``hidden_dropout``
-on the attention output and on the MLP / MoE output, each before its residual add;
+on the attention output and on the MLP / MoE output, each before its residual add (DeepSeek-V4:
+before the hyper-connection streams' update, MindFormers' ``HyperConnectionTransformerLayer``);
 ``attention_dropout`` on the attention probabilities after the softmax (Megatron's and HF's
-core attention). Evaluation runs without either (:attr:`Dropout.enabled` is off outside a
+core attention; DeepSeek-V4's attention sink column is dropped before it, as HF's V4 eager
+attention does). Evaluation runs without either (:attr:`Dropout.enabled` is off outside a
 training step).
 
 What: each element's keep decision is a hash of (``training.seed``, the step, the layer, the
@@ -33,6 +35,9 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 HIDDEN_ATTENTION, HIDDEN_MLP, ATTENTION_PROBS, LORA_INPUT = 1, 2, 3, 4
 """Sites: the attention output, the MLP / MoE output, the attention probabilities, a LoRA
 adapter's input (keyed further by the adapted layer's name, :func:`layer_key`)."""
+ENTRY_KEYS = 1 << 62
+"""Attention dropout's id of a key that is not a token (DeepSeek-V4's compressed entry ``w``:
+``ENTRY_KEYS + w``), past every token position."""
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -152,10 +157,24 @@ class Dropout:
         """The keep-and-scale mask [B, heads, S, keys] of the attention probabilities of the
         heads ``head_offset ..`` for the queries :attr:`tokens` over ``keys`` keys (the whole
         sequence in its natural order)."""
+        return self.attention_mask_at(layer, heads, head_offset, np.arange(keys, dtype=np.uint64)[None, :])
+
+    def attention_mask_at(self, layer: int, heads: int, head_offset: int, key_ids) -> Tensor:
+        """The keep-and-scale mask [B * C, heads, c, K] of the attention probabilities of the
+        heads ``head_offset ..`` when the queries :attr:`tokens` [B, C * c] are C chunks of c
+        tokens (C = 1: the whole row) and ``key_ids`` [C, K] names each chunk's key columns
+        by their place in the whole sequence (a token's position; see
+        :data:`ENTRY_KEYS` for keys that are not tokens). A key's draw depends on its id,
+        never on its column, so keys laid out differently (a context-parallel chunk's window
+        halo) draw what one process draws for them."""
         tok = self.tokens
-        m = keep_scale(self.attention, self.seed, self.step, layer, ATTENTION_PROBS, tok[:, None, :, None],
-                       np.arange(head_offset, head_offset + heads, dtype=np.uint64)[None, :, None, None],
-                       np.arange(keys, dtype=np.uint64)[None, None, None, :])
+        key_ids = np.asarray(key_ids, np.uint64)
+        chunks, k = key_ids.shape
+        b, s = tok.shape
+        q = tok.reshape(b * chunks, s // chunks)
+        ids = np.broadcast_to(key_ids[None], (b, chunks, k)).reshape(b * chunks, 1, 1, k)
+        m = keep_scale(self.attention, self.seed, self.step, layer, ATTENTION_PROBS, q[:, None, :, None],
+                       np.arange(head_offset, head_offset + heads, dtype=np.uint64)[None, :, None, None], ids)
         return Tensor(np.ascontiguousarray(m))
 
 
@@ -215,6 +234,18 @@ def attach_dropout(model, attention: float, hidden: float) -> Dropout:
                 object.__setattr__(cell, "_dropout", state)
                 object.__setattr__(cell, "_layer_index", i)
     return state
+
+
+def hidden_dropout(cell, y, site: int):
+    """``y`` [B, S, H] (a residual branch's output of ``cell``, a decoder layer given its
+    :class:`Dropout` by :func:`attach_dropout`) with hidden dropout applied in a training
+    step, else ``y``: MindFormers' ``hidden_states_dropout`` on the branch output before the
+    residual add (or, with hyper-connections, before the streams' update). Its rows are this
+    rank's tokens (or their sequence shard)."""
+    state = dropout_of(cell)
+    if state is None or not state.hidden_on():
+        return y
+    return y * state.hidden_mask(cell.__dict__["_layer_index"], site, y.shape).astype(y.dtype)
 
 
 def dropout_of(cell) -> Optional[Dropout]:

@@ -39,6 +39,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from mindtrain.config.plan import Region
+from mindtrain.models.dropout import ENTRY_KEYS, dropout_of
 from mindtrain.models.linear import Linear, linear
 from mindtrain.models.norm import RMSNorm, rms_norm
 from mindtrain.models.weights import Init, new_weight
@@ -266,6 +267,7 @@ class DeepseekV4Attention(nn.Cell):
         keys = kv.reshape(bc, c, d) if ex is None else self._window_keys(kv, tables["halo_index"], ex, nch)
         window = tables["sliding_mask"]                                       # [chunks, c, keys]
         mask = ops.broadcast_to(ops.expand_dims(window, 0), (b,) + tuple(window.shape)).reshape(bc, c, -1)
+        window_keys = keys.shape[1]
         if self.compressor is not None:
             entries = self.compressor(x, tables[f"entry_cos.{self.ratio}"], tables[f"entry_sin.{self.ratio}"], rot, ex)
             if entries is not None:                                           # [B, T, d]: every entry
@@ -284,6 +286,9 @@ class DeepseekV4Attention(nn.Cell):
         scores = self.bmm_t(qh, keys).reshape(bc, n, c, sk) * (d ** -0.5) + ops.expand_dims(mask, 1)
         sinks = ops.broadcast_to(self.sinks.reshape(1, n, 1, 1), (bc, n, c, 1))
         probs = ops.softmax(ops.concat((scores, sinks), -1), -1)[..., :sk]
+        keep = self.dropout_keep(c, window_keys, sk - window_keys)
+        if keep is not None:  # attention dropout on the keys' probabilities, the sink's column gone (HF's V4)
+            probs = probs * keep.astype(probs.dtype)
         out = ops.bmm(probs.reshape(bc, n * c, sk), keys).reshape(bc, n, c, d)
         out = ops.transpose(out, (0, 2, 1, 3)).reshape(b, s, n, d)          # [B, S, N, d]
         out = apply_rope(out, cos.reshape(1, s, 1, d), sin.reshape(1, s, 1, d), rot, inverse=True)
@@ -292,6 +297,27 @@ class DeepseekV4Attention(nn.Cell):
         w = self.o_a_proj.weight.reshape(g, self.o_lora_rank, n * d // g)
         low = ops.transpose(self.bmm_t(grouped, w), (1, 0, 2)).reshape(b, s, g * self.o_lora_rank)
         return linear(low, self.o_b_proj.weight, None, cd)
+
+    head_offset = 0
+    """The global index of this cell's first query head (tensor parallelism sets it):
+    attention dropout's mask is drawn per global head."""
+
+    def dropout_keep(self, c: int, window_keys: int, entries: int):
+        """Attention dropout's keep-and-scale mask [B * chunks, heads, c, window_keys +
+        entries] of this forward's probabilities (None when off): per query chunk of ``c``
+        tokens (one without context parallelism: the whole row), its sliding keys (the
+        ``window_keys - c`` halo keys before the chunk, then its own) named by their
+        positions, then the compressed entries named ``ENTRY_KEYS + w``; so every layout draws
+        what one process draws for a (query token, head, key)."""
+        state = dropout_of(self)
+        if state is None or not state.attention_on():
+            return None
+        ex = self.kv_exchange
+        chunks = (0,) if ex is None else tuple(ex.chunks)
+        halo = window_keys - c
+        ids = np.stack([np.concatenate((np.maximum(np.arange(k * c - halo, (k + 1) * c), 0),
+                                        ENTRY_KEYS + np.arange(entries))) for k in chunks]).astype(np.uint64)
+        return state.attention_mask_at(self.__dict__["_layer_index"], self.num_heads, self.head_offset, ids)
 
     @staticmethod
     def _window_keys(kv, halo_index, exchange, nch: int):

@@ -19,6 +19,7 @@ from mindtrain.models.attention import MLAttention
 from mindtrain.models.attention_mask import additive_mask
 from mindtrain.models.deepseek_v4.hyper import HyperConnection, hyper_update
 from mindtrain.models.deepseek_v4.moe import DeepseekV4MoE
+from mindtrain.models.dropout import HIDDEN_ATTENTION, HIDDEN_MLP, hidden_dropout
 from mindtrain.models.norm import RMSNorm
 
 TABLE_KEYS = ("mla_cos", "mla_sin", "mla_mask")
@@ -52,10 +53,11 @@ class DeepseekV4MLALayer(nn.Cell):
     def construct(self, streams, ids, *values):
         tables = dict(zip(self.self_attn.table_keys, values))
         post, comb, x = self.attn_hc(streams)
-        streams = hyper_update(streams, post, comb, self.attention(self.input_layernorm(x), tables))
+        a = hidden_dropout(self, self.attention(self.input_layernorm(x), tables), HIDDEN_ATTENTION)
+        streams = hyper_update(streams, post, comb, a)
         post, comb, x = self.ffn_hc(streams)
         y, counts, balance = self.mlp(self.post_attention_layernorm(x), ids)
-        return hyper_update(streams, post, comb, y), counts, balance
+        return hyper_update(streams, post, comb, hidden_dropout(self, y, HIDDEN_MLP)), counts, balance
 
 
 def mla_tables(model, s: int) -> dict:

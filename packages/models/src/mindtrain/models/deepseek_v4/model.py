@@ -21,6 +21,7 @@ from mindtrain.config.families import v4_attention_kinds
 from mindtrain.config.plan import MOE_BLOCK
 from mindtrain.models import kernels
 from mindtrain.models.deepseek_v3 import DeepseekV3ForCausalLM, Embedding, _HeadLoss
+from mindtrain.models.dropout import HIDDEN_ATTENTION, HIDDEN_MLP, hidden_dropout, token_keys
 from mindtrain.models.deepseek_v4.attention import NEG, DeepseekV4Attention, causal_entry_bias
 from mindtrain.models.deepseek_v4.hyper import HyperConnection, HyperHead, StreamMean, hyper_update
 from mindtrain.models.deepseek_v4.mla import DeepseekV4MLALayer, mla_tables
@@ -36,7 +37,9 @@ from mindtrain.models.rope import RotaryEmbedding
 class DeepseekV4DecoderLayer(nn.Cell):
     """``self_attn``, ``mlp``, ``input_layernorm``, ``post_attention_layernorm``, ``attn_hc``,
     ``ffn_hc``. ``construct(streams [B,S,N,H], ids [B,S], *tables)`` -> (streams, tokens per
-    expert [E], zero balance)."""
+    expert [E], zero balance). In a training step hidden dropout is on the attention and MoE
+    outputs [B,S,H] before each update of the streams (one mask for every stream: MindFormers'
+    ``HyperConnectionTransformerLayer``, ``hidden_states_dropout`` before ``output_cell``)."""
 
     def __init__(self, cfg, layer_idx: int, moe_block: int = MOE_BLOCK):
         super().__init__()
@@ -55,10 +58,11 @@ class DeepseekV4DecoderLayer(nn.Cell):
         """``tables``: the model's tables of the sequence length as flat tensors in the order
         of ``table_keys`` (flat, so a recompute wrapper sees each input tensor)."""
         post, comb, x = self.attn_hc(streams)
-        streams = hyper_update(streams, post, comb, self.self_attn(self.input_layernorm(x), *tables))
+        a = hidden_dropout(self, self.self_attn(self.input_layernorm(x), *tables), HIDDEN_ATTENTION)
+        streams = hyper_update(streams, post, comb, a)
         post, comb, x = self.ffn_hc(streams)
         y, counts, balance = self.mlp(self.post_attention_layernorm(x), ids)
-        return hyper_update(streams, post, comb, y), counts, balance
+        return hyper_update(streams, post, comb, hidden_dropout(self, y, HIDDEN_MLP)), counts, balance
 
 
 class DeepseekV4Model(nn.Cell):
@@ -120,6 +124,8 @@ class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
         if self._exchange() is not None:
             raise RuntimeError("DeepSeek-V4 laid out for context parallelism runs through the layout's stage "
                                "(its pieces on this rank's chunks), not model(...)")
+        if self.dropout.enabled:  # whole sequences here: each token's identity for the dropout masks
+            self.dropout.set_tokens(token_keys(input_ids.asnumpy() if isinstance(input_ids, Tensor) else input_ids))
         tables = self.tables(s)
         h = self.embed(input_ids)
         h, counts, balances = self.run_layers(h, range(self.num_layers), tables, input_ids=input_ids)
