@@ -2,7 +2,7 @@
 
 Three single-process reference runs (the model's own forward in the trainer's loop; 2 and 4
 micro-batches per step, and 2 with attention and hidden dropout 0.1 for the Ulysses and hybrid
-runs, whose masks must be one process's: issue 34) beside one 2-worker msrun job that trains 5 steps of 2 micro-batches
+runs, whose masks must be one process's: issue 34) beside one 2-worker msrun job that trains 3 steps of 2 micro-batches
 under CP=2 (colossal, and Ulysses: all-to-all between sequence chunks and head groups around
 each attention core), PP=2 with 1F1B, PP=2 with GPipe and PP=2 with interleaved 1F1B over 2 chunks per
 stage (packed documents with reset positions and EOD masks; PP=2 with 1F1B keeps the

@@ -46,7 +46,7 @@ from shards_check import check_shards  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SEQ = int(os.environ.get("CP_PP_SEQ", "16"))
-STEPS = int(os.environ.get("CP_PP_STEPS", "5"))
+STEPS = int(os.environ.get("CP_PP_STEPS", "3"))
 MICRO = int(os.environ.get("CP_PP_MICRO", "3"))   # micro-batches per step (accumulation)
 MBS = 1
 LR, MAX_NORM = 1e-3, 1.0
