@@ -1,14 +1,25 @@
-"""DeepSeek-V4 under context parallelism equals one process (issue 32).
+"""DeepSeek-V4 under context parallelism equals one process (issue 32), with its MTP module,
+in both attention variants.
 
-``run_mindformer.py`` trains configs/pynative_ds4_tiny.yaml (a sliding-window, a compressed
-sparse (ratio 4, lightning indexer keeping 16 entries) and a heavily compressed (ratio 16)
-layer; hash then learned routing) for 2 steps at 128 tokens, compiled, as one process and as
-2 msrun workers with context_parallel=2 (load-balanced chunks of 32 tokens; the sliding
-halo, the ratio-4 boundary windows and the compressed entries all-gathered), both at once, the
-same global batch (2 sequences in one micro-batch). Each step's loss and gradient norm must
-agree within DeepSeek-V3's layout tolerance (1e-5 relative); step 2's figures carry step
-1's update, so the weights are compared through them. The simulated-ranks test
-(packages/models/tests/test_deepseek_v4_context_parallel.py) checks the scheme in one process.
+``workers/v4_layouts.py`` trains the tiny V4 of configs/pynative_ds4_tiny.yaml (one decoder
+layer, hash-routed, and one MTP module, learned routing) at 32 tokens for 2 steps, compiled,
+as one process and as 2 msrun workers with context_parallel=2 (load-balanced chunks of 8
+tokens), the same global batch (2 sequences in one micro-batch); the two cases run in one
+msrun launch, their references in one process beside it:
+
+- ``cp2``: the hybrid attention, the layer compressed sparse (ratio 4; its lightning indexer
+  keeping 4 of 8 entries) and the MTP module sliding-window, each with a 16-token window: the
+  sliding halo (15 keys, from the two chunks before), the ratio-4 boundary windows and the
+  compressed entries all-gathered (MindFormers' scheme);
+- ``cp2_mla``: MindFormers' published variant (DeepSeek-V3's MLA in the layer and in the MTP
+  module, no hc_head): DeepSeek-V3's colossal context parallelism, the latent keys all-gathered.
+
+The MTP module's inputs and targets are shifted left on the whole sequence before it is cut
+(the shift crosses chunk boundaries), as DeepSeek-V3's. Each step's loss and gradient norm
+and every final weight equal the single process at the layout tolerances (v4_runs.py), and
+each CP rank holds mindtrain-estimate's bytes. The simulated-ranks test
+(packages/models/tests/test_deepseek_v4_context_parallel.py) checks the forward of the
+schemes in one process (the heavily compressed layers, longer halos, CP=4, two MTP depths).
 """
 
 from __future__ import annotations
@@ -16,27 +27,27 @@ from __future__ import annotations
 import os
 import sys
 
-import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from one_vs_two import ROOT, one_and_two  # noqa: E402
+from v4_runs import assert_equals_one_process, max_differences, run_cases  # noqa: E402
 
-pytestmark = pytest.mark.msrun
-
-TINY = os.path.join(ROOT, "configs", "pynative_ds4_tiny.yaml")
-BASE = ("training.steps=2", "model.seq_length=128", "train_dataset.dataloader.config.seq_length=128",
-        "training.local_batch_size=2", "training.global_batch_size=2")
-TOL = 1e-5
+CASES = ("cp2", "cp2_mla")
 
 
-def test_cp2_equals_one_process(tmp_path):
-    one, cp2 = one_and_two(str(tmp_path), [], 9152, ["parallelism.context_parallel=2",
-                                                      "parallelism.data_parallel_shard=1"], TINY, BASE)
-    assert [r["step"] for r in cp2] == [1, 2] == [r["step"] for r in one]
-    for key in ("loss", "grad_norm"):
-        a, b = np.array([r[key] for r in cp2]), np.array([r[key] for r in one])
-        np.testing.assert_allclose(a, b, rtol=TOL, atol=0, err_msg=key)
-    assert one[1]["loss"] < one[0]["loss"] - 0.2  # it learns: step 1's update is in step 2's figures
-    for row in cp2:  # both CP ranks report the same (whole-batch) loss
-        assert np.ptp(row["device_losses"]) <= TOL * abs(row["loss"])
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    port = int(os.environ.get("MINDTRAIN_TEST_PORT", 9152))
+    return run_cases(tmp_path_factory.mktemp("v4_cp"), tuple("ref_" + c for c in CASES), CASES, port)
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("case", CASES)
+def test_cp2_equals_one_process(results, case):
+    got, ref = results[case], results["ref_" + case]
+    print(case, max_differences(got, ref))
+    assert_equals_one_process(got, ref, case)
+    assert any(".eh_proj." in k for k in ref)  # the MTP module trained
+    # each CP rank holds the whole model and its AdamW state, as mindtrain-estimate counts
+    assert int(got["param_bytes_layout"]) == int(got["param_bytes_estimate"]) == int(ref["param_bytes_layout"])
+    assert int(got["optimizer_bytes"]) == int(got["optimizer_bytes_estimate"])

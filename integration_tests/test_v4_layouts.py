@@ -20,7 +20,7 @@ and each token's sample and position, so every layout draws one process's) as on
 Per-step losses and grad norms, the final weights at full shape (with the correction
 biases) equal the single process at the DeepSeek-V3 rows' tolerances (test_tp_ep_parity.py),
 and every rank's parameter and AdamW bytes are mindtrain-estimate's. Context parallelism has
-its own test (test_v4_context_parallel.py: it needs longer sequences than this job's).
+its own job of the same worker (test_v4_context_parallel.py: both attention variants with MTP).
 
 A fast test without msrun: tensor parallelism's splits of V4's attention as its plan
 declares them (no communication: the shards are local) and the one-line refusal of an
@@ -28,73 +28,29 @@ declares them (no communication: the shards are local) and the one-line refusal 
 """
 
 import os
-import signal
-import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from mindtrain.trainer.quickstart import free_port
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from v4_runs import assert_equals_one_process, run_cases  # noqa: E402
 
-WORKER = Path(__file__).parent / "workers" / "v4_layouts.py"
 CASES = ("tp2", "ep2_zero3", "pp2")
-LOSS_RTOL = 1e-5
-MODEL_RTOL = 1e-5      # ||all params - ref|| / ||ref||
-TENSOR_RTOL = 1e-4     # per tensor, as test_tp_ep_parity.py's
-
-
-def _env():
-    env = dict(os.environ)
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    env.setdefault("GLOG_v", "3")
-    return env
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    d = tmp_path_factory.mktemp("v4_layouts")
-    with open(d / "ref.log", "w") as log:  # the one process runs beside the msrun job
-        ref = subprocess.Popen([sys.executable, str(WORKER), str(d), "ref"], env=_env(), cwd=d, stdout=log,
-                               stderr=subprocess.STDOUT, start_new_session=True)
-    cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port(int(os.environ.get('MINDTRAIN_TEST_PORT', 8840)))}",
-           f"--log_dir={d / 'log'}", "--join=True", str(WORKER), str(d), ",".join(CASES)]
-    proc = subprocess.Popen(cmd, env=_env(), cwd=d, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    try:
-        proc.communicate(timeout=1800)  # a hang guard, not a timing check
-        ref.wait(timeout=1800)
-    except subprocess.TimeoutExpired:
-        for p in (proc, ref):
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-        raise
-    logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted((d / "log").glob("worker_*.log")))
-    assert proc.returncode == 0, logs
-    assert ref.returncode == 0, (d / "ref.log").read_text()[-3000:]
-    return {name: dict(np.load(d / f"{name}.npz")) for name in ("ref",) + CASES}
+    return run_cases(tmp_path_factory.mktemp("v4_layouts"), ("ref",), CASES, int(os.environ.get("MINDTRAIN_TEST_PORT", 8840)))
 
 
 @pytest.mark.msrun
 @pytest.mark.parametrize("case", CASES)
 def test_v4_layout_equals_one_process(results, case):
-    ref, got = results["ref"], results[case]
-    assert bool(got["compiled"]) and bool(ref["compiled"])
-    np.testing.assert_allclose(got["losses"], ref["losses"], rtol=LOSS_RTOL, err_msg=case)
-    np.testing.assert_allclose(got["grad_norms"], ref["grad_norms"], rtol=LOSS_RTOL, err_msg=case)
-    names = sorted(k for k in ref if k.startswith("p:"))
-    assert sorted(k for k in got if k.startswith("p:")) == names, case
-    num = den = 0.0
-    for k in names:
-        a, b = got[k].astype(np.float64), ref[k].astype(np.float64)
-        assert a.shape == b.shape, (case, k)
-        diff, norm = float(np.linalg.norm(a - b)), float(np.linalg.norm(b))
-        num, den = num + diff ** 2, den + norm ** 2
-        assert diff <= TENSOR_RTOL * max(norm, 1e-12), f"{case} {k}: relative error {diff / max(norm, 1e-30):.2e}"
-    assert np.sqrt(num / den) <= MODEL_RTOL, f"{case}: model relative error {np.sqrt(num / den):.2e}"
+    ref = results["ref"]
+    assert_equals_one_process(results[case], ref, case)
     # the bias update moved the learned routers' correction biases (layers 1 and 2)
-    assert any(np.abs(ref[k]).max() > 0 for k in names if k.endswith("e_score_correction_bias"))
+    assert any(np.abs(ref[k]).max() > 0 for k in ref if k.startswith("p:") and k.endswith("e_score_correction_bias"))
 
 
 @pytest.mark.msrun

@@ -8,7 +8,9 @@ trains STEPS steps of the same GLOBAL sequences (the trainer's AdamW, clipping's
 grad norm, the aux-loss-free bias update with the global expert load; attention and hidden
 dropout 0.1, each step's masks drawn from training.seed and the step), and rank 0 writes
 ``OUT_DIR/<case>.npz``: per-step losses and grad norms, every final parameter at full shape
-and the bytes this rank holds.
+and the bytes this rank holds. Cases named ``ref*`` run in one process (each after the other),
+the others under msrun; a context-parallel case ``cpN*`` has its own reference ``ref_cpN*``
+(test_v4_context_parallel.py).
 """
 
 from __future__ import annotations
@@ -63,17 +65,32 @@ MODEL = [f"model.seq_length={SEQ}", f"train_dataset.dataloader.config.seq_length
          # attention and hidden dropout in every case (issue 34): the masks are a hash of the
          # seed, the step and each token's sample and position, the same in every layout
          "model.attention_dropout=0.1", "model.hidden_dropout=0.1"]
-if os.environ.get("V4_VARIANT") == "mla":  # MindFormers' published variant: DeepSeek-V3's attention, MTP
-    MODEL += ["model.experimental_attention_variant=mla", "model.kv_lora_rank=32", "model.qk_nope_head_dim=16",
-              "model.v_head_dim=16", f"model.num_nextn_predict_layers={os.environ.get('V4_MTP', '1')}",
-              "model.enable_hc_head=false"]
+# MindFormers' published variant: DeepSeek-V3's attention in every layer, an MTP module
+MLA = ["model.experimental_attention_variant=mla", "model.kv_lora_rank=32", "model.qk_nope_head_dim=16",
+       "model.v_head_dim=16", f"model.num_nextn_predict_layers={os.environ.get('V4_MTP', '1')}",
+       "model.enable_hc_head=false"]
+if os.environ.get("V4_VARIANT") == "mla":
+    MODEL += MLA
+# context parallelism (test_v4_context_parallel.py), each case with its one-process ``ref_*``,
+# the global batch in one micro-batch: 32 tokens in 4 load-balanced chunks of 8; one decoder
+# layer (hash-routed) and an MTP module (learned routing; its attention under CP, its inputs
+# shifted across the chunks). Hybrid: the layer compressed sparse (each chunk two ratio-4
+# windows, the boundary window from the chunk before, the indexer choosing 4 of 8 entries),
+# the MTP module sliding-window, each with a 15-key halo from the two chunks before
+CP = ["model.num_hidden_layers=1", "model.compress_ratios=[4]", "model.num_nextn_predict_layers=1"]
+ONE_MICRO_BATCH = set()
+for name, extra in (("cp2", CP), ("cp2_mla", CP + MLA)):
+    CASES["ref_" + name] = (1, 1, 1, 1, extra)
+    CASES[name] = (1, 1, 1, 1, extra + ["parallelism.context_parallel=2"])
+    ONE_MICRO_BATCH |= {name, "ref_" + name}
 
 
 def config(case: str):
     pp, dp, tp, ep, extra = CASES[case]
+    cp = 2 if "parallelism.context_parallel=2" in extra else 1
     return load_config(CONFIG, MODEL + [f"parallelism.pipeline_parallel={pp}", f"parallelism.tensor_parallel={tp}",
                                         f"parallelism.expert_parallel={ep}", *extra],
-                       world_size=pp * dp * tp)
+                       world_size=pp * dp * cp * tp)
 
 
 def build(cfg):
@@ -112,12 +129,14 @@ def make_mesh(dims, rank):
 def run(case, world, rank, out_dir):
     pp, dp, tp, ep, _ = CASES[case]
     cfg = config(case)
-    dims = ParallelDims(world_size=pp * dp * tp, pp=pp, dp_shard=dp, cp=1, tp=tp, ep=ep)
+    cp = cfg.parallelism.context_parallel
+    dims = ParallelDims(world_size=pp * dp * cp * tp, pp=pp, dp_shard=dp, cp=cp, tp=tp, ep=ep)
     assert dims.world_size == world, (case, world)
     mesh = make_mesh(dims, rank)
     model = build(cfg)
     plan = parallel_plan(model)
-    acc = GLOBAL // dp  # one sequence per micro-batch
+    acc = 1 if case in ONE_MICRO_BATCH else GLOBAL // dp  # else one sequence per micro-batch
+    mbs = GLOBAL // dp // acc
     layout = parallelize(model, plan, mesh, cfg, accumulation=acc, columns=["input_ids", "labels"], connect=False)
     # eps 1e-6, not 1e-8: layer 0's hyper-connection streams are identical copies of the
     # embedding, and the norm after the collapse makes the loss blind to the collapse weights'
@@ -127,13 +146,13 @@ def run(case, world, rank, out_dir):
     # orders (one process against another would differ as much). Real gradients here are
     # 1e-4 .. 1e-1, far above eps either way.
     opt = AdamW(layout.named_params, lr=1e-3, betas=(0.9, 0.95), eps=1e-6, weight_decay=0.01)
-    d = mesh.group("dp_cp").index
+    d = mesh.group("dp").index  # CP ranks take the same sequences (the layout cuts them)
     losses, norms = [], []
     import time
     for step in range(STEPS):
         t0 = time.perf_counter()
         ids, labels = data(step)
-        rows = [slice(d * acc + m, d * acc + m + 1) for m in range(acc)]
+        rows = [slice((d * acc + m) * mbs, (d * acc + m + 1) * mbs) for m in range(acc)]
         model.dropout.begin_step(step + 1, cfg.training.seed)  # the trainer's: on for the step's forwards
         figures = layout.run_step([{"input_ids": ids[r], "labels": labels[r]} for r in rows])
         model.dropout.end_step()
@@ -144,8 +163,8 @@ def run(case, world, rank, out_dir):
         model.update_expert_bias(layout.expert_load())
         local = sum(f.loss for f in figures) / len(figures)
         print(f"{case} step {step} {time.perf_counter() - t0:.2f}s", flush=True)
-        losses.append(float(C.all_reduce(Tensor([local]), mesh.group("dp_cp"), op="avg").asnumpy()[0])
-                      if world > 1 and mesh.group("dp_cp").size > 1 else local)
+        losses.append(float(C.all_reduce(Tensor([local]), mesh.group("dp"), op="avg").asnumpy()[0])
+                      if world > 1 and mesh.group("dp").size > 1 else local)
     state = layout.to_full([t for _, t in layout.named_params])
     for i, layer in enumerate(model.model.layers):  # untrained: the aux-loss-free bias update's
         gate = layer.mlp.gate
@@ -165,8 +184,9 @@ def run(case, world, rank, out_dir):
 
 def main():
     out_dir, cases = sys.argv[1], sys.argv[2].split(",")
-    if cases == ["ref"]:
-        run("ref", 1, 0, out_dir)
+    if all(c.startswith("ref") for c in cases):  # one process
+        for case in cases:
+            run(case, 1, 0, out_dir)
         return
     relax_receive_timeout()  # a pipeline stage waits a whole neighbour's step
     world, rank = init_distributed()

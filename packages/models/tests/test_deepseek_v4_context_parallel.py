@@ -15,7 +15,7 @@ import pytest
 from mindspore import Tensor
 
 import mindtrain.models as mm
-from mindtrain.config import load_config
+from mindtrain.config import STEP_FIGURES, load_config
 from mindtrain.parallel.context_parallel import _KVExchange, chunk_indices
 from mindtrain.parallel.group import Group
 
@@ -79,8 +79,55 @@ def test_simulated_cp_ranks_equal_one_process(cp, window, topk, hca):
     assert np.abs(whole).max() > 0.05
 
 
+MLA = ["model.experimental_attention_variant=mla", "model.kv_lora_rank=32", "model.qk_nope_head_dim=16",
+       "model.v_head_dim=16", "model.enable_hc_head=false"]
+
+
+@pytest.mark.parametrize("variant", ["dsv4_hybrid", "mla"])
+def test_simulated_cp_ranks_with_mtp_add_up_to_one_process(variant):
+    """Two MTP depths under CP=2 (64 tokens, chunks of 16), each rank through the pipeline
+    stage's forward on :func:`split_batch`'s part of the batch (the MTP inputs and targets
+    shifted left by 1 and 2 on the whole sequence, then cut: the shift crosses the chunk
+    boundaries): the ranks' loss shares add up to the whole model's loss, its language-model
+    loss and its MTP loss. Hybrid: the MTP modules' sliding-window attention takes its halo
+    from the chunk before; mla: DeepSeek-V3's attention over the all-gathered latent keys,
+    the rows of the one-process causal mask (its tables of this rank's chunks)."""
+    from mindtrain.parallel.context_parallel import split_batch
+    from mindtrain.parallel.pipeline_stage import ModelStage
+
+    seq, cp = 64, 2
+    cfg = load_config(TINY, [f"model.seq_length={seq}", f"train_dataset.dataloader.config.seq_length={seq}",
+                             "model.num_nextn_predict_layers=2"] + (MLA if variant == "mla" else [])).model
+    model = mm.build_model(cfg, jit=False, seed=3)
+    tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, seq + 1)).astype(np.int32)
+    batch = {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:]}
+    loss, metrics = model(Tensor(batch["input_ids"]), labels=Tensor(batch["labels"]))
+    whole = {"loss": loss, **metrics}
+    plan = mm.parallel_plan(model)
+    stage = ModelStage(model, plan, [u["name"] for u in plan["units"]])
+    store, got, rounds = {}, None, 0
+    while rounds < 10:
+        rounds += 1
+        prev, got = got, {}
+        for r in range(cp):
+            ex = _Simulated(store, cp, r, seq)
+            for layer in model.model.layers:
+                layer.self_attn.kv_exchange = ex
+            mb = split_batch(batch, cp, r, cfg.num_attention_heads, 2, inputs=model.whole_sequence_inputs)
+            got[r] = stage.forward(None, mb)[2].asnumpy()  # this rank's share of each figure
+        if prev is not None and all(np.array_equal(prev[r], got[r]) for r in range(cp)):
+            break
+    assert ex.calls == (5 if variant == "mla" else 10) and rounds < 10
+    shares = sum(got.values())
+    for i, name in enumerate(STEP_FIGURES):
+        if name in whole:
+            np.testing.assert_allclose(shares[i], float(whole[name].asnumpy()), rtol=2e-6, err_msg=name)
+    assert float(whole["mtp_loss"].asnumpy()) > 1.0
+
+
 def test_config_rules():
-    """Colossal CP is built (each chunk a whole number of windows of every compress ratio);
+    """Colossal CP is built (each chunk a whole number of windows of every compress ratio),
+    with the MTP modules and for the mla variant (no compressed windows: any chunk length);
     Ulysses and hybrid are a one-line error naming the field."""
     from mindtrain.config import ConfigError
     from mindtrain.config.schema import ParallelismConfig
@@ -89,6 +136,12 @@ def test_config_rules():
     m = load_config(TINY).model  # seq 256, ratios 4 and 16
     validate_parallelism(ParallelismConfig(context_parallel=2), m)
     validate_parallelism(ParallelismConfig(context_parallel=8), m)  # chunks of 16 tokens
+    with_mtp = load_config(TINY, ["model.num_nextn_predict_layers=1"]).model
+    validate_parallelism(ParallelismConfig(context_parallel=2), with_mtp)
+    mla = load_config(TINY, MLA + ["model.num_nextn_predict_layers=1"]).model
+    validate_parallelism(ParallelismConfig(context_parallel=16), mla)  # chunks of 8 tokens
+    with pytest.raises(ConfigError, match=r"^parallelism\.context_parallel_method: 'ulysses' is not built for DeepSeek-V4"):
+        validate_parallelism(ParallelismConfig(context_parallel=2, context_parallel_method="ulysses"), mla)
     with pytest.raises(ConfigError) as err:
         validate_parallelism(ParallelismConfig(context_parallel=16), m)
     assert str(err.value).startswith("parallelism.context_parallel: 16: DeepSeek-V4 needs each of the 2 x "

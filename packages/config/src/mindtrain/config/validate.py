@@ -333,11 +333,15 @@ def _validate_common(m: ModelConfig, path: str) -> None:
 
 
 def _v4_context_parallel(p: ParallelismConfig, m: ModelConfig, path: str) -> None:
-    """DeepSeek-V4's context parallelism (MindFormers' compressed-attention scheme): colossal
-    only, each of the 2 x context_parallel chunks a whole number of compressed windows."""
+    """DeepSeek-V4's context parallelism, colossal only: the hybrid attention's is MindFormers'
+    compressed-attention scheme (each of the 2 x context_parallel chunks a whole number of
+    compressed windows), the mla variant's DeepSeek-V3's (keys and values all-gathered); the
+    MTP modules' inputs are shifted on the whole sequence before it is cut, as DeepSeek-V3's."""
     if p.context_parallel_method != "colossal":
         raise ConfigError(f"{path}.context_parallel_method", f"{p.context_parallel_method!r} is not built for "
                           f"DeepSeek-V4 (its compressed attention runs MindFormers' all-gather scheme); use colossal")
+    if m.experimental_attention_variant == "mla":
+        return  # no compressed windows
     chunk = m.seq_length // (2 * p.context_parallel)
     for ratio in sorted({int(r) for r in (m.compress_ratios or ())[:m.num_hidden_layers] if int(r) > 1}):
         if chunk % ratio:
@@ -347,18 +351,6 @@ def _v4_context_parallel(p: ParallelismConfig, m: ModelConfig, path: str) -> Non
                               f"seq_length")
 
 
-def _v4_layouts_built(p: ParallelismConfig, m: ModelConfig, path: str) -> None:
-    """DeepSeek-V4's context parallelism is MindFormers' compressed-attention scheme for the
-    hybrid attention without MTP; the mla attention variant and the MTP modules are laid out
-    over TP, EP, PP and ZeRO-1/2/3 (the layout worker's V4_VARIANT=mla cases)."""
-    what = ("the mla attention variant (model.experimental_attention_variant)"
-            if m.experimental_attention_variant == "mla" else
-            "its MTP modules (model.num_nextn_predict_layers)" if m.num_nextn_predict_layers else None)
-    if what is not None and p.context_parallel > 1:
-        raise ConfigError(f"{path}.context_parallel", f"{p.context_parallel}: DeepSeek-V4 with {what} is not laid "
-                                                      f"out over context parallelism yet; set it to 1")
-
-
 def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
     path = "parallelism"
     check_degrees(p)
@@ -366,7 +358,6 @@ def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
     reshard_after_forward(p.reshard_after_forward_policy, p.data_parallel_shard_strategy, p.pipeline_parallel > 1)
     tp = p.tensor_parallel
     if m.model_type == "deepseek_v4":
-        _v4_layouts_built(p, m, path)
         if m.experimental_attention_variant != "mla" and m.o_groups % tp:
             # the grouped output projection splits by whole groups (each rank's query heads)
             raise ConfigError(f"{path}.tensor_parallel", f"{tp} must divide model.o_groups ({m.o_groups}): "

@@ -16,10 +16,10 @@ from mindspore import Tensor, nn, ops
 
 from mindtrain.config.plan import MOE_BLOCK
 from mindtrain.models.attention import MLAttention
-from mindtrain.models.attention_mask import additive_mask
 from mindtrain.models.deepseek_v4.hyper import HyperConnection, hyper_update
 from mindtrain.models.deepseek_v4.moe import DeepseekV4MoE
 from mindtrain.models.dropout import HIDDEN_ATTENTION, HIDDEN_MLP, hidden_dropout
+from mindtrain.models.inputs import additive, blocked_matrix
 from mindtrain.models.norm import RMSNorm
 
 TABLE_KEYS = ("mla_cos", "mla_sin", "mla_mask")
@@ -60,22 +60,27 @@ class DeepseekV4MLALayer(nn.Cell):
         return hyper_update(streams, post, comb, hidden_dropout(self, y, HIDDEN_MLP)), counts, balance
 
 
-def mla_tables(model, s: int) -> dict:
+def mla_tables(model, s: int, chunks=None, num_chunks: int = 1) -> dict:
     """The ``mla`` variant's tables of sequence length ``s``: DeepSeek-V3's cos / sin [1, 1,
-    S, rope] of positions 0..S-1 (``model.model.rotary_emb``) and the causal additive mask
-    [1, 1, S, S] (each broadcast over the batch)."""
-    key = ("v4-mla", s)
+    L, rope] of the tokens' positions (``model.model.rotary_emb``) and the causal additive
+    mask [1, 1, L, S] of their queries against every key in sequence order (each broadcast
+    over the batch). Without ``chunks`` the tokens are positions 0..S-1 (L = S); with
+    ``chunks`` (context parallelism: this rank's chunk numbers of the ``num_chunks`` equal
+    chunks) they are those chunks' tokens, and the keys are the whole sequence's, as
+    DeepSeek-V3's attention all-gathers them (its ``kv_exchange``): DeepSeek-V3's colossal
+    context parallelism, rows of the one-process mask."""
+    key = ("v4-mla", s, chunks, num_chunks)
     cache = model._rope_mask_cache
     if key not in cache:
-        pos = Tensor(np.arange(s, dtype=np.int32).reshape(1, s))
-        cos, sin = model.model.rotary_emb(pos)
+        c = s // num_chunks
+        pos = np.concatenate([np.arange(k * c, (k + 1) * c) for k in (chunks or (0,))]).astype(np.int32)
+        cos, sin = model.model.rotary_emb(Tensor(pos.reshape(1, -1)))
         if len(cache) > 8:
             cache.clear()
+        mask = additive(blocked_matrix(None, 1, s), 1)[:, :, pos, :]
         cache[key] = {"mla_cos": ops.expand_dims(cos, 1), "mla_sin": ops.expand_dims(sin, 1),
-                      "mla_mask": additive_mask(None, 1, s, 1)}
+                      "mla_mask": Tensor(np.ascontiguousarray(mask))}
     return cache[key]
-
-
 
 
 __all__ = ["DeepseekV4MLALayer", "TABLE_KEYS", "mla_tables"]

@@ -236,12 +236,10 @@ class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
         own entries' rope tables, the causal entry bias of their queries against every entry,
         per local chunk the sliding mask against its halo and own keys ([chunks, c, halo + c])
         and ``halo_index`` (see :meth:`DeepseekV4Attention._window_keys`). Without, one chunk
-        of the whole sequence and no halo."""
+        of the whole sequence and no halo. The ``mla`` variant's: :func:`mla_tables`."""
         cfg = self.config
         if cfg.experimental_attention_variant == "mla":
-            if chunks is not None:
-                raise ValueError("DeepSeek-V4's mla attention variant under context parallelism is not built")
-            return mla_tables(self, s)
+            return mla_tables(self, s, chunks, num_chunks)
         key = ("v4", s, chunks, num_chunks)
         if key in self._rope_mask_cache:
             return self._rope_mask_cache[key]
