@@ -6,7 +6,8 @@ dependencies):
     /tmp/fxvenv/bin/python tools/make_lora_fixtures.py
 
 Each base model is an HF-parity fixture of mindtrain-models (packages/models/tests/fixtures/
-hf_qlora: DeepSeek-V3 with q LoRA; hf_qwen3: Qwen3). PEFT's ``LoraConfig`` adapts the HF modules
+hf_qlora: DeepSeek-V3 with q LoRA; hf_qwen3: Qwen3; hf_deepseek_v4: DeepSeek-V4; hf_deepseek_v4_mla:
+DeepSeek-V4's mla variant, composed as its fixture tool composes it). PEFT's ``LoraConfig`` adapts the HF modules
 that the MindFormers ``target_modules`` / ``exclude_layers`` regexes of ``SPECS`` select (written
 here as the equivalent PEFT regex over HF module names), with rank 4, alpha 8 and no dropout;
 the adapters are set to seeded normal values (both factors non-zero, so every adapter
@@ -44,14 +45,41 @@ SPECS = {
     # MindFormers: target_modules 'linear_qkv|linear_fc1|linear_fc2', exclude_layers 'layers\.1\.mlp\.linear_fc2'
     "qwen3": ("qwen3", r"model\.layers\.\d+\.(self_attn\.(q_proj|k_proj|v_proj)|mlp\.(gate_proj|up_proj))"
                        r"|model\.layers\.0\.mlp\.down_proj"),
+    # DeepSeek-V4 (dsv4_hybrid; HF builds no MTP module). MindFormers: target_modules 'linear_|output_layer',
+    # exclude_layers 'layers\.3\.self_attention\.core_attention\.indexer|layers\.0\.mlp': every Linear of its
+    # attention (linear_q_down_proj, linear_q_up_proj, linear_kv_proj, linear_proj), compressors (linear_wkv,
+    # linear_wgate) and indexer (its compressor's, linear_wq_b, linear_weights_proj), the shared experts'
+    # linear_fc1 / linear_fc2 and the head. The grouped output projection (HF's o_a_proj, a GroupedLinear) is a
+    # bare parameter in MindFormers (linear_o_group_proj), never adapted; the indexer's adapters get no
+    # gradient (its choice is a top-k, in HF too): saved as zeros
+    "dsv4": ("deepseek_v4", r"lm_head|model\.layers\.\d+\.self_attn\.(q_a_proj|q_b_proj|kv_proj|o_b_proj"
+                            r"|compressor\.(kv_proj|gate_proj))"
+                            r"|model\.layers\.[12]\.self_attn\.compressor\.indexer\.(kv_proj|gate_proj|q_b_proj"
+                            r"|scorer\.weights_proj)"
+                            r"|model\.layers\.[1-9]\.mlp\.shared_experts\.(gate_proj|up_proj|down_proj)"),
+    # DeepSeek-V4's mla variant (the model of tools/make_deepseek_v4_mla_fixtures.py: V4 with transformers'
+    # DeepseekV3Attention in every layer). MindFormers: target_modules
+    # 'linear_(qkv|qb|kvb|proj)|shared_experts|output_layer', exclude_layers 'layers\.1\.self_attention\.linear_kvb'
+    "dsv4_mla": ("deepseek_v4_mla", r"lm_head|model\.layers\.\d+\.self_attn\.(q_a_proj|kv_a_proj_with_mqa|q_b_proj|o_proj)"
+                                    r"|model\.layers\.[02]\.self_attn\.kv_b_proj"
+                                    r"|model\.layers\.\d+\.mlp\.shared_experts\.(gate_proj|up_proj|down_proj)"),
 }
+
+
+def _base_model(base: str, base_dir: str):
+    if base == "deepseek_v4_mla":  # transformers has no such model: the composition of its fixture tool
+        from make_deepseek_v4_mla_fixtures import build
+
+        return build()
+    extra = {"experts_implementation": "eager"} if base.startswith("deepseek_v4") else {}
+    return AutoModelForCausalLM.from_pretrained(base_dir, attn_implementation="eager", **extra).float().eval()
 
 
 def make(name: str) -> None:
     base, pattern = SPECS[name]
     base_dir = fx.fixture_dir(base)
     batch = load_file(os.path.join(base_dir, "reference.safetensors"))
-    model = AutoModelForCausalLM.from_pretrained(base_dir, attn_implementation="eager").float().eval()
+    model = _base_model(base, base_dir)
     # PEFT is given the full module names the regex selects (a list matches by name)
     targets = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and re.fullmatch(pattern, n)]
     model = get_peft_model(model, LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=targets))
@@ -76,7 +104,9 @@ def make(name: str) -> None:
     grads = {}
     for pname, p in model.named_parameters():
         if "lora_" in pname:
-            grads[pname.replace(".default.weight", ".weight")] = p.grad.numpy().copy()
+            # None: no gradient reaches it (DeepSeek-V4's indexer: its choice is a top-k)
+            grads[pname.replace(".default.weight", ".weight")] = (np.zeros(tuple(p.shape), np.float32) if p.grad is None
+                                                                   else p.grad.numpy().copy())
     assert set(grads) == set(saved), (sorted(set(grads) ^ set(saved)))[:4]
     for k, g in grads.items():
         ref[f"grad.{k}"] = g

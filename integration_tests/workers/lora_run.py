@@ -1,8 +1,8 @@
 """LoRA (lora_config) on the tiny DeepSeek-V3: ``python lora_run.py OUT DATA_PREFIX CASE[,CASE...]``,
 under msrun (cases ``zero3``: FSDP ZeRO-3 over 2 ranks, ``tp2``: tensor + sequence parallel
 over 2 ranks, ``pp2``: two pipeline stages, ``cp2``: context parallelism (colossal), ``zero3_muon``:
-ZeRO-3 with Muon on the adapters, one after the other in the same job) or as a plain process
-(``ref``, ``ref_muon``).
+ZeRO-3 with Muon on the adapters, ``v4_zero3``: the tiny DeepSeek-V4 under ZeRO-3, one after the
+other in the same job) or as a plain process (``ref``, ``ref_muon``, ``v4_ref``).
 
 Per case, each rank trains STEPS steps with the trainer (saving at step 2 and at the end),
 checks on its own pieces that every base weight is bit-identical and only adapters moved,
@@ -28,21 +28,27 @@ from mindtrain.trainer.trainer import Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(ROOT, "configs", "pynative_ds3_tiny.yaml")
+TINY_V4 = os.path.join(ROOT, "configs", "pynative_ds4_tiny.yaml")
 STEPS = 3
 # every Linear of the decoder layers and of the MTP module (its eh_proj too), and the head
 LORA = ("lora_config={target_modules: 'linear_(qkv|qb|kvb|proj|fc1|fc2)|eh_proj|output_layer', lora_b_std: 0.01, "
         "lora_dropout: 0.1}")  # unmerged adapters in the steps, masks the same in every layout
+# DeepSeek-V4 (cases v4_*): 2 layers (sliding, compressed sparse) and an MTP module; every Linear
+# (attention, compressors, indexer, shared experts, eh_proj) and the head
+V4 = ["model.compress_ratios=[0, 4]", "model.num_nextn_predict_layers=1",
+      "lora_config={target_modules: 'linear_|eh_proj|output_layer', lora_b_std: 0.01, lora_dropout: 0.1}"]
 LAYOUTS = {"ref": [], "zero3": ["parallelism.data_parallel_shard_strategy=optim_grads_params"],
            "tp2": ["parallelism.tensor_parallel=2"], "pp2": ["parallelism.pipeline_parallel=2"],
            "cp2": ["parallelism.context_parallel=2"],
            # Muon on the adapters (MindFormers' optimizer sees only them): whole matrices gathered
            # from their ZeRO-3 shards for Newton-Schulz, against one process's Muon
            "ref_muon": ["optimizer.type=Muon"],
-           "zero3_muon": ["parallelism.data_parallel_shard_strategy=optim_grads_params", "optimizer.type=Muon"]}
+           "zero3_muon": ["parallelism.data_parallel_shard_strategy=optim_grads_params", "optimizer.type=Muon"],
+           "v4_ref": V4, "v4_zero3": V4 + ["parallelism.data_parallel_shard_strategy=optim_grads_params"]}
 
 
 def config(out: str, prefix: str, case: str, *extra):
-    return load_config(TINY, [
+    return load_config(TINY_V4 if case.startswith("v4") else TINY, [
         "model.seq_length=32", "train_dataset.dataloader.config.seq_length=32", "model.num_hidden_layers=2",
         f"training.steps={STEPS}", "training.global_batch_size=2", "compile.enable=false",
         f"train_dataset.dataloader.config.data_path=['1', '{prefix}']", LORA,

@@ -24,18 +24,29 @@ from mindtrain.trainer.trainer import Trainer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = os.path.join(HERE, "..", "..", "models", "tests", "fixtures")
+CONFIGS = os.path.join(HERE, "..", "..", "..", "configs")
 # fixture -> (base HF fixture, MindFormers target_modules, exclude_layers, config overrides);
 # the regexes match what tools/make_lora_fixtures.py gave PEFT
 CASES = {
     "dsv3": ("qlora", "linear_(qkv|qb|kvb|proj)|output_layer", r"layers\.2\.self_attention\.linear_(qb|kvb)",
              {"num_nextn_predict_layers": 0}),
     "qwen3": ("qwen3", "linear_qkv|linear_fc1|linear_fc2", r"layers\.1\.mlp\.linear_fc2", {}),
+    # DeepSeek-V4: every Linear of the hybrid attention (compressors and an indexer too), the shared
+    # experts and the head; the grouped linear_o_group_proj is a bare parameter in MindFormers, never adapted
+    "dsv4": ("deepseek_v4", "linear_|output_layer",
+             r"layers\.3\.self_attention\.core_attention\.indexer|layers\.0\.mlp", {"num_nextn_predict_layers": 0}),
+    "dsv4_mla": ("deepseek_v4_mla", "linear_(qkv|qb|kvb|proj)|shared_experts|output_layer",
+                 r"layers\.1\.self_attention\.linear_kvb", {}),
 }
 TOL = 1e-4
 
 
 def _lora_model(name):
     base, target, exclude, overrides = CASES[name]
+    extra = os.path.join(MODELS, f"hf_{base}", "overrides.json")  # a variant's fields (V4's mla)
+    if os.path.exists(extra):
+        with open(extra, encoding="utf-8") as f:
+            overrides = {**json.load(f), **overrides}
     model = mm.from_pretrained(os.path.join(MODELS, f"hf_{base}"), jit=False, **overrides)
     cfg = SimpleNamespace(model=model.config, lora_config=LoraConfig(target_modules=target, exclude_layers=exclude,
                                                                      lora_rank=4, lora_alpha=8))
@@ -70,7 +81,8 @@ def test_adapters_match_peft(name):
     assert abs(float(loss.asnumpy()) - ref["loss"].item()) < TOL
     for p, g in zip(trained, grads):
         expected = ref[f"grad.{peft_name(p.name)}"]
-        assert np.abs(expected).max() > 1e-4, p.name
+        # V4's indexer chooses entries by a top-k: no gradient reaches its adapters (in HF neither)
+        assert (np.abs(expected).max() > 1e-4) != (".indexer." in p.name), p.name
         np.testing.assert_allclose(g.asnumpy(), expected, atol=TOL * max(1.0, np.abs(expected).max()), rtol=0,
                                    err_msg=p.name)
     # PEFT's merge: the weights W + s * B @ A without the adapters give the same logits
@@ -82,18 +94,61 @@ def test_adapters_match_peft(name):
     np.testing.assert_allclose(model(ids).asnumpy(), ref["logits"], atol=TOL, rtol=0)
 
 
-def test_lora_run_trains_adapters_only_resumes_exactly_and_exports_merged(tiny_config, tmp_path):
-    lora = "lora_config={target_modules: 'linear_(qkv|qb|kvb|proj|fc1|fc2)', exclude_layers: 'mtp', lora_b_std: 0.01}"
+@pytest.mark.parametrize("target, exclude, says", [
+    ("mapping_proj", None, "model.decoder.layers.0.attn_hc.mapping_proj (a DeepSeek-V4 hyper-connection mapping)"),
+    ("hc_head", None, "model.decoder.hc_head.hc_fn (a DeepSeek-V4"),
+    ("linear_o_group_proj", None, "'linear_o_group_proj' matches no Linear layer"),
+    (r"proj|linear_fc|hc_fn", r"_hc|hc_head|layers\.[1-3]", None),  # excluded: layer 0's attention and shared experts
+])
+def test_v4_layers_without_an_adapter_are_refused_in_one_line(target, exclude, says):
+    """DeepSeek-V4's hyper-connection mappings are Linear layers in MindFormers (its LoRA would
+    adapt them) but bare parameters here and in HF: selecting one is a one-line ConfigError;
+    the grouped output projection is a bare parameter in MindFormers too: never selected."""
+    from mindtrain.config import ConfigError
+
+    ms.set_device("CPU")
+    model = mm.from_pretrained(os.path.join(MODELS, "hf_deepseek_v4"), jit=False, num_nextn_predict_layers=0)
+    cfg = SimpleNamespace(model=model.config, lora_config=LoraConfig(target_modules=target, exclude_layers=exclude))
+    if says is None:
+        assert sorted(apply_lora(model, cfg, empty=False)) == sorted(
+            f"model.layers.0.{n}.weight" for n in ("self_attn.q_a_proj", "self_attn.q_b_proj", "self_attn.kv_proj",
+                                                   "self_attn.o_b_proj", "mlp.shared_experts.gate_proj",
+                                                   "mlp.shared_experts.up_proj", "mlp.shared_experts.down_proj"))
+        return
+    with pytest.raises(ConfigError) as err:
+        apply_lora(model, cfg, empty=False)
+    assert "\n" not in str(err.value) and str(err.value).startswith("lora_config.target_modules: ")
+    assert says in str(err.value), str(err.value)
+
+
+# the tiny run: (config, lora_config's target_modules and exclude_layers, overrides, adapted layers)
+RUNS = {
+    "dsv3": ("pynative_ds3_tiny.yaml", "'linear_(qkv|qb|kvb|proj|fc1|fc2)', exclude_layers: 'mtp'", (), 16),
+    # DeepSeek-V4, 2 layers (sliding, compressed sparse) + an MTP module: every Linear but the
+    # grouped output projections (MindFormers' bare parameter) and the indexer's scorer
+    "dsv4": ("pynative_ds4_tiny.yaml", "'linear_|output_layer|eh_proj', exclude_layers: 'linear_weights_proj'",
+             ("model.compress_ratios=[0, 4]", "model.num_nextn_predict_layers=1"), 28),
+}
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_lora_run_trains_adapters_only_resumes_exactly_and_exports_merged(name, tiny_config, tmp_path):
+    config, target, more, n_layers = RUNS[name]
+    lora = f"lora_config={{target_modules: {target}, lora_b_std: 0.01}}"
+
+    def tiny_config(*extra, _make=tiny_config):
+        return _make(*more, *extra, config=os.path.join(CONFIGS, config))
+
     ck = tmp_path / "ck"
     cfg = tiny_config(lora, "checkpoint.enable_save=true", f"checkpoint.save_path={ck}", "checkpoint.save_interval=2")
     lines = []
     trainer = Trainer(cfg, Runtime(device="CPU"), out=lines.append)
-    assert any("LoRA: adapters on 16 Linear layers" in x for x in lines)
+    assert any(f"LoRA: adapters on {n_layers} Linear layers" in x for x in lines)
     before = {n: p.asnumpy().copy() for n, p in trainer.params}
     full = trainer.train()
     after = {n: p.asnumpy().copy() for n, p in trainer.params}
     adapters = [n for n in before if n.endswith((".lora_a", ".lora_b"))]
-    assert len(adapters) == 32
+    assert len(adapters) == 2 * n_layers
     for n in before:  # the base is bit-identical; every adapter moved
         assert np.array_equal(before[n], after[n]) != (n in adapters), n
     # optimizer state: the adapters' moments only
@@ -117,6 +172,8 @@ def test_lora_run_trains_adapters_only_resumes_exactly_and_exports_merged(tiny_c
     for n, p in resumed_trainer.params:
         np.testing.assert_array_equal(p.asnumpy(), after[n], err_msg=n)
 
+    if name == "dsv4":  # the export is the family-independent merge checked on DeepSeek-V3 below
+        return
     # merged into an HF directory: the same logits as the adapted model
     hf = tmp_path / "hf"
     assert export_main([str(ck / "iter_0000003"), str(hf)]) == 2  # adapters present: --lora is needed

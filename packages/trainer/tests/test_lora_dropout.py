@@ -6,6 +6,7 @@ unmerged formula in numpy; outside a training step the adapter runs merged, exac
 without dropout; the masks do not depend on the layout (sequence shards, row-split slices).
 Layout parity under msrun (ZeRO-3, TP2) is in integration_tests/test_lora_msrun.py."""
 
+import json
 import os
 import zlib
 from types import SimpleNamespace
@@ -129,23 +130,38 @@ def test_lora_masks_drop_p_and_do_not_depend_on_the_layout(p):
     assert not np.array_equal(state.lora_mask(zlib.crc32(b"mlp.up_proj"), (4, 64, 256)), full)
 
 
-def _model(p):
-    model = mm.from_pretrained(os.path.join(MODELS, "hf_qlora"), jit=False, num_nextn_predict_layers=0)
+# fixture -> the layers adapted: every Linear layer of the model
+SITES = {
+    "qlora": "linear_(qkv|qb|kvb|proj|fc1|fc2)",
+    # DeepSeek-V4's hybrid attention (q / kv / output projections, the compressors' kv / gate, the
+    # indexer's; a hca layer of ratio 8 cuts the 12 tokens to one window; its mla variant's attention
+    # is DeepSeek-V3's, above)
+    "deepseek_v4": "linear_|output_layer",
+}
+
+
+def _model(p, name="qlora"):
+    d = os.path.join(MODELS, f"hf_{name}")
+    overrides = {}
+    if os.path.exists(os.path.join(d, "overrides.json")):  # a variant's fields (V4's mla)
+        with open(os.path.join(d, "overrides.json"), encoding="utf-8") as f:
+            overrides = json.load(f)
+    model = mm.from_pretrained(d, jit=False, num_nextn_predict_layers=0, **overrides)
     cfg = SimpleNamespace(model=model.config, lora_config=LoraConfig(
-        target_modules="linear_(qkv|qb|kvb|proj|fc1|fc2)", lora_rank=4, lora_alpha=8, lora_b_std=0.05,
-        lora_dropout=p))
+        target_modules=SITES[name], lora_rank=4, lora_alpha=8, lora_b_std=0.05, lora_dropout=p))
     apply_lora(model, cfg, empty=False)
     return model
 
 
-def test_every_site_of_the_model_runs_unmerged_in_a_step_and_merged_outside():
-    """DeepSeek-V3 (MLA: q_a/q_b/kv_a/kv_b/o, dense MLP, MoE shared experts): outside a
-    step the model with lora_dropout equals it without; in a step with a
-    vanishing rate (every mask 1) the unmerged path equals the merged one, with p = 0.2 it
-    differs."""
+@pytest.mark.parametrize("name", list(SITES))
+def test_every_site_of_the_model_runs_unmerged_in_a_step_and_merged_outside(name):
+    """DeepSeek-V3 (MLA: q_a/q_b/kv_a/kv_b/o, dense MLP, MoE shared experts) and DeepSeek-V4's
+    hybrid attention: outside a step the model with lora_dropout equals it without;
+    in a step with a vanishing rate (every mask 1) the unmerged path equals the merged one,
+    with p = 0.2 it differs."""
     ms.set_device("CPU")
-    ids = Tensor(np.arange(24, dtype=np.int32).reshape(2, 12) * 5 % 100)
-    plain, dropped, tiny = _model(0.0), _model(0.2), _model(1e-9)
+    ids = Tensor(np.arange(24, dtype=np.int32).reshape(2, 12) * 5 % 60)
+    plain, dropped, tiny = _model(0.0, name), _model(0.2, name), _model(1e-9, name)
     want = plain(ids).asnumpy()
     np.testing.assert_array_equal(dropped(ids).asnumpy(), want)
     keys = token_keys(ids.asnumpy())

@@ -763,7 +763,7 @@ def validate_mindformers_sections(cfg: MindTrainConfig) -> None:
     _refuse_unsupported(cfg)
 
 
-_LORA_FAMILIES = ("deepseek_v3", "qwen3", "qwen3_moe")
+_LORA_FAMILIES = ("deepseek_v3", "deepseek_v4", "qwen3", "qwen3_moe")
 
 
 def validate_lora(cfg: MindTrainConfig) -> None:
@@ -792,8 +792,8 @@ def validate_lora(cfg: MindTrainConfig) -> None:
         raise ConfigError("lora_config.lora_dropout", f"must be in [0, 1), got {lc.lora_dropout!r}")
     family = getattr(cfg.model, "model_type", "deepseek_v3")
     if family not in _LORA_FAMILIES:
-        raise ConfigError("lora_config", f"LoRA on model_type {family} is not supported yet (DeepSeek-V3, Qwen3 "
-                          "and Qwen3-MoE are); remove the lora_config section")
+        raise ConfigError("lora_config", f"LoRA on model_type {family} is not supported yet (DeepSeek-V3, "
+                          "DeepSeek-V4, Qwen3 and Qwen3-MoE are); remove the lora_config section")
     if cfg.optimizer.type == "Muon" and cfg.optimizer.qk_clip_enabled:
         raise ConfigError("optimizer.qk_clip_enabled", "QK-clip scales the query and key weights, which LoRA "
                           "freezes (the adapters saved alone would no longer give the trained model); set it "

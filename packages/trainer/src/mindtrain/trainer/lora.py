@@ -11,7 +11,12 @@ matched by the path of the MindFormers layer holding its weight (the checkpoint 
 (``linear_qkv``: ``q_a_proj`` + ``kv_a_proj_with_mqa`` of MLA, or Qwen3's ``q_proj`` / ``k_proj``
 / ``v_proj``; ``linear_fc1``: ``gate_proj`` + ``up_proj``): a match gives each its own adapter, as
 PEFT does on the HF model (MindFormers' one adapter on the fused weight shares ``lora_a``).
-Routed experts, the router and the embedding are not Linear layers and get none.
+Routed experts, the router and the embedding are not Linear layers and get none. DeepSeek-V4:
+the paths of MindFormers' V4 (``...self_attention.linear_q_down_proj``, ``...core_attention.
+compressor.linear_wkv``, ``...core_attention.indexer.linear_wq_b``, ...); its grouped output
+projection is a bare parameter there (``linear_o_group_proj``) and gets none, as in MindFormers;
+its hyper-connection mappings are Linear layers there but bare parameters here (and in HF):
+selecting one is a ConfigError.
 
 Training: the adapters (``<layer>.lora_a`` [r, in], ``.lora_b`` [out, r]) are parameters of the
 layout like any other (FSDP shards, TP splits, see :func:`mindtrain.models.parallel_plan`); the
@@ -29,7 +34,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from mindtrain.config import ConfigError, MindTrainConfig
+from mindtrain.config import ConfigError, MindTrainConfig, UserError
 from mindtrain.trainer.mindformers_name_table import locate
 
 ADAPTER_DIR = "lora"
@@ -37,10 +42,37 @@ ADAPTER_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 
 
-def mindformers_path(weight_name: str, model_cfg: Any) -> str:
-    """MindFormers' PyNative cell path of the layer holding mindtrain's ``weight_name``."""
+def mindformers_path(weight_name: str, model_cfg: Any) -> Optional[str]:
+    """MindFormers' PyNative cell path of the layer holding mindtrain's ``weight_name``; None
+    when MindFormers holds it as a bare parameter, not a layer's weight (DeepSeek-V4's grouped
+    output projection ``linear_o_group_proj``: MindFormers' walk never sees it)."""
     theirs, _ = locate(weight_name, model_cfg)
-    return "model." + theirs[:-len(".weight")]
+    return "model." + theirs[:-len(".weight")] if theirs.endswith(".weight") else None
+
+
+# MindFormers' Linear layers that are bare parameters here (and in HF): DeepSeek-V4's
+# hyper-connection mappings (``attn_hc`` / ``ffn_hc``: ``mapping_proj``) and stream heads
+# (``hc_head.hc_fn``), multiplied inside the hyper-connection math
+_NOT_LINEAR_HERE = re.compile(r"\.(mapping_proj|hc_fn)$")
+
+
+def _refuse_unbuilt(param_names: Sequence[str], cfg: MindTrainConfig) -> None:
+    """A ConfigError (one line) when ``target_modules`` selects a MindFormers Linear layer that
+    has no adapter here."""
+    lc = cfg.lora_config
+    target = re.compile(lc.target_modules)
+    exclude = re.compile(lc.exclude_layers) if lc.exclude_layers else None
+    for name in param_names:
+        try:
+            theirs, _ = locate(name, cfg.model)
+        except UserError:  # not in the name table: not a MindFormers Linear either
+            continue
+        path = "model." + theirs[:-len(".weight")]
+        if theirs.endswith(".weight") and _NOT_LINEAR_HERE.search(path) and target.search(path) \
+                and not _excluded(path, exclude):
+            raise ConfigError("lora_config.target_modules", f"{lc.target_modules!r} selects {path} (a DeepSeek-V4 "
+                              "hyper-connection mapping), which has no LoRA adapter here (HF has no Linear there "
+                              "either); narrow the pattern or add it to lora_config.exclude_layers")
 
 
 def _excluded(path: str, exclude: Optional[re.Pattern]) -> bool:
@@ -58,7 +90,7 @@ def select_layers(weight_names: Sequence[str], cfg: MindTrainConfig) -> list[str
     out = []
     for name in weight_names:
         path = mindformers_path(name, cfg.model)
-        if target.search(path) and not _excluded(path, exclude):
+        if path is not None and target.search(path) and not _excluded(path, exclude):
             out.append(name)
     return out
 
@@ -70,6 +102,7 @@ def apply_lora(model, cfg: MindTrainConfig, empty: bool) -> list[str]:
 
     lc = cfg.lora_config
     layers = dict(linear_layers(model))
+    _refuse_unbuilt([p.name for p in model.get_parameters()], cfg)
     chosen = select_layers(list(layers), cfg)
     if not chosen:
         example = mindformers_path(next(iter(layers)), cfg.model) if layers else "model.decoder.layers.0..."

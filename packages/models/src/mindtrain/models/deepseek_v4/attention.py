@@ -60,6 +60,12 @@ def apply_rope(x, cos, sin, rotation, inverse: bool = False):
     return x * cos - rotated * sin if inverse else x * cos + rotated * sin
 
 
+def _lora_linear(cell: Linear, x, cd):
+    """``cell``'s product in ``cd`` with its LoRA adapter (merged, or unmerged on ``[x,
+    dropout(x)]`` while LoRA dropout runs; see :meth:`Linear.merged_weight`)."""
+    return linear(cell.lora_input(x), cell.merged_weight(), None, cd)
+
+
 def causal_entry_bias(positions: np.ndarray, ratio: int, n_entries: int) -> np.ndarray:
     """[len(positions), T] additive bias: 0 where the query at position t may see compressed
     entry w (w < (t + 1) // ratio)."""
@@ -101,13 +107,15 @@ class Compressor(nn.Cell):
         if nw == 0:
             return None
         cd = self.matmul_dtype
+        # LoRA: the adapted weights (their inputs taken before the cut: LoRA dropout's masks are per token)
+        x_kv, x_gate = self.kv_proj.lora_input(x), self.gate_proj.lora_input(x)
         if nw * m != c:
             if exchange is not None:
                 raise ValueError(f"DeepSeek-V4 context parallelism: a chunk of {c} tokens is not a whole number of "
                                  f"ratio-{m} windows (parallelism.context_parallel)")
-            x = x[:, :nw * m]
-        kv = linear(x, self.kv_proj.weight, None, cd).reshape(b * nch, nw, m, -1)
-        gate = linear(x, self.gate_proj.weight, None, cd).reshape(b * nch, nw, m, -1) + self.position_bias
+            x_kv, x_gate = x_kv[:, :nw * m], x_gate[:, :nw * m]
+        kv = linear(x_kv, self.kv_proj.merged_weight(), None, cd).reshape(b * nch, nw, m, -1)
+        gate = linear(x_gate, self.gate_proj.merged_weight(), None, cd).reshape(b * nch, nw, m, -1) + self.position_bias
         if self.overlap:
             cur_kv, cur_gate = kv[..., d:], gate[..., d:]
             if exchange is None:
@@ -183,11 +191,11 @@ class Indexer(Compressor):
             return None
         t = keys.shape[1]
         cd = self.matmul_dtype
-        q = linear(q_latent, self.q_b_proj.weight, None, cd).reshape(b, s, self.heads, self.dim)
+        q = _lora_linear(self.q_b_proj, q_latent, cd).reshape(b, s, self.heads, self.dim)
         q = apply_rope(q, tables["index_q_cos"], tables["index_q_sin"], tables["index_rotation"])
         scores = ops.bmm(q.reshape(b, s * self.heads, self.dim), ops.transpose(keys, (0, 2, 1)))
         scores = ops.relu(scores.reshape(b, s, self.heads, t)) * (self.dim ** -0.5)
-        weights = linear(x, self.scorer.weights_proj.weight, None, cd) * (self.heads ** -0.5)
+        weights = _lora_linear(self.scorer.weights_proj, x, cd) * (self.heads ** -0.5)
         index = (scores * ops.expand_dims(weights, -1)).sum(2)               # [B, S, T]
         index = ops.stop_gradient(index) + seq_bias
         k = min(self.topk, t)
@@ -256,10 +264,10 @@ class DeepseekV4Attention(nn.Cell):
         cd = self.matmul_dtype
         rope = "main" if self.kind == "sliding" else "compress"
         cos, sin, rot = tables[f"{rope}_cos"], tables[f"{rope}_sin"], tables["rotation"]
-        q_latent = rms_norm(linear(x, self.q_a_proj.weight, None, cd), self.q_a_norm.weight, self.eps)
-        q = linear(q_latent, self.q_b_proj.weight, None, cd).reshape(b, s, n, d)
+        q_latent = rms_norm(_lora_linear(self.q_a_proj, x, cd), self.q_a_norm.weight, self.eps)
+        q = _lora_linear(self.q_b_proj, q_latent, cd).reshape(b, s, n, d)
         q = apply_rope(unweighted_rms_norm(q, self.eps), cos.reshape(1, s, 1, d), sin.reshape(1, s, 1, d), rot)
-        kv = rms_norm(linear(x, self.kv_proj.weight, None, cd), self.kv_norm.weight, self.eps)
+        kv = rms_norm(_lora_linear(self.kv_proj, x, cd), self.kv_norm.weight, self.eps)
         kv = apply_rope(kv, cos, sin, rot)                                    # [B, S, d]
         ex = self.kv_exchange
         nch = 1 if ex is None else len(ex.chunks)  # the query chunks (one: the whole sequence)
@@ -294,9 +302,10 @@ class DeepseekV4Attention(nn.Cell):
         out = apply_rope(out, cos.reshape(1, s, 1, d), sin.reshape(1, s, 1, d), rot, inverse=True)
         g = self.o_groups
         grouped = ops.transpose(out.reshape(b * s, g, n * d // g), (1, 0, 2))  # [G, BS, in]
+        # never adapted: MindFormers holds it as a parameter, not a Linear (trainer/lora.py skips it)
         w = self.o_a_proj.weight.reshape(g, self.o_lora_rank, n * d // g)
         low = ops.transpose(self.bmm_t(grouped, w), (1, 0, 2)).reshape(b, s, g * self.o_lora_rank)
-        return linear(low, self.o_b_proj.weight, None, cd)
+        return _lora_linear(self.o_b_proj, low, cd)
 
     head_offset = 0
     """The global index of this cell's first query head (tensor parallelism sets it):

@@ -227,7 +227,7 @@ class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
 
     def lm_loss(self, h, labels, loss_mask):
         norm = self.model.norm
-        return self.head_loss(self.collapse(h), norm.weight, norm.eps, self.lm_head.weight, labels, loss_mask)
+        return self.head_loss(self.collapse(h), norm.weight, norm.eps, self.lm_head.merged_weight(), labels, loss_mask)
 
     def tables(self, s: int, chunks: Optional[tuple] = None, num_chunks: int = 1) -> dict:
         """Rope tables, pair rotations and masks of sequence length ``s`` (cached). With
