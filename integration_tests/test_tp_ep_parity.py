@@ -21,14 +21,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from parity import LOSS_RTOL, assert_same_training  # noqa: E402
+
 pytestmark = pytest.mark.msrun
 
 WORKER = Path(__file__).parent / "workers" / "tp_ep_parity.py"
 ROOT = Path(__file__).resolve().parent.parent
-LOSS_RTOL = 1e-5
-MODEL_RTOL = 1e-5      # ||all params - ref|| / ||ref||
-TENSOR_RTOL = 1e-4     # per tensor; AdamW turns float-noise in near-zero gradients into
-                       # update differences of a few elements (see the parallel README)
 
 
 def _env():
@@ -72,20 +71,6 @@ def _reference(d: Path, proc) -> dict:
     return dict(np.load(d / "ref.npz"))
 
 
-def _compare(ref: dict, got: dict, case: str) -> None:
-    np.testing.assert_allclose(got["losses"], ref["losses"], rtol=LOSS_RTOL, err_msg=case)
-    names = sorted(k for k in ref if k.startswith("p:"))
-    assert sorted(k for k in got if k.startswith("p:")) == names, case
-    num = den = 0.0
-    for k in names:
-        a, b = got[k].astype(np.float64), ref[k].astype(np.float64)
-        assert a.shape == b.shape, (case, k)
-        diff, norm = float(np.linalg.norm(a - b)), float(np.linalg.norm(b))
-        num, den = num + diff ** 2, den + norm ** 2
-        assert diff <= TENSOR_RTOL * max(norm, 1e-12), f"{case} {k}: relative error {diff / norm:.2e}"
-    assert np.sqrt(num / den) <= MODEL_RTOL, f"{case}: model relative error {np.sqrt(num / den):.2e}"
-
-
 @pytest.fixture(scope="module")
 def results(out_dir):
     """The reference and every case of the one 4-worker launch, by name."""
@@ -101,8 +86,8 @@ def results(out_dir):
 
 def test_tp2_ep2_fsdp2_and_ep2_fsdp4_match_single_process(results):
     ref, both, epf = results["ref"], results["tp2_ep2_fsdp2"], results["ep2_fsdp4"]
-    _compare(ref, both, "tp2_ep2_fsdp2")
-    _compare(ref, epf, "ep2_fsdp4")
+    assert_same_training(ref, both, "tp2_ep2_fsdp2")
+    assert_same_training(ref, epf, "ep2_fsdp4")
     full = int(ref["param_bytes_local"])
     experts = sum(ref[k].nbytes for k in ref if k.startswith("p:") and ".mlp.experts." in k)
     dense = full - experts
@@ -125,7 +110,7 @@ def test_alltoall_deredundancy_matches_and_sends_fewer_bytes(results):
     training as one process, and rank 0's dispatch and combine sent fewer bytes than the
     alltoall dispatcher's in the same layout (ep2_fsdp4: the same tokens and routing)."""
     ref, plain, dedup = results["ref"], results["ep2_fsdp4"], results["ep2_fsdp4_dedup"]
-    _compare(ref, dedup, "ep2_fsdp4_dedup")
+    assert_same_training(ref, dedup, "ep2_fsdp4_dedup")
     sent, base = int(dedup["ep_sent_bytes"]), int(plain["ep_sent_bytes"])
     assert 0 < sent < 0.9 * base, (sent, base)
 
@@ -136,7 +121,7 @@ def test_expert_tensor_parallel_1_with_tp_and_ep_matches_single_process(results)
     group, their gradients summed over TP. Same training as one process; a rank holds half
     the experts (EP), none of them TP-split."""
     ref, got, split = results["ref"], results["tp2_ep2_etp1"], results["tp2_ep2_zero3_compiled"]
-    _compare(ref, got, "tp2_ep2_etp1")
+    assert_same_training(ref, got, "tp2_ep2_etp1")
     np.testing.assert_allclose(got["grad_norms"], ref["grad_norms"], rtol=LOSS_RTOL)
     experts = sum(ref[k].nbytes for k in ref if k.startswith("p:") and ".mlp.experts." in k)
     assert int(got["expert_bytes"]) == experts // 2 == 2 * int(split["expert_bytes"])
@@ -150,7 +135,7 @@ def test_tp2_ep2_zero3_compiled_by_regions_matches_single_process(results):
     each rank holds only its dim-0 shards of the TP pieces and its experts."""
     ref, got = results["ref"], results["tp2_ep2_zero3_compiled"]
     assert str(got["transport"]) == "mccl"
-    _compare(ref, got, "tp2_ep2_zero3_compiled")
+    assert_same_training(ref, got, "tp2_ep2_zero3_compiled")
     np.testing.assert_allclose(got["grad_norms"], ref["grad_norms"], rtol=LOSS_RTOL)
     # it really ran compiled, by pieces (TP and EP wrap cells inside every layer), with one
     # unit per decoder layer and the MTP module
