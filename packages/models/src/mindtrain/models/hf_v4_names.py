@@ -28,7 +28,8 @@ _RENAMES = [
     (r"\.attn_sink", ".sinks"),
     (r"\.indexer\.weights_proj\.", ".compressor.indexer.scorer.weights_proj."),
     (r"\.indexer\.wq_b\.", ".compressor.indexer.q_b_proj."),
-    (r"\.norm\.", ".kv_norm."), (r"\.ape", ".position_bias"), (r"\.wq_a\.", ".q_a_proj."),
+    (r"(?<!\.shared_head)\.norm\.", ".kv_norm."),  # an attention's or compressor's norm, not an MTP module's
+    (r"\.ape", ".position_bias"), (r"\.wq_a\.", ".q_a_proj."),
     (r"\.self_attn\.wq_b\.", ".self_attn.q_b_proj."), (r"\.wkv\.", ".kv_proj."), (r"\.wgate\.", ".gate_proj."),
     (r"\.wo_a\.", ".o_a_proj."), (r"\.wo_b\.", ".o_b_proj."), (r"\.q_norm\.", ".q_a_norm."),
     (r"\.gate\.bias", ".gate.e_score_correction_bias"),
