@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import sys
-import zlib
 from dataclasses import replace
 
 
@@ -27,12 +26,13 @@ from mindspore import Tensor
 
 from mindtrain.config import ParallelDims, load_config
 from mindtrain.models import apply_compile, build_model, is_compiled, parallel_plan
-from mindtrain.parallel import DeviceMesh, collectives as C, fully_shard, init_distributed
+from mindtrain.parallel import collectives as C, fully_shard, init_distributed
 from mindtrain.parallel.expert_parallel import apply_expert_parallel, global_expert_load
 from mindtrain.parallel.tensor_parallel import apply_tensor_parallel, param_bytes
 from mindtrain.trainer.estimate import estimate
 from mindtrain.trainer.optimizer import AdamW
 from shards_check import check_shards
+from synthetic import mesh_with_groups, seed_weights, tokens
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS, GLOBAL, ACC, SEQ = int(os.environ.get("TP_EP_STEPS", 3)), 8, 2, 16
@@ -60,40 +60,13 @@ def model_config():
 
 def build():
     model = build_model(model_config(), jit=False)
-    for p in model.get_parameters():
-        name = p.name
-        if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
-            continue  # ones
-        if name.endswith("e_score_correction_bias"):
-            continue  # zeros
-        rs = np.random.RandomState(zlib.crc32(name.encode()))
-        p.set_data(Tensor(rs.normal(0.0, 0.02, p.shape).astype(np.float32)))
+    # norms ones, correction biases zeros
+    seed_weights(model.get_parameters(), 0.02, ("norm.weight", "layernorm.weight", "e_score_correction_bias"))
     return model
 
 
 def data(step):
-    rs = np.random.RandomState(100 + step)
-    tokens = rs.randint(0, 512, (GLOBAL, SEQ + 1)).astype(np.int32)
-    return tokens[:, :-1], tokens[:, 1:]
-
-
-_named_groups: dict = {}
-
-
-def make_mesh(dims, world, rank):
-    """A mesh whose backend groups are created once per member set across all cases."""
-    mesh = DeviceMesh(dims, rank)
-    from mindtrain.parallel.mesh import DIMS
-
-    names = {}
-    for dim in DIMS:
-        ranks = mesh.group_ranks(dim)
-        if ranks not in _named_groups:
-            _named_groups[ranks] = C.new_group(ranks)
-        names[dim] = _named_groups[ranks]
-    mesh._names.update(names)
-    mesh._created = True
-    return mesh
+    return tokens(step, GLOBAL, SEQ)
 
 
 def activation_bytes(model, ids, labels):
@@ -123,7 +96,7 @@ def run_layout(case, world, rank, out_dir):
     dp, tp_size, ep_size = LAYOUT_CASES[case]
     dims = ParallelDims(world_size=dp * tp_size, pp=1, dp_shard=dp, cp=1, tp=tp_size, ep=ep_size)
     assert dims.world_size == world, (case, world)
-    mesh = make_mesh(dims, world, rank)
+    mesh = mesh_with_groups(dims, rank)
     overrides = (["parallelism.data_parallel_shard_strategy=optim_grads_params",
                   f"parallelism.tensor_parallel={tp_size}", f"parallelism.expert_parallel={ep_size}"]
                  + (["parallelism.expert_tensor_parallel=1"] if case in ETP1 else []))
@@ -180,7 +153,7 @@ def run(case, world, rank, out_dir):
     dp, tp_size, ep_size, fsdp_on = CASES[case]
     dims = ParallelDims(world_size=dp * tp_size, pp=1, dp_shard=dp, cp=1, tp=tp_size, ep=ep_size)
     assert dims.world_size == world, (case, world)
-    mesh = make_mesh(dims, world, rank)
+    mesh = mesh_with_groups(dims, rank)
     model = build()
     plan = parallel_plan(model)
     full_bytes = param_bytes(model)

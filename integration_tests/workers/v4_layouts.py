@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import sys
-import zlib
 
 
 from pinning import pin_to_one_core  # noqa: E402  (before numpy / mindspore)
@@ -31,10 +30,10 @@ from mindspore import Tensor  # noqa: E402
 from mindtrain.config import ParallelDims, load_config  # noqa: E402
 from mindtrain.models import apply_compile, build_model, is_compiled, parallel_plan  # noqa: E402
 from mindtrain.parallel import DeviceMesh, collectives as C, init_distributed, parallelize  # noqa: E402
-from mindtrain.parallel.mesh import DIMS  # noqa: E402
 from mindtrain.parallel.pipeline_parallel import relax_receive_timeout  # noqa: E402
 from mindtrain.trainer.estimate import estimate  # noqa: E402
 from mindtrain.trainer.optimizer import AdamW  # noqa: E402
+from synthetic import mesh_with_groups, seed_weights, tokens  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "configs", "pynative_ds4_tiny.yaml")
@@ -95,35 +94,13 @@ def config(case: str):
 
 def build(cfg):
     model = build_model(cfg.model, jit=False)
-    for p in model.trainable_params():
-        name = p.name
-        if name.endswith(("norm.weight", "layernorm.weight", ".scale", "hc_scale")):
-            continue  # ones
-        rs = np.random.RandomState(zlib.crc32(name.encode()))
-        p.set_data(Tensor(rs.normal(0.0, 0.05, p.shape).astype(np.float32)))
+    seed_weights(model.trainable_params(), 0.05, ("norm.weight", "layernorm.weight", ".scale", "hc_scale"))  # ones
     apply_compile(model)
     return model
 
 
 def data(step):
-    rs = np.random.RandomState(100 + step)
-    tokens = rs.randint(0, 512, (GLOBAL, SEQ + 1)).astype(np.int32)
-    return tokens[:, :-1], tokens[:, 1:]
-
-
-_groups: dict = {}
-
-
-def make_mesh(dims, rank):
-    """A mesh whose backend groups are created once per member set across the cases."""
-    mesh = DeviceMesh(dims, rank)
-    for dim in DIMS:
-        ranks = mesh.group_ranks(dim)
-        if ranks not in _groups:
-            _groups[ranks] = C.new_group(ranks) if dims.world_size > 1 else None
-        mesh._names[dim] = _groups[ranks]
-    mesh._created = True
-    return mesh
+    return tokens(step, GLOBAL, SEQ)
 
 
 def run(case, world, rank, out_dir):
@@ -132,7 +109,7 @@ def run(case, world, rank, out_dir):
     cp = cfg.parallelism.context_parallel
     dims = ParallelDims(world_size=pp * dp * cp * tp, pp=pp, dp_shard=dp, cp=cp, tp=tp, ep=ep)
     assert dims.world_size == world, (case, world)
-    mesh = make_mesh(dims, rank)
+    mesh = mesh_with_groups(dims, rank) if dims.world_size > 1 else DeviceMesh(dims, rank)
     model = build(cfg)
     plan = parallel_plan(model)
     acc = 1 if case in ONE_MICRO_BATCH else GLOBAL // dp  # else one sequence per micro-batch

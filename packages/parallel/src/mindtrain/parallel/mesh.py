@@ -115,19 +115,21 @@ class DeviceMesh:
         ranks = self.group_ranks(dim)
         return Group(dim, ranks, ranks.index(self.global_rank), self._names.get(dim))
 
-    def init_process_groups(self) -> "DeviceMesh":
+    def init_process_groups(self, created: Optional[dict] = None) -> "DeviceMesh":
         """Create this rank's backend group for every dimension, once.
 
         Only member ranks create a group (a non-member call hangs or breaks later ops on
         MindSpore's CPU backend), and every rank walks the dimensions in the same order, so
         members of one group always create it together. Groups with equal members share
-        one backend group; a group of all ranks is the world group.
+        one backend group; a group of all ranks is the world group. ``created``: backend
+        groups by member ranks that earlier meshes of this process created (a job laying out
+        several meshes in turn), reused and added to.
         """
         if self._created:
             return self
         from mindtrain.parallel import collectives
 
-        by_ranks: dict[tuple[int, ...], Optional[str]] = {}
+        by_ranks: dict[tuple[int, ...], Optional[str]] = {} if created is None else created
         for dim in DIMS:
             ranks = self.group_ranks(dim)
             if ranks not in by_ranks:
