@@ -11,7 +11,12 @@ DeepSeek-V4's mla variant, composed as its fixture tool composes it). PEFT's ``L
 that the MindFormers ``target_modules`` / ``exclude_layers`` regexes of ``SPECS`` select (written
 here as the equivalent PEFT regex over HF module names), with rank 4, alpha 8 and no dropout;
 the adapters are set to seeded normal values (both factors non-zero, so every adapter
-gradient is). Each fixture directory (packages/trainer/tests/fixtures/lora_<name>/) holds PEFT's
+gradient is). MindFormers' LoRA on a fused layer (``linear_qkv``: MLA's q_a_proj / q_proj +
+kv_a_proj_with_mqa, Qwen3's q_proj + k_proj + v_proj; ``linear_fc1``: gate_proj + up_proj) is one
+adapter: one ``lora_A`` shared by the parts. PEFT gives each HF module its own, so here the
+parts' ``lora_A`` are tied by hand (one torch Parameter, the first part's: :data:`FUSED`): the
+fused adapter's function, and its gradient is the sum over the parts (saved under each part's
+name, as are its values). Each fixture directory (packages/trainer/tests/fixtures/lora_<name>/) holds PEFT's
 ``save_pretrained`` output (adapter_model.safetensors, adapter_config.json) and
 reference.safetensors: the batch, the logits of the adapted model, the masked mean
 cross-entropy ``loss`` and ``grad.<PEFT tensor name>`` of every adapter.
@@ -66,6 +71,30 @@ SPECS = {
 }
 
 
+# HF modules MindFormers fuses into one layer, first part first (it holds the shared lora_A)
+FUSED = [("self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa"), ("self_attn.q_proj", "self_attn.kv_a_proj_with_mqa"),
+         ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gate_proj", "mlp.up_proj"),
+         ("mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj")]
+
+
+def _tie_fused(model) -> int:
+    """Tie the ``lora_A`` of the parts of every fused layer to its first part's; the count tied."""
+    modules = dict(model.named_modules())
+    tied = 0
+    for name, module in modules.items():
+        for group in FUSED:
+            if not name.endswith("." + group[0]) or "default" not in getattr(module, "lora_A", {}):
+                continue
+            layer = name[:-len(group[0])]
+            others = [modules.get(layer + g) for g in group[1:]]
+            if any(o is None or "default" not in getattr(o, "lora_A", {}) for o in others):
+                continue
+            for o in others:
+                o.lora_A["default"].weight = module.lora_A["default"].weight
+                tied += 1
+    return tied
+
+
 def _base_model(base: str, base_dir: str):
     if base == "deepseek_v4_mla":  # transformers has no such model: the composition of its fixture tool
         from make_deepseek_v4_mla_fixtures import build
@@ -90,6 +119,7 @@ def make(name: str) -> None:
                 a, b = module.lora_A["default"].weight, module.lora_B["default"].weight
                 a.copy_(torch.from_numpy(rng.normal(0, 0.1, tuple(a.shape)).astype(np.float32)))
                 b.copy_(torch.from_numpy(rng.normal(0, 0.05, tuple(b.shape)).astype(np.float32)))
+    tied = _tie_fused(model)
     input_ids, labels, loss_mask = (batch[k] for k in ("input_ids", "labels", "loss_mask"))
     logits = model(input_ids=torch.from_numpy(input_ids.astype(np.int64))).logits
     vocab = logits.shape[-1]
@@ -102,7 +132,7 @@ def make(name: str) -> None:
     ref = {"input_ids": input_ids, "labels": labels, "loss_mask": loss_mask, "logits": logits.detach().numpy(),
            "loss": np.array(loss.item(), np.float32)}
     grads = {}
-    for pname, p in model.named_parameters():
+    for pname, p in model.named_parameters(remove_duplicate=False):  # a tied lora_A under each part's name
         if "lora_" in pname:
             # None: no gradient reaches it (DeepSeek-V4's indexer: its choice is a top-k)
             grads[pname.replace(".default.weight", ".weight")] = (np.zeros(tuple(p.shape), np.float32) if p.grad is None
@@ -113,7 +143,10 @@ def make(name: str) -> None:
     save_file(ref, os.path.join(out_dir, "reference.safetensors"))
     with open(os.path.join(out_dir, "adapter_config.json")) as f:
         conf = json.load(f)
-    print(f"{name}: {len(saved) // 2} adapted modules, loss {loss.item():.6f}, r {conf['r']} alpha {conf['lora_alpha']}, "
+    for k in saved:  # the tied parts' saved values are the shared one's
+        assert np.array_equal(saved[k], dict(model.named_parameters(remove_duplicate=False))[
+            k[:-len(".weight")] + ".default.weight"].detach().numpy()), k
+    print(f"{name}: {len(saved) // 2} adapted modules ({tied} lora_A tied to a fused layer's first), loss {loss.item():.6f}, r {conf['r']} alpha {conf['lora_alpha']}, "
           f"wrote {out_dir}")
 
 

@@ -68,7 +68,7 @@ def run(out: str, prefix: str, case: str, rt) -> dict:
     assert changed, "no adapter moved"
     moments = {n for kind, idx, _ in trainer.optimizer.moment_sets() for n in (trainer.params[i][0] for i in idx)}
     assert moments == adapters, sorted(moments ^ adapters)[:3]
-    dropped = sum(1 for c in _cells(trainer.model) if getattr(c, "lora_dropout", 0) == 0.1 and c.lora_a.name in before)
+    dropped = sum(1 for c in _cells(trainer.model) if getattr(c, "lora_dropout", 0) == 0.1 and c.lora_b.name in before)
     assert dropped == len(adapters) // 2, (dropped, len(adapters))  # every adapted layer drops its adapter input
     if case.startswith("ref"):  # the one-process resume is test_lora.py's
         return result(history, adapters, changed, began)

@@ -39,6 +39,11 @@ CASES = {
                  r"layers\.1\.self_attention\.linear_kvb", {}),
 }
 TOL = 1e-4
+# the parts of MindFormers' fused layers that share their first part's lora_a (PEFT's lora_A tied):
+# DeepSeek-V3: linear_qkv (kv_a_proj_with_mqa) of 3 layers; Qwen3: linear_qkv (k_proj, v_proj) of 2 layers
+# and linear_fc1 (up_proj) of 2; DeepSeek-V4: its shared experts' linear_fc1 of layers 1-3; the mla
+# variant: linear_qkv of 3 layers and 3 shared experts' linear_fc1
+SHARED_A = {"dsv3": 3, "qwen3": 6, "dsv4": 3, "dsv4_mla": 6}
 
 
 def _lora_model(name):
@@ -62,16 +67,26 @@ def test_adapters_match_peft(name):
     ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer runs them on CPU
     model, adapted = _lora_model(name)
     fixture = os.path.join(HERE, "fixtures", f"lora_{name}")
-    adapters, scaling = load_adapters(fixture)  # PEFT's save_pretrained output
+    adapters, scaling = load_adapters(fixture)  # PEFT's save_pretrained output (a fused layer's lora_A tied)
     assert scaling == 2.0
     assert sorted(adapters) == sorted(n[:-len("weight")] + k for n in adapted for k in ("lora_a", "lora_b"))
     params = {p.name: p for p in model.get_parameters()}
+    # MindFormers' fused layers (linear_qkv, linear_fc1): one lora_a, held by the first part
+    shared = [n for n in adapters if n.endswith(".lora_a") and n not in params]
+    assert len(shared) == SHARED_A[name], sorted(shared)
     for n, v in adapters.items():
-        params[n].set_data(Tensor(v))
+        if n in params:
+            params[n].set_data(Tensor(v))
+    for n in shared:  # the part multiplies by its first part's lora_a, which PEFT's tied one equals
+        cell = next(c for _, c in model.cells_and_names() if isinstance(c, mm.linear.Linear) and c.weight.name ==
+                    n[:-len("lora_a")] + "weight")
+        first = cell.adapter_a().name
+        assert first != n and first.rsplit(".", 2)[0] == n.rsplit(".", 2)[0], (n, first)  # the same layer's
+        np.testing.assert_array_equal(adapters[n], adapters[first])
     ref = load_file(os.path.join(fixture, "reference.safetensors"))
     ids, labels, mask = (Tensor(ref[k]) for k in ("input_ids", "labels", "loss_mask"))
     np.testing.assert_allclose(model(ids).asnumpy(), ref["logits"], atol=TOL, rtol=0)
-    trained = [params[n] for n in sorted(adapters)]
+    trained = [params[n] for n in sorted(adapters) if n in params]
 
     def fn(ids, labels, mask):  # the fixture's loss: the masked cross-entropy (no MoE balance term)
         _, metrics = model(ids, labels=labels, loss_mask=mask)
@@ -80,7 +95,7 @@ def test_adapters_match_peft(name):
     (loss, _), grads = ms.value_and_grad(fn, None, trained, has_aux=True)(ids, labels, mask)
     assert abs(float(loss.asnumpy()) - ref["loss"].item()) < TOL
     for p, g in zip(trained, grads):
-        expected = ref[f"grad.{peft_name(p.name)}"]
+        expected = ref[f"grad.{peft_name(p.name)}"]  # a tied lora_A's: the sum over the fused parts
         # V4's indexer chooses entries by a top-k: no gradient reaches its adapters (in HF neither)
         assert (np.abs(expected).max() > 1e-4) != (".indexer." in p.name), p.name
         np.testing.assert_allclose(g.asnumpy(), expected, atol=TOL * max(1.0, np.abs(expected).max()), rtol=0,

@@ -798,9 +798,6 @@ def validate_lora(cfg: MindTrainConfig) -> None:
         raise ConfigError("optimizer.qk_clip_enabled", "QK-clip scales the query and key weights, which LoRA "
                           "freezes (the adapters saved alone would no longer give the trained model); set it "
                           "to false with lora_config")
-    if cfg.checkpoint.layout == "mindformers":
-        raise ConfigError("lora_config", "LoRA with checkpoint.layout mindformers is not supported yet (its "
-                          "name table has no adapters); use layout: mindtrain")
 
 
 # Fields that would change training and are not built: (field path, is it set?, what it is

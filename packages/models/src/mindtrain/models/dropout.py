@@ -216,7 +216,10 @@ def attach_lora_dropout(model, p: float) -> None:
         if getattr(cell, "lora_scaling", None) is not None:
             cell.lora_dropout = float(p)
             object.__setattr__(cell, "_dropout", state)
-            object.__setattr__(cell, "_lora_key", layer_key(cell.weight.name[:-len(".weight")]))
+            # the parts of a layer MindFormers fuses share its one dropout of the input: the
+            # first part's key (mindtrain.models.lora.a_owner)
+            owner = cell.__dict__.get("_lora_a_owner") or cell
+            object.__setattr__(cell, "_lora_key", layer_key(owner.weight.name[:-len(".weight")]))
     head, head_loss = getattr(model, "lm_head", None), getattr(model, "head_loss", None)
     if head is not None and head_loss is not None and getattr(head, "lora_dropout", 0):
         head_loss.lora_input = head.lora_input  # the head + loss cell takes the head's unmerged input

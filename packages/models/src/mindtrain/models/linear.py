@@ -43,10 +43,18 @@ class Linear(nn.Cell):
         reshape a weight by its output rows only)."""
         if self.lora_scaling is None:
             return self.weight
-        delta = _MATMUL(self.lora_b, self.lora_a) * self.lora_scaling
+        delta = _MATMUL(self.lora_b, self.adapter_a()) * self.lora_scaling
         if self.lora_unmerged():
             return ops.concat((self.weight, delta), 1)
         return self.weight + delta
+
+    def adapter_a(self):
+        """The adapter's ``lora_a`` [r, in]: this layer's own, or, for a part of a layer
+        MindFormers fuses (``linear_qkv``, ``linear_fc1``) other than the first, the first
+        part's, which MindFormers' one adapter on the fused weight shares between the parts
+        (:func:`mindtrain.models.lora.add_adapter` with ``share_a``)."""
+        owner = self.__dict__.get("_lora_a_owner")
+        return self.lora_a if owner is None else owner.lora_a
 
     def lora_unmerged(self) -> bool:
         """True while the adapter runs unmerged: LoRA dropout is on (a training step)."""

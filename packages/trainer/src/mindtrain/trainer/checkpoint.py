@@ -453,8 +453,12 @@ class Checkpointer:
             reader.check_shapes((p.name, tuple(p.shape)) for p in model.get_parameters())
             reader.check_files()
             if reader.missing:
-                self.out(f"mindtrain: {folder} holds no weights for the {len(reader.missing)} MTP parameters; "
-                         "they start from their initial values")
+                from mindtrain.models.lora import is_adapter
+
+                fresh = sum(1 for n in reader.missing if is_adapter(n))
+                what = ", ".join(x for x in (f"{len(reader.missing) - fresh} MTP parameters" if fresh < len(reader.missing)
+                                             else "", f"{fresh} LoRA adapters" if fresh else "") if x)
+                self.out(f"mindtrain: {folder} holds no weights for the {what}; they start from their initial values")
             if state is None:  # written by MindFormers: its counters are in common.json
                 state = mf.state_from_common(mf.read_json(os.path.join(folder, mf.COMMON_FILE)),
                                              self.cfg.training.global_batch_size)

@@ -7,7 +7,8 @@ largest HF tensor's, whatever the model's size. The directory is what ``from_pre
 (mindtrain's and transformers') reads: config.json, safetensors shards and their index.
 
 ``--lora ADAPTERS``: a LoRA run's adapters (the directory a save writes under
-``save_path``/lora/iter_NNNNNNN, or PEFT's ``save_pretrained`` of a LoRA on the HF model:
+``save_path``/lora/iter_NNNNNNN, under PEFT's names or MindFormers' (``checkpoint.layout:
+mindformers``), or PEFT's ``save_pretrained`` of a LoRA on the HF model:
 adapter_model.safetensors + adapter_config.json) merged into the weights, as PEFT's
 ``merge_and_unload``: ``W + (lora_alpha / r) * B @ A``. The checkpoint's own adapter tensors
 are never exported; a checkpoint that holds some needs ``--lora``.
@@ -57,7 +58,7 @@ def export_hf(folder: str, out: str, max_shard_bytes: int = MAX_SHARD_BYTES, lor
         from mindtrain.trainer.lora import load_adapters
 
         try:
-            adapters, scaling = load_adapters(lora)
+            adapters, scaling = load_adapters(lora, model_config)
         except (OSError, KeyError, ValueError) as err:
             raise UserError(f"--lora {lora}: not a LoRA adapter directory (adapter_model.safetensors + "
                             f"adapter_config.json): {err}") from None

@@ -7,10 +7,14 @@ cell (and all below it) whose path matches ``exclude_layers``. Its paths are tho
 ``model.decoder.layers.0.self_attention.linear_qkv``, ``model.decoder.layers.1.mlp.linear_fc2``,
 ``model.output_layer``, ``model.mtp.layers.0.eh_proj``. Each of mindtrain's Linear layers is
 matched by the path of the MindFormers layer holding its weight (the checkpoint name table,
-:mod:`mindtrain.trainer.mindformers_name_table`). MindFormers' fused layers are two layers here
-(``linear_qkv``: ``q_a_proj`` + ``kv_a_proj_with_mqa`` of MLA, or Qwen3's ``q_proj`` / ``k_proj``
-/ ``v_proj``; ``linear_fc1``: ``gate_proj`` + ``up_proj``): a match gives each its own adapter, as
-PEFT does on the HF model (MindFormers' one adapter on the fused weight shares ``lora_a``).
+:mod:`mindtrain.trainer.mindformers_name_table`). MindFormers' fused layers are several layers
+here (``linear_qkv``: ``q_a_proj`` (or ``q_proj``) + ``kv_a_proj_with_mqa`` of MLA, or Qwen3's
+``q_proj`` / ``k_proj`` / ``v_proj``; ``linear_fc1``: ``gate_proj`` + ``up_proj``), and MindFormers
+gives the fused layer ONE adapter: ``lora_a`` [r, in] shared by the parts, ``lora_b`` [sum(out), r].
+So here, in both layouts, the parts share one ``lora_a`` (held by the first part, q / gate; the
+others hold only their rows of ``lora_b``, :func:`mindtrain.models.lora.add_adapter`): the same
+function, gradients and initial values as MindFormers' (PEFT, which gives each HF module its own
+``lora_A``, is the reference with the parts' ``lora_A`` tied: tools/make_lora_fixtures.py).
 Routed experts, the router and the embedding are not Linear layers and get none. DeepSeek-V4:
 the paths of MindFormers' V4 (``...self_attention.linear_q_down_proj``, ``...core_attention.
 compressor.linear_wkv``, ``...core_attention.indexer.linear_wq_b``, ...); its grouped output
@@ -22,7 +26,12 @@ Training: the adapters (``<layer>.lora_a`` [r, in], ``.lora_b`` [out, r]) are pa
 layout like any other (FSDP shards, TP splits, see :func:`mindtrain.models.parallel_plan`); the
 optimizer holds only them (:class:`AdapterOptimizer`), so the base weights never change and
 have no optimizer state; the gradient norm (and clipping) is the adapters'. Each save also
-writes the adapters alone, PEFT-style (:func:`save_adapters`).
+writes the adapters alone (:func:`save_adapters`): with ``checkpoint.layout: mindtrain``
+PEFT-style (PEFT's names on the HF modules, a fused layer's ``lora_a`` written for each of its
+parts), with ``checkpoint.layout: mindformers`` under MindFormers' names and shapes
+(``decoder.layers.0.self_attention.linear_qkv.lora_a`` [r, H], ``.lora_b`` [q + kv, r], rows as
+the fused weight's), as the adapters sit in the checkpoint. :func:`load_adapters` reads both
+(``mindtrain-export-hf --lora`` merges either).
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from mindtrain.config import ConfigError, MindTrainConfig, UserError
-from mindtrain.trainer.mindformers_name_table import locate
+from mindtrain.trainer.mindformers_name_table import fused_first, locate
 
 ADAPTER_DIR = "lora"
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -108,8 +117,12 @@ def apply_lora(model, cfg: MindTrainConfig, empty: bool) -> list[str]:
         example = mindformers_path(next(iter(layers)), cfg.model) if layers else "model.decoder.layers.0..."
         raise ConfigError("lora_config.target_modules", f"{lc.target_modules!r} matches no Linear layer; it is "
                           f"searched in MindFormers' module paths, e.g. {example}")
-    for name in chosen:
-        add_adapter(layers[name], lc.lora_rank, lc.lora_alpha, lc.lora_a_std, lc.lora_b_std, empty)
+    firsts = {}  # MindFormers' fused weight -> its first part's layer (the holder of its lora_a)
+    for name in sorted(chosen, key=lambda n: not fused_first(locate(n, cfg.model)[1])):
+        theirs, how = locate(name, cfg.model)
+        share = None if fused_first(how) else firsts[theirs]
+        add_adapter(layers[name], lc.lora_rank, lc.lora_alpha, lc.lora_a_std, lc.lora_b_std, empty, share_a=share)
+        firsts.setdefault(theirs, layers[name])
     if lc.lora_dropout > 0:
         from mindtrain.models.dropout import attach_lora_dropout
 
@@ -163,22 +176,53 @@ class AdapterOptimizer:
 
 
 def adapter_config(cfg: MindTrainConfig, adapted: Sequence[str]) -> dict:
-    """PEFT's adapter_config.json of this run (``adapted``: the adapted weights' names)."""
+    """PEFT's adapter_config.json of this run (``adapted``: the adapted weights' names), with
+    ``mindtrain_layout``: the names of adapter_model.safetensors ("mindtrain": PEFT's,
+    "mindformers": MindFormers')."""
     lc = cfg.lora_config
     return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lc.lora_rank, "lora_alpha": lc.lora_alpha,
             "lora_dropout": lc.lora_dropout, "bias": "none", "fan_in_fan_out": False,
             "target_modules": sorted({n[:-len(".weight")] for n in adapted}),
             "base_model_name_or_path": None, "inference_mode": True,
-            "mindformers_target_modules": lc.target_modules, "mindformers_exclude_layers": lc.exclude_layers}
+            "mindformers_target_modules": lc.target_modules, "mindformers_exclude_layers": lc.exclude_layers,
+            "mindtrain_layout": cfg.checkpoint.layout}
 
 
-def save_adapters(path: str, full: dict, config: dict) -> None:
-    """Write ``path``/adapter_model.safetensors (PEFT names, float32) and adapter_config.json."""
+def with_shared_a(adapters: dict, model_cfg: Any) -> dict:
+    """``adapters`` (mindtrain's names, as the model holds them) with a ``lora_a`` for every
+    ``lora_b``: a fused layer's later parts get the first part's (what they multiply by)."""
+    out = dict(adapters)
+    for name in adapters:
+        if name.endswith(".lora_b") and name[:-1] + "a" not in adapters:
+            out[name[:-1] + "a"] = adapters[_first_part(name, model_cfg)[:-1] + "a"]
+    return out
+
+
+def _first_part(name: str, model_cfg: Any) -> str:
+    """The adapter of the first part (the holder of ``lora_a``) of the fused layer of adapter ``name``."""
+    from mindtrain.trainer.mindformers_names import parts
+
+    theirs = locate(name, model_cfg)[0]
+    return parts(theirs[:-len(".lora_b")] + ".lora_a", (1, 1), model_cfg)[0][0]
+
+
+def save_adapters(path: str, full: dict, config: dict, model_cfg: Any = None) -> None:
+    """Write ``path``/adapter_model.safetensors (float32) and adapter_config.json. ``full``: the
+    adapters by mindtrain's names, as the model holds them; written under PEFT's names (each part
+    of a fused layer with its ``lora_a``), or with ``config["mindtrain_layout"]`` "mindformers"
+    under MindFormers' names and fused shapes (``model_cfg``: the model config)."""
     from mindtrain.trainer import sharded
 
     os.makedirs(path, exist_ok=True)
-    lazies = [sharded.Lazy(peft_name(n), tuple(a.shape), np.dtype(np.float32),
-                           (lambda a=a: np.ascontiguousarray(a, np.float32))) for n, a in sorted(full.items())]
+    if config.get("mindtrain_layout") == "mindformers":
+        from mindtrain.trainer.mindformers_names import to_mindformers
+
+        named = to_mindformers(full, model_cfg)
+    else:
+        named = {peft_name(n): a for n, a in with_shared_a(full, model_cfg).items()} if model_cfg is not None \
+            else {peft_name(n): a for n, a in full.items()}
+    lazies = [sharded.Lazy(n, tuple(a.shape), np.dtype(np.float32),
+                           (lambda a=a: np.ascontiguousarray(a, np.float32))) for n, a in sorted(named.items())]
     sharded.write_lazy(os.path.join(path, ADAPTER_FILE), lazies, metadata={"format": "pt"})
     with open(os.path.join(path, ADAPTER_CONFIG), "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2)
@@ -190,16 +234,25 @@ def merge(weight: np.ndarray, a: np.ndarray, b: np.ndarray, scaling: float) -> n
             ).astype(np.float32)
 
 
-def load_adapters(path: str) -> tuple[dict, float]:
+def load_adapters(path: str, model_cfg: Any = None) -> tuple[dict, float]:
     """``(adapters by mindtrain name, scaling alpha / r)`` of a directory :func:`save_adapters`
-    wrote (or PEFT's save_pretrained of a LoRA on the HF model)."""
+    wrote (or PEFT's save_pretrained of a LoRA on the HF model): every adapted weight's
+    ``lora_a`` and ``lora_b`` (a fused layer's shared ``lora_a`` under each part's name), what
+    :func:`merge` takes per weight. MindFormers' names need ``model_cfg`` (the model config)."""
     from safetensors.numpy import load_file
+
+    from mindtrain.trainer.mindformers_names import from_mindformers, uses_mindformers_names
 
     with open(os.path.join(path, ADAPTER_CONFIG), encoding="utf-8") as f:
         conf = json.load(f)
     tensors = load_file(os.path.join(path, ADAPTER_FILE))
-    return {from_peft_name(k): v for k, v in tensors.items()}, float(conf["lora_alpha"]) / float(conf["r"])
+    scaling = float(conf["lora_alpha"]) / float(conf["r"])
+    if not uses_mindformers_names(tensors):
+        return {from_peft_name(k): v for k, v in tensors.items()}, scaling
+    if model_cfg is None:
+        raise ValueError("adapters under MindFormers' names need the model config")
+    return with_shared_a(from_mindformers(tensors, model_cfg), model_cfg), scaling
 
 
 __all__ = ["AdapterOptimizer", "adapter_config", "apply_lora", "from_peft_name", "load_adapters",
-           "merge", "mindformers_path", "peft_name", "save_adapters", "select_layers"]
+           "merge", "mindformers_path", "peft_name", "save_adapters", "select_layers", "with_shared_a"]

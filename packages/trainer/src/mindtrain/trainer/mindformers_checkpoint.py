@@ -339,8 +339,10 @@ class MindFormersBoxes:
             self.global_shapes["step"] = ()
         mtp = tuple(f"model.layers.{cfg.num_hidden_layers + k}." for k in range(cfg.num_nextn_predict_layers))
         self.missing = [n for n in param_shapes if n not in self._where]
-        if self.missing and not all(mtp and n.startswith(mtp) for n in self.missing):
-            first = next(n for n in self.missing if not (mtp and n.startswith(mtp)))
+        # LoRA's adapters start from their initial values when the folder holds none (a base model)
+        fresh = () if any(n.endswith(names.ADAPTERS) for n in self._where) else names.ADAPTERS
+        if any(not (mtp and n.startswith(mtp)) and not n.endswith(fresh) for n in self.missing):
+            first = next(n for n in self.missing if not (mtp and n.startswith(mtp)) and not n.endswith(fresh))
             lacking = next(pl.theirs for pl in self.expected[first] if pl.theirs not in stored)
             raise UserError(f"checkpoint.load_path: {folder} holds no '{lacking}' (the model's "
                             f"'{first}'); the checkpoint is of another model")

@@ -162,12 +162,45 @@ def _prefix(index: int, cfg) -> tuple[str, bool]:
     return f"decoder.layers.{index}.", False
 
 
+ADAPTERS = (".lora_a", ".lora_b")
+"""LoRA's adapters of a Linear layer's ``<layer>.weight``: ``<layer>.lora_a`` [r, in] and
+``<layer>.lora_b`` [out, r], in both layouts (MindFormers' ``LinearWithLoRA`` names)."""
+FUSED_FIRST = ("q", "gq", "gate")
+"""The ``how`` of the first part of a weight MindFormers fuses (``linear_qkv``: "q" then "kv", or
+Qwen3's "gq", "gk", "gv"; ``linear_fc1``: "gate" then "up"): the part that holds the fused
+layer's one ``lora_a`` (mindtrain.models.lora)."""
+
+
+def fused_first(how: str) -> bool:
+    """Whether a weight placed by ``how`` holds its MindFormers layer's ``lora_a``: an unfused
+    weight, or the first part of a fused one."""
+    return how in FUSED_FIRST or how in ("same",)
+
+
+def _adapter_of(name: str) -> tuple[str, str]:
+    """(the weight of adapter ``name``, its suffix)."""
+    layer, suffix = name.rsplit(".", 1)
+    return layer + ".weight", "." + suffix
+
+
 def locate_all(name: str, cfg: Any) -> list[tuple[str, str]]:
     """Every MindFormers tensor holding a part of mindtrain's parameter ``name``, and how the
     part sits in it (the ``how`` of :data:`_LAYER`: "same", "q", "gate_t", ..., "split:k:n"
     for part k of n along axis 0, "int32" for a table MindFormers keeps as int32): one, or
     several (a DeepSeek-V4 hyper-connection ``scale`` [3] is :data:`V4_SCALES`); a name this
-    map does not know is a UserError."""
+    map does not know is a UserError. A LoRA adapter (:data:`ADAPTERS`) sits in its layer's
+    adapter: ``lora_b``'s rows as the weight's rows (a part of ``linear_qkv.lora_b``), ``lora_a``
+    whole (the one of a fused layer, which only its first part holds)."""
+    if name.endswith(ADAPTERS):
+        weight, suffix = _adapter_of(name)
+        found = locate_all(weight, cfg)
+        if len(found) != 1 or not found[0][0].endswith(".weight"):
+            raise UserError(f"checkpoint.layout: mindformers: no MindFormers name for parameter '{name}'")
+        theirs, how = found[0]
+        if suffix == ".lora_a" and not fused_first(how):
+            raise UserError(f"checkpoint.layout: mindformers: '{name}': a fused layer's later part has no lora_a "
+                            "of its own (it shares the first part's)")
+        return [(theirs[:-len(".weight")] + suffix, how if suffix == ".lora_b" else "same")]
     v4 = getattr(cfg, "model_type", "deepseek_v3") == "deepseek_v4"
     if name in TOP_NAMES:
         return [(TOP_NAMES[name], "same")]
@@ -205,5 +238,5 @@ def mindformers_names_of(name: str, cfg: Any) -> list[str]:
     return [theirs for theirs, _ in locate_all(name, cfg)]
 
 
-__all__ = ["INTEGER_TENSORS", "ROUTER", "TOKENS_PER_EXPERT", "TOP_NAMES", "V4_SCALES", "companions", "is_qwen3", "locate",
+__all__ = ["ADAPTERS", "FUSED_FIRST", "INTEGER_TENSORS", "fused_first", "ROUTER", "TOKENS_PER_EXPERT", "TOP_NAMES", "V4_SCALES", "companions", "is_qwen3", "locate",
            "locate_all", "mindformers_names_of"]

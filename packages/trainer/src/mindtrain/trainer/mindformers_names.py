@@ -95,7 +95,7 @@ import numpy as np
 from mindtrain.config import UserError
 from mindtrain.config.families import head_dim
 # the name table itself (plain Python, shared with the Muon routing rule)
-from mindtrain.trainer.mindformers_name_table import (_MTP, _THEIRS_LAYER, _TOP, _V4_HEAD, _family,
+from mindtrain.trainer.mindformers_name_table import (_MTP, _THEIRS_LAYER, _TOP, _V4_HEAD, ADAPTERS, _family,
                                                       _layer_map, companions, is_qwen3, locate_all)
 
 
@@ -321,6 +321,12 @@ def parts(theirs: str, shape: Sequence[int], cfg: Any) -> list[tuple[str, tuple[
     :func:`is_companion`); an unknown name is a UserError."""
     shape = tuple(int(n) for n in shape)
     ident = tuple(range(len(shape)))
+    if theirs.endswith(ADAPTERS):  # a LoRA adapter: placed as its layer's weight's rows (lora_b), or whole
+        suffix = theirs[theirs.rindex("."):]  # (lora_a: the layer's one, which its first part holds)
+        made = parts(theirs[:-len(suffix)] + ".weight", shape, cfg)
+        if suffix == ".lora_a":
+            return [(made[0][0][:-len(".weight")] + suffix, shape, Placement(theirs, shape, ident))]
+        return [(ours[:-len(".weight")] + suffix, mine, pl.renamed(theirs)) for ours, mine, pl in made]
     top = {t: o for o, t in _TOP}
     if getattr(cfg, "model_type", None) == "deepseek_v4":  # the learned stream head
         top.update({"decoder." + t: "model." + o for o, t in _V4_HEAD})

@@ -381,8 +381,8 @@ class Trainer:
         return folder
 
     def save_adapters(self) -> str:
-        """LoRA: the adapters alone, PEFT-style (adapter_model.safetensors with PEFT's names,
-        adapter_config.json), in ``save_path``/lora/iter_NNNNNNN (a collective: the adapters'
+        """LoRA: the adapters alone (adapter_model.safetensors with PEFT's names, or MindFormers'
+        with ``checkpoint.layout: mindformers``; adapter_config.json), in ``save_path``/lora/iter_NNNNNNN (a collective: the adapters'
         pieces are gathered; rank 0 writes)."""
         from mindtrain.trainer.lora import ADAPTER_DIR, adapter_config, save_adapters
 
@@ -394,7 +394,7 @@ class Trainer:
             full = {n: a for part in parts if part for n, a in load(part).items()}
         path = os.path.join(self.cfg.checkpoint.save_path, ADAPTER_DIR, f"iter_{self.step:07d}")
         if self.rt.rank == 0:
-            save_adapters(path, full, adapter_config(self.cfg, self.adapted))
+            save_adapters(path, full, adapter_config(self.cfg, self.adapted), self.cfg.model)
         return path
 
     def _load_state(self, resume: ckpt.Resume) -> None:
