@@ -36,7 +36,7 @@ def test_lora_zero3_tp2_pp2_and_cp2_match_one_process_with_a_frozen_base(tmp_pat
     env = {**worker_env(), "PYTHONPATH": os.pathsep.join([os.path.join(HERE, "workers"),
                                                           os.environ.get("PYTHONPATH", "")])}
     log = open(tmp_path / "msrun.log", "w")
-    two = subprocess.Popen(["msrun", "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port(9110)}",
+    two = subprocess.Popen(["msrun", "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port(int(os.environ.get('MINDTRAIN_TEST_PORT', 9110)))}",
                             "--join=True", f"--log_dir={tmp_path / 'log'}", WORKER, str(tmp_path), prefix,
                             "zero3,tp2,pp2,cp2,zero3_muon,v4_zero3"], cwd=tmp_path, env=env, stdout=log,
                            stderr=subprocess.STDOUT)

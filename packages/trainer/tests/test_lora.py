@@ -136,23 +136,38 @@ def test_v4_layers_without_an_adapter_are_refused_in_one_line(target, exclude, s
     assert says in str(err.value), str(err.value)
 
 
-# the tiny run: (config, lora_config's target_modules and exclude_layers, overrides, adapted layers)
+# the tiny run: (config, lora_config's target_modules and exclude_layers, overrides, adapted layers,
+# the fused layers' later parts, which share their first part's lora_a)
 RUNS = {
-    "dsv3": ("pynative_ds3_tiny.yaml", "'linear_(qkv|qb|kvb|proj|fc1|fc2)', exclude_layers: 'mtp'", (), 16),
+    # DeepSeek-V3 saved in MindFormers' layout: the adapters under MindFormers' names and fused shapes
+    "dsv3": ("pynative_ds3_tiny.yaml", "'linear_(qkv|qb|kvb|proj|fc1|fc2)', exclude_layers: 'mtp'",
+             ("checkpoint.layout=mindformers",), 16, 4),
     # DeepSeek-V4, 2 layers (sliding, compressed sparse) + an MTP module: every Linear but the
     # grouped output projections (MindFormers' bare parameter) and the indexer's scorer
     "dsv4": ("pynative_ds4_tiny.yaml", "'linear_|output_layer|eh_proj', exclude_layers: 'linear_weights_proj'",
-             ("model.compress_ratios=[0, 4]", "model.num_nextn_predict_layers=1"), 28),
+             ("model.compress_ratios=[0, 4]", "model.num_nextn_predict_layers=1"), 28, 3),
 }
 
 
 @pytest.mark.parametrize("name", list(RUNS))
 def test_lora_run_trains_adapters_only_resumes_exactly_and_exports_merged(name, tiny_config, tmp_path):
-    config, target, more, n_layers = RUNS[name]
+    """A tiny LoRA run: only the adapters move and have optimizer state; each save writes
+    them alone (PEFT's names; under checkpoint.layout mindformers MindFormers' names and fused
+    shapes, a fused layer's one lora_a, as they sit in the checkpoint); resume is exact; the
+    merged HF export (from either layout's folder and adapter names) gives the adapted logits."""
+    from mindtrain.trainer import mindformers_checkpoint as mf
+    from mindtrain.trainer.lora import with_shared_a
+    from mindtrain.trainer.mindformers_names import to_mindformers
+
+    config, target, more, n_layers, n_shared = RUNS[name]
     lora = f"lora_config={{target_modules: {target}, lora_b_std: 0.01}}"
+    mindformers = "checkpoint.layout=mindformers" in more
 
     def tiny_config(*extra, _make=tiny_config):
         return _make(*more, *extra, config=os.path.join(CONFIGS, config))
+
+    def folder(step):
+        return ck / (mf.folder_name(step) if mindformers else f"iter_{step:07d}")
 
     ck = tmp_path / "ck"
     cfg = tiny_config(lora, "checkpoint.enable_save=true", f"checkpoint.save_path={ck}", "checkpoint.save_interval=2")
@@ -163,22 +178,45 @@ def test_lora_run_trains_adapters_only_resumes_exactly_and_exports_merged(name, 
     full = trainer.train()
     after = {n: p.asnumpy().copy() for n, p in trainer.params}
     adapters = [n for n in before if n.endswith((".lora_a", ".lora_b"))]
-    assert len(adapters) == 2 * n_layers
+    # a lora_b per adapted layer; a lora_a per layer of MindFormers' (a fused one's parts share one)
+    assert len(adapters) == 2 * n_layers - n_shared
     for n in before:  # the base is bit-identical; every adapter moved
         assert np.array_equal(before[n], after[n]) != (n in adapters), n
     # optimizer state: the adapters' moments only
-    opt = load_file(str(ck / "iter_0000003" / "opt-0000000-0000001.safetensors"))
-    assert sorted(k for k in opt if k != "step") == sorted(f"{m}.{n}" for n in adapters for m in ("exp_avg", "exp_avg_sq"))
-    # the adapters alone, PEFT-named, with PEFT's adapter_config.json
+    if mindformers:
+        stored = mf.MindFormersBoxes(str(folder(3)), cfg.model).names()
+        assert sorted(k for k in stored if k.startswith("exp_avg")) == sorted(
+            f"{m}.{n}" for n in adapters for m in ("exp_avg", "exp_avg_sq"))
+    else:
+        opt = load_file(str(folder(3) / "opt-0000000-0000001.safetensors"))
+        assert sorted(k for k in opt if k != "step") == sorted(f"{m}.{n}" for n in adapters
+                                                               for m in ("exp_avg", "exp_avg_sq"))
+    # the adapters alone with adapter_config.json
     saved = load_file(str(ck / "lora" / "iter_0000003" / "adapter_model.safetensors"))
-    assert sorted(saved) == sorted(peft_name(n) for n in adapters)
-    for n in adapters:
-        np.testing.assert_array_equal(saved[peft_name(n)], after[n])
+    mine = {n: after[n] for n in adapters}
+    if mindformers:  # MindFormers' names and shapes: linear_qkv.lora_a [r, H], linear_qkv.lora_b [q + kv, r]
+        want = to_mindformers(mine, cfg.model)
+        r, h = cfg.lora_config.lora_rank, cfg.model.hidden_size
+        qkv = cfg.model.q_lora_rank + cfg.model.kv_lora_rank + cfg.model.qk_rope_head_dim
+        assert saved["decoder.layers.0.self_attention.linear_qkv.lora_a"].shape == (r, h)
+        assert saved["decoder.layers.0.self_attention.linear_qkv.lora_b"].shape == (qkv, r)
+        assert saved["decoder.layers.0.mlp.linear_fc1.lora_b"].shape == (2 * cfg.model.intermediate_size, r)
+        # one lora_a and one lora_b per MindFormers layer
+        assert len(saved) == 2 * (n_layers - n_shared) and all(k.startswith("decoder.layers.") for k in saved)
+    else:  # PEFT's names, a fused layer's lora_a under each of its parts' names
+        want = {peft_name(n): a for n, a in with_shared_a(mine, cfg.model).items()}
+        assert len(saved) == 2 * n_layers
+    assert sorted(saved) == sorted(want)
+    for k, a in want.items():
+        np.testing.assert_array_equal(saved[k], a, err_msg=k)
     conf = json.loads((ck / "lora" / "iter_0000003" / "adapter_config.json").read_text())
     assert conf["peft_type"] == "LORA" and conf["r"] == 8 and conf["lora_alpha"] == 16
+    assert conf["mindtrain_layout"] == ("mindformers" if mindformers else "mindtrain")
+    back, _ = load_adapters(str(ck / "lora" / "iter_0000003"), cfg.model)  # read back: every part's a and b
+    assert sorted(back) == sorted(with_shared_a(mine, cfg.model))
 
     # resume from step 2: step 3 is the same, to the bit
-    resumed_trainer = Trainer(tiny_config(lora, f"checkpoint.load_path={ck}/iter_0000002"), Runtime(device="CPU"),
+    resumed_trainer = Trainer(tiny_config(lora, f"checkpoint.load_path={folder(2)}"), Runtime(device="CPU"),
                               out=lambda _: None)
     resumed = resumed_trainer.train()
     assert [r["step"] for r in resumed] == [3]
@@ -191,8 +229,8 @@ def test_lora_run_trains_adapters_only_resumes_exactly_and_exports_merged(name, 
         return
     # merged into an HF directory: the same logits as the adapted model
     hf = tmp_path / "hf"
-    assert export_main([str(ck / "iter_0000003"), str(hf)]) == 2  # adapters present: --lora is needed
-    assert export_main([str(ck / "iter_0000003"), str(hf), "--lora", str(ck / "lora" / "iter_0000003")]) == 0
+    assert export_main([str(folder(3)), str(hf)]) == 2  # adapters present: --lora is needed
+    assert export_main([str(folder(3)), str(hf), "--lora", str(ck / "lora" / "iter_0000003")]) == 0
     assert not any(n.endswith((".lora_a", ".lora_b")) for n in load_file(str(hf / "model.safetensors")))
     # a LoRA run starts from that HF directory (fresh adapters, lora_b zero: the merged model)
     start = Trainer(tiny_config(lora.replace("lora_b_std: 0.01", "lora_b_std: 0.0"), f"checkpoint.load_path={hf}"),
@@ -200,3 +238,46 @@ def test_lora_run_trains_adapters_only_resumes_exactly_and_exports_merged(name, 
     assert any("HF model directory" in x for x in lines)
     ids = Tensor(np.arange(32, dtype=np.int32).reshape(1, 32) * 7 % 512)
     np.testing.assert_allclose(start.model(ids).asnumpy(), trainer.model(ids).asnumpy(), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("base", ["qlora", "qwen3", "noqlora"])
+def test_adapters_under_mindformers_names_are_its_fused_adapter(base):
+    """checkpoint.layout mindformers: the adapters of a fused layer's parts (shared lora_a, each
+    part's lora_b) are MindFormers' one adapter of the fused layer: ``linear_qkv.lora_b`` /
+    ``linear_fc1.lora_b`` have the fused weight's rows (MLA's q then kv, Qwen3's per-group q, k,
+    v blocks, fc1's interleaved gate / up), so MindFormers' merge ``W + s * B @ A`` of the fused
+    tensors is the fused tensor of the parts' merges; the names go there and back exactly."""
+    from mindtrain.models.hf_config import config_from_hf
+    from mindtrain.trainer.lora import with_shared_a
+    from mindtrain.trainer.mindformers_names import from_mindformers, parts, to_mindformers
+
+    with open(os.path.join(MODELS, f"hf_{base}", "config.json"), encoding="utf-8") as f:
+        cfg = config_from_hf(json.load(f))
+    model = mm.build_model(cfg, jit=False)
+    lc = LoraConfig(target_modules="linear_qkv|linear_fc1", lora_rank=3, lora_alpha=6)
+    apply_lora(model, SimpleNamespace(model=cfg, lora_config=lc), empty=False)
+    rng = np.random.default_rng(0)
+    params = {p.name: rng.normal(0, 1, tuple(p.shape)).astype(np.float32) for p in model.get_parameters()}
+    ours = {n: a for n, a in params.items() if n.endswith((".lora_a", ".lora_b"))}
+    weights = {n[:-len("lora_b")] + "weight": params[n[:-len("lora_b")] + "weight"] for n in ours
+               if n.endswith(".lora_b")}
+    theirs = to_mindformers(ours, cfg)
+    fused = [t for t in theirs if t.endswith(".lora_b")]
+    assert any(".linear_qkv." in t for t in fused) and any(".linear_fc1." in t for t in fused)
+    assert sorted(theirs) == sorted(t[:-1] + k for t in fused for k in "ab")  # one lora_a per fused layer
+    assert len(ours) > len(theirs)  # the parts share it
+    for t in fused:  # lora_a belongs to the first part (q, gate) only
+        assert [n[:-1] for n, _, _ in parts(t[:-1] + "a", theirs[t[:-1] + "a"].shape, cfg)] == [
+            n[:-1] for n, _, _ in parts(t, theirs[t].shape, cfg)][:1]
+    # MindFormers' merge of its fused tensors = the fused tensor of mindtrain's per-part merges
+    merged_parts = {n: merge(w, with_shared_a(ours, cfg)[n[:-len("weight")] + "lora_a"],
+                             ours[n[:-len("weight")] + "lora_b"], 2.0) for n, w in weights.items()}
+    w_theirs, merged_theirs = to_mindformers(weights, cfg), to_mindformers(merged_parts, cfg)
+    for t in fused:
+        w = t[:-len("lora_b")] + "weight"
+        np.testing.assert_allclose(merge(w_theirs[w], theirs[t[:-1] + "a"], theirs[t], 2.0), merged_theirs[w],
+                                   atol=1e-5, rtol=0, err_msg=t)
+    back = from_mindformers(theirs, cfg)
+    assert sorted(back) == sorted(ours)
+    for n, a in ours.items():
+        np.testing.assert_array_equal(back[n], a, err_msg=n)

@@ -466,7 +466,12 @@ class Checkpointer:
             else:
                 has_optimizer = not state.get("weights_only", False)
             if has_optimizer and not self.ck.no_load_optim:
-                reader.check_moments([p.name for p in model.trainable_params()])
+                from mindtrain.models.lora import is_adapter
+
+                trained = [p.name for p in model.trainable_params()]
+                if any(is_adapter(n) for n in trained):  # LoRA: the optimizer holds the adapters only
+                    trained = [n for n in trained if is_adapter(n)]
+                reader.check_moments(trained)
         elif sharded.is_sharded(folder):  # read piece by piece once the layout exists
             reader = sharded.ShardedReader(folder)
             reader.check_shapes((p.name, tuple(p.shape)) for p in model.get_parameters())
