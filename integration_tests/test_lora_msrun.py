@@ -51,16 +51,19 @@ def test_lora_zero3_tp2_pp2_and_cp2_match_one_process_with_a_frozen_base(tmp_pat
         return json.loads((tmp_path / f"{case}.{rank}.json").read_text())
 
     keys = ("loss", "grad_norm", "mtp_loss", "load_balancing_loss")
-    # DeepSeek-V3: 16 Linear layers of the decoder layers, 9 of the MTP module, the head; DeepSeek-V4:
-    # 20 of its 2 decoder layers (sliding, compressed sparse: compressor and indexer), 8 of the MTP module, the head
-    adapters = {"ref": 52, "ref_muon": 52, "v4_ref": 58}
+    # DeepSeek-V3: 16 Linear layers of the decoder layers, 9 of the MTP module, the head (26: 52 PEFT
+    # tensors); the fused linear_qkv and linear_fc1 of each of its 3 layers share one lora_a: 6 fewer
+    # parameters. DeepSeek-V4: 20 of its 2 decoder layers (sliding, compressed sparse: compressor and
+    # indexer), 8 of the MTP module, the head (29: 58); the shared experts' linear_fc1 of 3 layers: 3 fewer
+    layers = {"ref": 26, "ref_muon": 26, "v4_ref": 29}
+    shared = {"ref": 6, "ref_muon": 6, "v4_ref": 3}
     for case, one_process in (("zero3", "ref"), ("tp2", "ref"), ("pp2", "ref"), ("cp2", "ref"),
                               ("zero3_muon", "ref_muon"), ("v4_zero3", "v4_ref")):
         ref = rows(one_process)
-        assert ref["adapters"] == adapters[one_process]
+        assert ref["adapters"] == 2 * layers[one_process] - shared[one_process]
         want = np.array([[r[k] for k in keys] for r in ref["rows"]])
         saved_ref = load_file(tmp_path / one_process / "ck" / "lora" / "iter_0000003" / "adapter_model.safetensors")
-        assert len(saved_ref) == adapters[one_process]
+        assert len(saved_ref) == 2 * layers[one_process]  # PEFT's names: a lora_A per part
         # the adapters saved alone (rank 0 writes them; under PP it collects every stage's)
         saved = load_file(tmp_path / case / "ck" / "lora" / "iter_0000003" / "adapter_model.safetensors")
         assert sorted(saved) == sorted(saved_ref), case
