@@ -250,8 +250,8 @@ def test_config_rules():
         validate_parallelism(ParallelismConfig(context_parallel=4, context_parallel_method="ulysses"), model)
         validate_parallelism(ParallelismConfig(context_parallel=8, context_parallel_method="hybrid",
                                                ulysses_degree_in_cp=4), model)
-        validate_parallelism(ParallelismConfig(context_parallel=2, tensor_parallel=2, context_parallel_method="ulysses"),
-                             model)
+        validate_parallelism(ParallelismConfig(context_parallel=2, tensor_parallel=2,
+                                               context_parallel_method="ulysses"), model)
     with pytest.raises(ConfigError) as err:
         validate_parallelism(ParallelismConfig(context_parallel=16), m)
     assert str(err.value).startswith("parallelism.context_parallel: 16: DeepSeek-V4 needs each of the 2 x "

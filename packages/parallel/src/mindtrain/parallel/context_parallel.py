@@ -198,12 +198,13 @@ class _HeadExchange:
 
     def check(self, heads: int) -> None:
         if heads % self.size:
-            raise ConfigError("parallelism.context_parallel", f"{self.size} Ulysses ranks must divide the "
-                              f"attention heads each rank runs ({heads}); use context_parallel_method: colossal")
+            raise ConfigError("parallelism.context_parallel",
+                              f"{self.size} Ulysses ranks must divide the attention (query or key/value) heads "
+                              f"each rank runs ({heads}); use context_parallel_method: colossal")
 
     def seq_to_heads(self, x):
         """[B, N, L, d] -> [B, N / size, size * L, d]: this rank's head group of every
-        member's rows (as :func:`_seq_to_heads`)."""
+        member's rows, in member order (one all-to-all)."""
         c = self.size
         b, n, s, d = x.shape
         self.check(n)
