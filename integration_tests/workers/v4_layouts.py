@@ -9,8 +9,8 @@ grad norm, the aux-loss-free bias update with the global expert load; attention 
 dropout 0.1, each step's masks drawn from training.seed and the step), and rank 0 writes
 ``OUT_DIR/<case>.npz``: per-step losses and grad norms, every final parameter at full shape
 and the bytes this rank holds. Cases named ``ref*`` run in one process (each after the other),
-the others under msrun; a context-parallel case ``cpN*`` has its own reference ``ref_cpN*``
-(test_v4_context_parallel.py).
+the others under msrun; a context-parallel case ``cpN*`` has its own reference ``ref_cpN*`` (its
+``_ulysses`` form the same one; test_v4_context_parallel.py).
 """
 
 from __future__ import annotations
@@ -81,7 +81,12 @@ ONE_MICRO_BATCH = set()
 for name, extra in (("cp2", CP), ("cp2_mla", CP + MLA)):
     CASES["ref_" + name] = (1, 1, 1, 1, extra)
     CASES[name] = (1, 1, 1, 1, extra + ["parallelism.context_parallel=2"])
-    ONE_MICRO_BATCH |= {name, "ref_" + name}
+    # Ulysses (issue 34), against the same reference: the hybrid attention's queries to 2 of
+    # the 4 heads of the whole sequence by all-to-all, its shared keys and entries all-gathered;
+    # mla: DeepSeek-V3's Ulysses core
+    CASES[name + "_ulysses"] = (1, 1, 1, 1, extra + ["parallelism.context_parallel=2",
+                                                     "parallelism.context_parallel_method=ulysses"])
+    ONE_MICRO_BATCH |= {name, "ref_" + name, name + "_ulysses"}
 
 
 def config(case: str):
@@ -152,7 +157,11 @@ def run(case, world, rank, out_dir):
     result = {"losses": np.array(losses), "grad_norms": np.array(norms), "compiled": is_compiled(model),
               "param_bytes_layout": layout.memory_bytes(), "param_bytes_estimate": est.params,
               "optimizer_bytes": opt.state_bytes() if hasattr(opt, "state_bytes") else -1,
-              "optimizer_bytes_estimate": est.optimizer}
+              "optimizer_bytes_estimate": est.optimizer,
+              # attention cells running Ulysses: the hybrid attention's all-to-all hook, or a replaced core
+              "ulysses_cells": sum(getattr(layer.self_attn, "head_exchange", None) is not None or type(getattr(
+                  getattr(layer.self_attn, "core_attention", None), "construct", None)).__name__ == "_UlyssesCore"
+                  for layer in model.model.layers)}
     if rank == 0:
         np.savez(os.path.join(out_dir, f"{case}.npz"), **result, **{f"p:{n}": v for n, v in state.items()})
     if world > 1:

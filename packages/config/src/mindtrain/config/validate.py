@@ -333,13 +333,14 @@ def _validate_common(m: ModelConfig, path: str) -> None:
 
 
 def _v4_context_parallel(p: ParallelismConfig, m: ModelConfig, path: str) -> None:
-    """DeepSeek-V4's context parallelism, colossal only: the hybrid attention's is MindFormers'
+    """DeepSeek-V4's context parallelism. Colossal: the hybrid attention's is MindFormers'
     compressed-attention scheme (each of the 2 x context_parallel chunks a whole number of
-    compressed windows), the mla variant's DeepSeek-V3's (keys and values all-gathered); the
-    MTP modules' inputs are shifted on the whole sequence before it is cut, as DeepSeek-V3's."""
-    if p.context_parallel_method != "colossal":
-        raise ConfigError(f"{path}.context_parallel_method", f"{p.context_parallel_method!r} is not built for "
-                          f"DeepSeek-V4 (its compressed attention runs MindFormers' all-gather scheme); use colossal")
+    compressed windows), the mla variant's DeepSeek-V3's (keys and values all-gathered).
+    Ulysses / hybrid: the hybrid attention's queries go to head groups by all-to-all, its one
+    shared key/value head and compressed entries are all-gathered over the CP group (the
+    compressors still pool each rank's own chunks: the same window rule); the mla variant's
+    is DeepSeek-V3's. The MTP modules' inputs are shifted on the whole sequence before it is
+    cut, as DeepSeek-V3's."""
     if m.experimental_attention_variant == "mla":
         return  # no compressed windows
     chunk = m.seq_length // (2 * p.context_parallel)
@@ -395,7 +396,8 @@ def validate_parallelism(p: ParallelismConfig, m: ModelConfig) -> None:
                           f"or use context_parallel_method: ulysses")
     degree = {"ulysses": cp, "hybrid": uly}.get(method) if cp > 1 else None
     if degree:
-        # MLA's keys and values have a head per query head; grouped-query attention's fewer
+        # MLA's keys and values have a head per query head; grouped-query attention's fewer;
+        # DeepSeek-V4's hybrid attention's one shared key/value head is all-gathered, not split
         heads_of = [(m.num_attention_heads, "num_attention_heads")]
         if m.model_type in QWEN3_FAMILIES:
             heads_of.append((m.num_key_value_heads, "num_key_value_heads"))

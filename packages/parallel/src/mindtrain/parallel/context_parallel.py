@@ -13,6 +13,9 @@ and their gradients add up to its gradient.
 Ulysses (``context_parallel_method: ulysses``) trades each attention core's sequence chunks for
 head groups by all-to-all instead; hybrid runs Ulysses inside groups of ``ulysses_degree_in_cp``
 consecutive CP ranks and all-gathers keys and values between the groups that hold the same heads.
+An attention that runs its own core (a ``head_exchange`` hook) gets the all-to-all as a
+:class:`_HeadExchange` and keeps the all-gather over the whole CP group for what its heads
+share (e.g. one shared key/value head).
 
 The model is duck-typed: each attention Cell with a ``kv_exchange`` attribute and each MoE
 Cell with a ``sequence_reduce`` attribute gets the hook (see the models package).
@@ -165,34 +168,73 @@ class _SequenceReduce:
         return F.reduce_from_group(counts, self.group), s * self.group.size
 
 
-def _seq_to_heads(x, group: Group):
-    """[B, N, S_local, d] -> [B, N / cp, S, d] (Ulysses): each rank sends head group ``j`` of
-    its sequence chunk to rank ``j`` and receives its own heads of every rank's chunk, in rank
-    order (the gathered order of :func:`_gathered_order`). One all-to-all."""
-    c = group.size
-    b, n, s, d = x.shape
-    t = ops.transpose(x.reshape(b, c, n // c, s, d), (1, 0, 2, 3, 4)).reshape(c * b, -1)
-    got = F.all_to_all(t, group).reshape(c, b, n // c, s, d)
-    return ops.transpose(got, (1, 2, 0, 3, 4)).reshape(b, n // c, c * s, d)
+class _HeadExchange:
+    """Ulysses for an attention that runs its own core (the ``head_exchange`` hook): the
+    collectives over the Ulysses group that trade this rank's sequence chunks of every head
+    for ``heads / size`` heads (``index``-th group of them) of the group's whole sequence.
+    The rows of the group's sequence are every member's local rows in group order (member
+    ``j``'s chunks ``cp_index(j)`` and ``2 * cp - 1 - cp_index(j)``). Such an attention keeps
+    its ``kv_exchange`` (the colossal all-gather over the whole CP group) for what every head
+    shares: its keys and values then cover the whole sequence whatever the Ulysses degree."""
 
+    def __init__(self, group: Group, ring: Optional[Group] = None):
+        self.group = group
+        self.ring = ring
+        """Hybrid: the CP ranks holding the same head group in the other Ulysses groups."""
+        self.index = group.index
+        self.size = group.size
 
-def _heads_to_seq(y, group: Group):
-    """The inverse of :func:`_seq_to_heads`: [B, N / cp, S, d] -> [B, N, S_local, d]."""
-    c = group.size
-    b, nh, s_all, d = y.shape
-    s = s_all // c
-    t = ops.transpose(y.reshape(b, nh, c, s, d), (2, 0, 1, 3, 4)).reshape(c * b, -1)
-    got = F.all_to_all(t, group).reshape(c, b, nh, s, d)
-    return ops.transpose(got, (1, 0, 2, 3, 4)).reshape(b, c * nh, s, d)
+    def _all_to_all(self, t):
+        """Equal row blocks to the members in order, theirs back in order (one all-to-all)."""
+        return F.all_to_all(t, self.group)
 
+    def _gather_rows(self, t):
+        """Every member's rows (dim 0), in group order; no gradient (masks)."""
+        return C.all_gather(t, self.group, 0)
 
-def _gather_seq(x, group: Group):
-    """[B, N, L, d] -> [B, N, size * L, d]: every member's sequence piece, in group order (one
-    all-gather; the gradient is summed back to each member's piece)."""
-    b, n, l, d = x.shape
-    t = ops.transpose(x, (2, 0, 1, 3)).reshape(l, -1)
-    whole = F.all_gather(t, group, 0).reshape(group.size * l, b, n, d)
-    return ops.transpose(whole, (1, 2, 0, 3))
+    def _ring_gather(self, t):
+        """Every ring member's rows (dim 0), in ring order; gradients summed back."""
+        return F.all_gather(t, self.ring, 0)
+
+    def check(self, heads: int) -> None:
+        if heads % self.size:
+            raise ConfigError("parallelism.context_parallel",
+                              f"{self.size} Ulysses ranks must divide the attention (query or key/value) heads "
+                              f"each rank runs ({heads}); use context_parallel_method: colossal")
+
+    def seq_to_heads(self, x):
+        """[B, N, L, d] -> [B, N / size, size * L, d]: this rank's head group of every
+        member's rows, in member order (one all-to-all)."""
+        c = self.size
+        b, n, s, d = x.shape
+        self.check(n)
+        t = ops.transpose(x.reshape(b, c, n // c, s, d), (1, 0, 2, 3, 4)).reshape(c * b, -1)
+        got = self._all_to_all(t).reshape(c, b, n // c, s, d)  # member j's rows: the gathered order
+        return ops.transpose(got, (1, 2, 0, 3, 4)).reshape(b, n // c, c * s, d)
+
+    def heads_to_seq(self, y):
+        """The inverse of :meth:`seq_to_heads`: [B, N / size, size * L, d] -> [B, N, L, d]."""
+        c = self.size
+        b, nh, s_all, d = y.shape
+        s = s_all // c
+        t = ops.transpose(y.reshape(b, nh, c, s, d), (2, 0, 1, 3, 4)).reshape(c * b, -1)
+        got = self._all_to_all(t).reshape(c, b, nh, s, d)
+        return ops.transpose(got, (1, 0, 2, 3, 4)).reshape(b, c * nh, s, d)
+
+    def gather_rows(self, x):
+        """[B, L, K] -> [B, size * L, K]: every member's rows (a mask's query rows), in the
+        row order of :meth:`seq_to_heads`; no gradient."""
+        b, l, k = x.shape
+        t = ops.transpose(ops.stop_gradient(x), (1, 0, 2)).reshape(l, -1)
+        return ops.transpose(self._gather_rows(t).reshape(self.size * l, b, k), (1, 0, 2))
+
+    def ring_seq(self, x):
+        """Hybrid: [B, N, L, d] -> [B, N, ring * L, d], every ring member's sequence piece in
+        ring order (one all-gather; the gradient is summed back to each member's piece)."""
+        b, n, l, d = x.shape
+        t = ops.transpose(x, (2, 0, 1, 3)).reshape(l, -1)
+        whole = self._ring_gather(t).reshape(self.ring.size * l, b, n, d)
+        return ops.transpose(whole, (1, 2, 0, 3))
 
 
 def hybrid_groups(cp: Group, ulysses: int) -> tuple[Group, Group]:
@@ -215,37 +257,34 @@ class _UlyssesCore:
     mask (local query rows against every key, in sequence order) is all-gathered over the
     group and its key columns put in the gathered order."""
 
-    def __init__(self, core, group: Group, seq_length: int, ring: Optional[Group] = None,
-                 cp_size: Optional[int] = None):
+    def __init__(self, core, heads: _HeadExchange, seq_length: int, cp_size: Optional[int] = None):
         self.inner = core.construct  # the class's forward (a graph when the model compiles it)
-        self.group = group
-        self.ring = ring
-        cp = cp_size or group.size
+        self.heads = heads
+        self.group = heads.group
+        self.ring = heads.ring
+        cp = cp_size or heads.size
         order = np.concatenate([chunk_indices(seq_length, cp, r) for r in range(cp)])
         self.key_order = Tensor(order.astype(np.int32))
 
     def __call__(self, q, k, v, mask_add, keep=None):
-        g = self.group
+        h = self.heads
         for x in (q, k):
-            if x.shape[1] % g.size:
-                raise ConfigError("parallelism.context_parallel", f"{g.size} Ulysses ranks must divide the "
-                                  f"attention and key/value heads each rank runs ({x.shape[1]}); use "
-                                  f"context_parallel_method: colossal")
-        mask = ops.stop_gradient(mask_add[:, :1])
+            h.check(x.shape[1])
         # [B, 1, rows of the Ulysses group, S]: key columns in the gathered order of all CP ranks
-        mask = ops.gather(C.all_gather(mask, g, 2), self.key_order, 3)
-        k, v = _seq_to_heads(k, g), _seq_to_heads(v, g)
+        mask = ops.expand_dims(h.gather_rows(mask_add[:, 0]), 1)
+        mask = ops.gather(mask, self.key_order, 3)
+        k, v = h.seq_to_heads(k), h.seq_to_heads(v)
         if self.ring is not None:  # hybrid: the keys and values of every Ulysses group, same heads
-            k, v = _gather_seq(k, self.ring), _gather_seq(v, self.ring)
+            k, v = h.ring_seq(k), h.ring_seq(v)
         if keep is None:
-            out = self.inner(_seq_to_heads(q, g), k, v, mask)
+            out = self.inner(h.seq_to_heads(q), k, v, mask)
         else:
             # attention dropout's keep mask [B, N, local rows, S] (every head of this rank's
             # queries against every key, in sequence order) goes with the queries to the head
             # groups, its key columns in the gathered order: the mask of one process
-            keep = ops.gather(_seq_to_heads(ops.stop_gradient(keep), g), self.key_order, 3)
-            out = self.inner(_seq_to_heads(q, g), k, v, mask, keep)
-        return _heads_to_seq(out, g)
+            keep = ops.gather(h.seq_to_heads(ops.stop_gradient(keep)), self.key_order, 3)
+            out = self.inner(h.seq_to_heads(q), k, v, mask, keep)
+        return h.heads_to_seq(out)
 
 
 def apply_context_parallel(model, group: Group, seq_length: int, method: str = "colossal",
@@ -260,7 +299,11 @@ def apply_context_parallel(model, group: Group, seq_length: int, method: str = "
     Ulysses within groups of ``ulysses_degree`` consecutive CP ranks
     (``parallelism.ulysses_degree_in_cp``) and all-gathers the keys and values between those
     groups (:func:`hybrid_groups`). MoE cells sum their routing counts over the whole group
-    either way (``sequence_reduce``).
+    either way (``sequence_reduce``). An attention Cell with a ``head_exchange`` attribute
+    runs its own core under Ulysses / hybrid: it gets a :class:`_HeadExchange` over its
+    Ulysses group and keeps a ``kv_exchange`` over the whole CP group (its core is not
+    replaced). A model with a ``context_chunks`` attribute gets this rank's ``(chunk numbers,
+    number of chunks)`` (None without CP), for the tables it builds of its tokens.
     """
     check_seq_length(seq_length, group.size)
     if method not in ("colossal", "ulysses", "hybrid"):
@@ -272,15 +315,23 @@ def apply_context_parallel(model, group: Group, seq_length: int, method: str = "
         check_ulysses_degree(group.size, ulysses_degree)
         uly_group, ring = hybrid_groups(group, ulysses_degree)
     ulysses = method in ("ulysses", "hybrid") and group.size > 1
-    exchange = _KVExchange(group, seq_length) if group.size > 1 and not ulysses else None
+    whole = _KVExchange(group, seq_length) if group.size > 1 else None
+    exchange = None if ulysses else whole
+    heads = _HeadExchange(uly_group, ring) if ulysses else None
     reduce = _SequenceReduce(group) if group.size > 1 else None
+    if hasattr(model, "context_chunks"):
+        model.context_chunks = None if whole is None else (tuple(whole.chunks), whole.num_chunks)
     n = 0
     for _, cell in model.cells_and_names():
         if hasattr(cell, "kv_exchange"):
-            cell.kv_exchange = exchange
-            if ulysses:
-                core = cell.core_attention
-                object.__setattr__(core, "construct", _UlyssesCore(core, uly_group, seq_length, ring, group.size))
+            if hasattr(cell, "head_exchange"):  # runs its own core: Ulysses on its queries
+                cell.kv_exchange = whole
+                cell.head_exchange = heads
+            else:
+                cell.kv_exchange = exchange
+                if ulysses:
+                    core = cell.core_attention
+                    object.__setattr__(core, "construct", _UlyssesCore(core, heads, seq_length, group.size))
             n += 1
         if hasattr(cell, "sequence_reduce"):
             cell.sequence_reduce = reduce

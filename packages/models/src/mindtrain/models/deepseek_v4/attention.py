@@ -30,6 +30,16 @@ local; per layer and per local chunk:
   queries and top-k are the local queries' over all entries.
 
 Every gather is an all-gather, its gradient summed back to the rank that made the piece.
+
+Ulysses and hybrid context parallelism (the layout also sets ``head_exchange``: the
+all-to-all over the Ulysses group, of ``u`` consecutive CP ranks; ``u`` = CP under Ulysses):
+the compressed entries and the indexer's choice are made as above (this rank's queries, every
+entry of the sequence), and around the attention core the queries trade this rank's chunks of
+every head for ``heads / u`` heads of the Ulysses group's chunks (one all-to-all, the output
+back the same way). The one shared key/value head is not split: it is all-gathered over the
+whole CP group (under hybrid the all-gather between the Ulysses groups too), so each query
+row sees every key of the sequence under the one-process sliding mask (its rows of this
+rank's tokens gathered over the Ulysses group with the entry bias), and its head's sink.
 """
 
 from __future__ import annotations
@@ -254,6 +264,7 @@ class DeepseekV4Attention(nn.Cell):
             self.compressor = None
         self.bmm_t = ops.BatchMatMul(transpose_b=True)
         self.kv_exchange = None  # context parallelism's all-gather over the CP group (set by the layout)
+        self.head_exchange = None  # Ulysses / hybrid CP: the all-to-all over the Ulysses group (the layout's)
 
     table_keys: tuple = ()  # the names of the tables construct is given, in order (set by the model)
 
@@ -270,35 +281,19 @@ class DeepseekV4Attention(nn.Cell):
         kv = rms_norm(_lora_linear(self.kv_proj, x, cd), self.kv_norm.weight, self.eps)
         kv = apply_rope(kv, cos, sin, rot)                                    # [B, S, d]
         ex = self.kv_exchange
-        nch = 1 if ex is None else len(ex.chunks)  # the query chunks (one: the whole sequence)
-        c, bc = s // nch, b * nch
-        keys = kv.reshape(bc, c, d) if ex is None else self._window_keys(kv, tables["halo_index"], ex, nch)
-        window = tables["sliding_mask"]                                       # [chunks, c, keys]
-        mask = ops.broadcast_to(ops.expand_dims(window, 0), (b,) + tuple(window.shape)).reshape(bc, c, -1)
-        window_keys = keys.shape[1]
+        entries = bias = None
         if self.compressor is not None:
             entries = self.compressor(x, tables[f"entry_cos.{self.ratio}"], tables[f"entry_sin.{self.ratio}"], rot, ex)
             if entries is not None:                                           # [B, T, d]: every entry
-                t = entries.shape[1]
                 seq_bias = tables[f"entry_bias.{self.ratio}"]
                 if self.kind == "csa":
                     bias = self.compressor.indexer.select(x, q_latent, tables, seq_bias, ex)
                 else:
-                    bias = ops.broadcast_to(seq_bias, (b, s, t))
-                if nch > 1:
-                    entries = ops.broadcast_to(ops.expand_dims(entries, 1), (b, nch, t, d)).reshape(bc, t, d)
-                keys = ops.concat((keys, entries), 1)
-                mask = ops.concat((mask, bias.reshape(bc, c, t)), 2)
-        sk = keys.shape[1]
-        qh = ops.transpose(q.reshape(bc, c, n, d), (0, 2, 1, 3)).reshape(bc, n * c, d)
-        scores = self.bmm_t(qh, keys).reshape(bc, n, c, sk) * (d ** -0.5) + ops.expand_dims(mask, 1)
-        sinks = ops.broadcast_to(self.sinks.reshape(1, n, 1, 1), (bc, n, c, 1))
-        probs = ops.softmax(ops.concat((scores, sinks), -1), -1)[..., :sk]
-        keep = self.dropout_keep(c, window_keys, sk - window_keys)
-        if keep is not None:  # attention dropout on the keys' probabilities, the sink's column gone (HF's V4)
-            probs = probs * keep.astype(probs.dtype)
-        out = ops.bmm(probs.reshape(bc, n * c, sk), keys).reshape(bc, n, c, d)
-        out = ops.transpose(out, (0, 2, 1, 3)).reshape(b, s, n, d)          # [B, S, N, d]
+                    bias = ops.broadcast_to(seq_bias, (b, s, entries.shape[1]))
+        if self.head_exchange is not None:
+            out = self._ulysses(q, kv, entries, bias, tables["window_rows"])
+        else:
+            out = self._chunked(q, kv, entries, bias, tables)                 # [B, S, N, d]
         out = apply_rope(out, cos.reshape(1, s, 1, d), sin.reshape(1, s, 1, d), rot, inverse=True)
         g = self.o_groups
         grouped = ops.transpose(out.reshape(b * s, g, n * d // g), (1, 0, 2))  # [G, BS, in]
@@ -306,6 +301,77 @@ class DeepseekV4Attention(nn.Cell):
         w = self.o_a_proj.weight.reshape(g, self.o_lora_rank, n * d // g)
         low = ops.transpose(self.bmm_t(grouped, w), (1, 0, 2)).reshape(b, s, g * self.o_lora_rank)
         return _lora_linear(self.o_b_proj, low, cd)
+
+    def _attend(self, qh, keys, mask, sinks, keep):
+        """The core: queries ``qh`` [Bq, n, c, d] (the ``n`` heads of ``sinks`` [n]) over
+        ``keys`` [Bq, K, d] (the values too) under the additive ``mask`` [Bq, c, K], a sink
+        column per head, attention dropout's ``keep`` [Bq, n, c, K] (or None) -> [Bq, n, c, d]."""
+        bq, n, c, d = qh.shape
+        sk = keys.shape[1]
+        scores = self.bmm_t(qh.reshape(bq, n * c, d), keys).reshape(bq, n, c, sk) * (d ** -0.5) \
+            + ops.expand_dims(mask, 1)
+        sinks = ops.broadcast_to(sinks.reshape(1, n, 1, 1), (bq, n, c, 1))
+        probs = ops.softmax(ops.concat((scores, sinks), -1), -1)[..., :sk]
+        if keep is not None:  # attention dropout on the keys' probabilities, the sink's column gone (HF's V4)
+            probs = probs * keep.astype(probs.dtype)
+        return ops.bmm(probs.reshape(bq, n * c, sk), keys).reshape(bq, n, c, d)
+
+    def _chunked(self, q, kv, entries, bias, tables):
+        """One process and colossal CP: per query chunk (one: the whole sequence) its sliding
+        keys (under CP after the halo) and every entry -> [B, S, N, d]."""
+        b, s, n, d = q.shape
+        ex = self.kv_exchange
+        nch = 1 if ex is None else len(ex.chunks)  # the query chunks (one: the whole sequence)
+        c, bc = s // nch, b * nch
+        keys = kv.reshape(bc, c, d) if ex is None else self._window_keys(kv, tables["halo_index"], ex, nch)
+        window = tables["sliding_mask"]                                       # [chunks, c, keys]
+        mask = ops.broadcast_to(ops.expand_dims(window, 0), (b,) + tuple(window.shape)).reshape(bc, c, -1)
+        window_keys = keys.shape[1]
+        if entries is not None:
+            t = entries.shape[1]
+            if nch > 1:
+                entries = ops.broadcast_to(ops.expand_dims(entries, 1), (b, nch, t, d)).reshape(bc, t, d)
+            keys = ops.concat((keys, entries), 1)
+            mask = ops.concat((mask, bias.reshape(bc, c, t)), 2)
+        qh = ops.transpose(q.reshape(bc, c, n, d), (0, 2, 1, 3))
+        keep = self.dropout_keep(c, window_keys, keys.shape[1] - window_keys)
+        out = self._attend(qh, keys, mask, self.sinks, keep)                  # [B * chunks, N, c, d]
+        return ops.transpose(out, (0, 2, 1, 3)).reshape(b, s, n, d)
+
+    def _ulysses(self, q, kv, entries, bias, window_rows):
+        """Ulysses / hybrid CP (``head_exchange``): this rank's queries [B, S_local, N, d] of
+        every head go to ``N / u`` heads of the Ulysses group's rows; the shared key/value
+        head is all-gathered over the CP group (``kv_exchange``: the whole sequence in order)
+        and followed by every entry; the mask (``window_rows`` [S_local, S]: this rank's
+        sliding rows against every key, then the entry bias) and attention dropout's keep
+        mask go with the queries. -> [B, S_local, N, d]."""
+        hx, ex = self.head_exchange, self.kv_exchange
+        b, s, n, d = q.shape
+        keys = ex(kv)[0]                                                      # [B, S_whole, d]
+        mask = ops.broadcast_to(ops.expand_dims(window_rows, 0), (b,) + tuple(window_rows.shape))
+        t = 0
+        if entries is not None:
+            t = entries.shape[1]
+            keys = ops.concat((keys, entries), 1)
+            mask = ops.concat((mask, bias.reshape(b, s, t)), 2)
+        qh = hx.seq_to_heads(ops.transpose(q, (0, 2, 1, 3)))                 # [B, N / u, u * S_local, d]
+        nh = qh.shape[1]
+        keep = self.dropout_keep_rows(keys.shape[1] - t, t)
+        if keep is not None:  # every head of this rank's rows: with the queries to the head groups
+            keep = hx.seq_to_heads(ops.stop_gradient(keep))
+        sinks = self.sinks[hx.index * nh:(hx.index + 1) * nh]
+        out = self._attend(qh, keys, hx.gather_rows(mask), sinks, keep)
+        return ops.transpose(hx.heads_to_seq(out), (0, 2, 1, 3))
+
+    def dropout_keep_rows(self, tokens: int, entries: int):
+        """Attention dropout's keep-and-scale mask [B, heads, S_local, tokens + entries] of
+        this rank's queries against every key of the sequence (``tokens`` of them, in order)
+        and every entry (Ulysses CP), or None when off."""
+        state = dropout_of(self)
+        if state is None or not state.attention_on():
+            return None
+        ids = np.concatenate((np.arange(tokens), ENTRY_KEYS + np.arange(entries))).astype(np.uint64)[None]
+        return state.attention_mask_at(self.__dict__["_layer_index"], self.num_heads, self.head_offset, ids)
 
     head_offset = 0
     """The global index of this cell's first query head (tensor parallelism sets it):

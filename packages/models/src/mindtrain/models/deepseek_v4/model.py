@@ -106,6 +106,7 @@ class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
         self._expert_load = None
         self._rope_mask_cache: dict = {}
         self._stage_ids = None  # the micro-batch's input ids of begin_forward (the pipeline stage's call)
+        self.context_chunks = None  # context parallelism: this rank's (chunk numbers, number of chunks) (the layout's)
         self._configure_cells()
         self.layer_runners: dict = {}
         self.recompute_plan = RecomputePlan()
@@ -121,7 +122,7 @@ class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
         if attention_mask is not None:
             raise ValueError("DeepSeek-V4: attention_mask (packed documents) is not supported; each row is one "
                              "causal sequence")
-        if self._exchange() is not None:
+        if self._chunks() is not None:
             raise RuntimeError("DeepSeek-V4 laid out for context parallelism runs through the layout's stage "
                                "(its pieces on this rank's chunks), not model(...)")
         if self.dropout.enabled:  # whole sequences here: each token's identity for the dropout masks
@@ -184,9 +185,19 @@ class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
         super().begin_forward(inputs)
         self._stage_ids = inputs["input_ids"]
 
-    def _exchange(self):
-        """Context parallelism's all-gather (set on every attention cell by the layout), or None."""
-        return self.model.layers[0].self_attn.kv_exchange if self.num_layers else None
+    def _chunks(self):
+        """Context parallelism's ``(this rank's chunk numbers, number of chunks)``, or None:
+        from the all-gather on every attention cell (``kv_exchange``; colossal, and the
+        hybrid attention's Ulysses) or the layout's ``context_chunks`` (the mla variant's
+        Ulysses, whose cells all-to-all instead)."""
+        ex = self.model.layers[0].self_attn.kv_exchange if self.num_layers else None
+        if ex is not None:
+            return tuple(ex.chunks), ex.num_chunks
+        return self.context_chunks
+
+    def _ulysses(self) -> bool:
+        """The hybrid attention runs Ulysses (its cells' ``head_exchange``, set by the layout)."""
+        return bool(self.num_layers) and getattr(self.model.layers[0].self_attn, "head_exchange", None) is not None
 
     def rope(self, position_ids):
         """``(tables, None)``: the tables (:meth:`tables`) of the tokens at ``position_ids``
@@ -194,15 +205,15 @@ class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
         default positions; the second is the stage protocol's ``sin`` (V4 keeps its tables
         in one dict)."""
         pos = position_ids.asnumpy() if isinstance(position_ids, Tensor) else np.asarray(position_ids)
-        ex = self._exchange()
+        layout = self._chunks()
         local = pos.shape[1]
-        if ex is None:
+        if layout is None:
             s, chunks, n = local, None, 1
         else:
-            chunks, n = tuple(ex.chunks), ex.num_chunks
+            chunks, n = layout
             s = local // len(chunks) * n
-        tables = self.tables(s, chunks, n)
-        want = np.arange(s) if ex is None else np.concatenate(
+        tables = self.tables(s, chunks, n, self._ulysses())
+        want = np.arange(s) if layout is None else np.concatenate(
             [np.arange(k * (s // n), (k + 1) * (s // n)) for k in chunks])
         if not (pos == want).all():
             raise ValueError("DeepSeek-V4: position_ids other than 0..S-1 per row (packed documents) are not "
@@ -229,18 +240,20 @@ class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
         norm = self.model.norm
         return self.head_loss(self.collapse(h), norm.weight, norm.eps, self.lm_head.merged_weight(), labels, loss_mask)
 
-    def tables(self, s: int, chunks: Optional[tuple] = None, num_chunks: int = 1) -> dict:
+    def tables(self, s: int, chunks: Optional[tuple] = None, num_chunks: int = 1, rows: bool = False) -> dict:
         """Rope tables, pair rotations and masks of sequence length ``s`` (cached). With
         ``chunks`` (context parallelism: this rank's chunk numbers of the ``num_chunks`` equal
         chunks of the sequence), of this rank's tokens: their rows of the query tables, their
         own entries' rope tables, the causal entry bias of their queries against every entry,
         per local chunk the sliding mask against its halo and own keys ([chunks, c, halo + c])
         and ``halo_index`` (see :meth:`DeepseekV4Attention._window_keys`). Without, one chunk
-        of the whole sequence and no halo. The ``mla`` variant's: :func:`mla_tables`."""
+        of the whole sequence and no halo. With ``rows`` (Ulysses CP) also ``window_rows``
+        [L, S]: the sliding mask of this rank's tokens against every key of the sequence, in
+        order. The ``mla`` variant's: :func:`mla_tables`."""
         cfg = self.config
         if cfg.experimental_attention_variant == "mla":
             return mla_tables(self, s, chunks, num_chunks)
-        key = ("v4", s, chunks, num_chunks)
+        key = ("v4", s, chunks, num_chunks, rows)
         if key in self._rope_mask_cache:
             return self._rope_mask_cache[key]
         d, rd, ci = cfg.head_dim, cfg.qk_rope_head_dim, cfg.index_head_dim
@@ -260,6 +273,9 @@ class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
             key_pos = np.arange(k * c - halo, (k + 1) * c)[None, :]
             masks.append(np.where((key_pos >= 0) & (key_pos <= q_idx) & (key_pos > q_idx - window), 0.0, NEG))
         out["sliding_mask"] = np.stack(masks).astype(np.float32)
+        if rows:
+            q_idx, key_pos = pos[:, None], np.arange(s)[None, :]
+            out["window_rows"] = np.where((key_pos <= q_idx) & (key_pos > q_idx - window), 0.0, NEG).astype(np.float32)
         if num_chunks > 1:
             h = min(halo, c)
             out["halo_index"] = np.stack([k * h + np.arange(halo) for k in chunks]).astype(np.int32)
