@@ -11,7 +11,14 @@ on every rank cost more than their few eager steps), then lets a stage fail. A 4
 started at the same time, trains the combinations PP=2 x FSDP=2 with ZeRO-3 per stage (compiled
 layers on the gathered weights; 4 micro-batches per step, so each
 data-parallel pipeline runs 2), PP=2 x EP=2 x FSDP=2 with ZeRO-1 per stage (EP borrows the 2
-data-parallel ranks) and CP=2 x TP=2 (2 micro-batches per step).
+data-parallel ranks), CP=2 x TP=2 (2 micro-batches per step), hybrid CP=4 and HSDP under PP (ZeRO-3)
+and under CP (ZeRO-2).
+
+Issue 34's combinations: a Ulysses run (2 workers) and the hybrid run (4 workers) track the max
+attention logits (QK-clip, MaxLogitsMonitor) and recompute the attention (Ulysses: layer 0 whole
+and the core alone in row blocks, recompute applied before the layout as the trainer does; hybrid:
+every layer, applied after it); their step's max-logit table over all ranks equals the reference's
+(every reference records it), and under Ulysses each rank's own record already does.
 
 The parameter check uses plain SGD: AdamW's first steps move every weight by about
 ``lr * sign(g)``, so a gradient element that is zero up to fp32 round-off (a sum of partial
