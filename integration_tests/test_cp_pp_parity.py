@@ -11,7 +11,14 @@ on every rank cost more than their few eager steps), then lets a stage fail. A 4
 started at the same time, trains the combinations PP=2 x FSDP=2 with ZeRO-3 per stage (compiled
 layers on the gathered weights; 4 micro-batches per step, so each
 data-parallel pipeline runs 2), PP=2 x EP=2 x FSDP=2 with ZeRO-1 per stage (EP borrows the 2
-data-parallel ranks) and CP=2 x TP=2 (2 micro-batches per step).
+data-parallel ranks), CP=2 x TP=2 (2 micro-batches per step), hybrid CP=4 and HSDP under PP (ZeRO-3)
+and under CP (ZeRO-2).
+
+Issue 34's combinations: a Ulysses run (2 workers) and the hybrid run (4 workers) track the max
+attention logits (QK-clip, MaxLogitsMonitor) and recompute the attention (Ulysses: layer 0 whole
+and the core alone in row blocks, recompute applied before the layout as the trainer does; hybrid:
+every layer, applied after it); their step's max-logit table over all ranks equals the reference's
+(every reference records it), and under Ulysses each rank's own record already does.
 
 The parameter check uses plain SGD: AdamW's first steps move every weight by about
 ``lr * sign(g)``, so a gradient element that is zero up to fp32 round-off (a sum of partial
@@ -38,6 +45,9 @@ CONFIGS = {"cp2": "1:2:1f1b", "pp2_1f1b": "2:1:1f1b", "pp2_gpipe": "2:1:gpipe",
            # with attention and hidden dropout 0.1, against the reference with dropout (the keep
            # masks go with the queries to the head groups)
            "cp2_ulysses_dropout": "1:2:1f1b",
+           # Ulysses with the max attention logits tracked (QK-clip, MaxLogitsMonitor) and the
+           # attention recomputed (layer 0 whole, the core alone in the others, in row blocks)
+           "cp2_ulysses_recompute_logits": "1:2:1f1b",
            # 2 chunks per stage (4 virtual stages): rank 0 runs layers 0 and 2, rank 1 layer 1 and the head
            "pp2_interleaved": "2:1:interleaved_1f1b:1:1:-:2:2"}
 # name -> pp:cp:schedule:tp:ep:dp_sharding:micro-batches per step on 4 workers. PP x FSDP
@@ -46,7 +56,12 @@ CONFIGS = {"cp2": "1:2:1f1b", "pp2_1f1b": "2:1:1f1b", "pp2_gpipe": "2:1:gpipe",
 CONFIGS_4 = {"pp2_fsdp2_zero3": "2:1:1f1b:1:1:optim_grads_params:4", "cp2_tp2": "1:2:1f1b:2:1:-:2",
              "pp2_ep2_fsdp2_zero1": "2:1:1f1b:1:2:optim:2",
              # hybrid CP (issue 34): Ulysses inside pairs of CP ranks, keys/values gathered across the pairs
-             "cp4_hybrid2_dropout": "1:4:1f1b:1:1:-:2"}
+             # with every layer recomputed (applied after the layout) and the max logits tracked
+             "cp4_hybrid2_dropout_recompute_logits": "1:4:1f1b:1:1:-:2",
+             # HSDP under PP (ZeRO-3) and CP (ZeRO-2): the dense weights sharded within groups
+             # of 1 data-parallel rank, replicated over 2 (gradients averaged over the replicas)
+             "pp2_fsdp2_zero3_hsdp1": "2:1:1f1b:1:1:optim_grads_params:4",
+             "cp2_fsdp2_zero2_hsdp1": "1:2:1f1b:1:1:optim_grads:2"}
 TOL = 1e-5
 # the runs with compiled (ms.jit) layers: PP alone keeps them whole (no layer is patched);
 # under PP x ZeRO-3 the stage's weights are gathered for the step by set_data, which the
@@ -87,7 +102,8 @@ def jobs(tmp_path_factory):
     references = [_reference(tmp, 2, core=-1), _reference(tmp, 4, core=0), _reference(tmp, 2, core=1, dropout=True)]
     specs = [f"{k}:{v}" for k, v in CONFIGS.items()] + ["fail:2:1:1f1b"]
     start = time.monotonic()
-    job = subprocess.Popen(["msrun", "--worker_num=2", "--local_worker_num=2", "--master_port=8521", "--join=True",
+    port = int(os.environ.get("MINDTRAIN_TEST_PORT", 8521))
+    job = subprocess.Popen(["msrun", "--worker_num=2", "--local_worker_num=2", f"--master_port={port}", "--join=True",
                             f"--log_dir={tmp / 'msrun_log'}", str(WORKER), "parallel", str(tmp), str(ref), *specs,
                             "--docs"],
                            env=_env(), cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -95,7 +111,7 @@ def jobs(tmp_path_factory):
     (tmp / "4").mkdir()
     specs4 = [f"{k}:{v}" for k, v in CONFIGS_4.items()]
     with open(tmp / "msrun_4.out", "w") as out4:  # a file: nobody reads this job's output while the other runs
-        job4 = subprocess.Popen(["msrun", "--worker_num=4", "--local_worker_num=4", "--master_port=8522", "--join=True",
+        job4 = subprocess.Popen(["msrun", "--worker_num=4", "--local_worker_num=4", f"--master_port={port + 1}", "--join=True",
                                  f"--log_dir={tmp / 'msrun_log_4'}", str(WORKER), "parallel", str(tmp / "4"), str(ref),
                                  *specs4, "--docs"],
                                 env=_env(), cwd=tmp, stdout=out4, stderr=subprocess.STDOUT, start_new_session=True)
@@ -145,7 +161,7 @@ def test_combination_equal_to_single_process(run4, name):
         assert r["figure_rel_err"] < TOL, (name, rank, r["figures"], r["ref_figures"])
         assert r["params_checked"] > 10
         assert r["param_rel_err"] < TOL, (name, rank, r["param_rel_err"])
-        if "zero3" in name:
+        if "zero3" in name and "hsdp" not in name:
             # the stage's weights are shards between steps: half its dense bytes, plus padding
             assert r["resident_bytes"] <= 0.55 * r["stage_bytes"], (rank, r["resident_bytes"], r["stage_bytes"])
         if name in COMPILED:
@@ -155,6 +171,18 @@ def test_combination_equal_to_single_process(run4, name):
         if "zero1" in name:
             # full weights stay resident beside their shards
             assert r["resident_bytes"] >= r["stage_bytes"], (rank, r["resident_bytes"], r["stage_bytes"])
+        if "hsdp" in name:
+            assert r["hsdp_replicas"] == 2, (rank, r["hsdp_replicas"])
+        _check_logits_and_recompute(name, r)
+
+
+def _check_logits_and_recompute(name, r):
+    if "logits" in name:  # the step's max logits over all ranks equal one process's, every step
+        assert r["logit_rel_err"] < TOL, (name, r["logit_rel_err"])
+        if "ulysses" in name:  # and each rank's own record already has every head's, whole sequence
+            assert r["local_logit_rel_err"] < TOL, (name, r["local_logit_rel_err"])
+    if "recompute" in name:  # recomputed forwards ran; every attention core ran its row blocks inside Ulysses
+        assert r["recomputed"] > 0 and r["row_blocks"] == 4, (name, r["recomputed"], r["row_blocks"])
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -168,6 +196,7 @@ def test_equal_to_single_process(run, name):
         # every parameter this rank trains (its stage), plus the expert biases
         assert r["params_checked"] > 10
         assert r["param_rel_err"] < TOL, (name, rank, r["param_rel_err"])
+        _check_logits_and_recompute(name, r)
     if name.startswith("pp2"):
         assert results[0][name]["stage_units"][0] == "embedding"
         assert results[1][name]["stage_units"][-2:] == ["head", "mtp.0"]

@@ -40,7 +40,10 @@ ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer 
 from mindspore import Tensor, ops  # noqa: E402
 
 from mindtrain.config import load_config  # noqa: E402
-from mindtrain.models import build_model, is_compiled, parallel_plan  # noqa: E402
+from mindtrain.config import RecomputePlan  # noqa: E402
+from mindtrain.models import apply_recompute, build_model, is_compiled, parallel_plan  # noqa: E402
+from mindtrain.models.attention import max_attention_logits, track_max_attention_logits  # noqa: E402
+from mindtrain.trainer.max_logits import synced_max_logits  # noqa: E402
 from mindtrain.trainer.optimizer import AdamW  # noqa: E402
 from shards_check import check_shards  # noqa: E402
 
@@ -139,6 +142,7 @@ def clip(grads, norm):
 
 def reference(out_path: str, docs: bool) -> None:
     model = fresh_model(dropout=os.environ.get("CP_PP_DROPOUT") == "1")
+    track_max_attention_logits(model)  # the per-step max logits the "logits" runs compare with
     params = [(p.name, p) for p in model.trainable_params()]
     opt = make_optimizer(params)
 
@@ -147,7 +151,7 @@ def reference(out_path: str, docs: bool) -> None:
         return loss, (m["lm_loss"], m["load_balancing_loss"], m["mtp_loss"])
 
     grad_fn = ms.value_and_grad(fwd, None, [p for _, p in params], has_aux=True)
-    rows = []
+    rows, logits = [], []
     for i, step in enumerate(batches(docs)):
         dropout_step(model, i + 1)
         acc, figs = None, []
@@ -164,9 +168,11 @@ def reference(out_path: str, docs: bool) -> None:
         opt.step(clip(grads, norm))
         model.update_expert_bias(model.take_expert_load())
         rows.append(np.mean(figs, axis=0).tolist() + [norm])
+        table = max_attention_logits(model, reset=True)
+        logits.append([table[j] for j in sorted(table)])
     final = {f"param/{p.name}": p.asnumpy() for p in model.get_parameters()}
     tmp = out_path + ".tmp.npz"
-    np.savez(tmp, figures=np.array(rows), **final)
+    np.savez(tmp, figures=np.array(rows), logits=np.array(logits), **final)
     os.replace(tmp, out_path)  # parallel workers wait for this file
 
 
@@ -176,7 +182,10 @@ def parallel(out_dir: str, ref_path: str, specs: list[str], docs: bool) -> None:
     from mindtrain.parallel.collectives import init_distributed
     from mindtrain.parallel.pipeline_parallel import PipelineSchedule, relax_receive_timeout
 
+    from mindtrain.parallel import collectives as C
+
     world, rank = init_distributed()
+    world_group = C.world_group()
     # before any collective: a stage may wait longer than 30 s for its neighbour on a busy machine
     relax_receive_timeout()
     results = {}
@@ -186,24 +195,43 @@ def parallel(out_dir: str, ref_path: str, specs: list[str], docs: bool) -> None:
         name, pp, cp, schedule, tp, ep, sharding, micro, chunks = fields
         pp, cp, tp, ep, micro, chunks = int(pp), int(cp), int(tp), int(ep), int(micro), int(chunks)
         dp = world // (pp * cp * tp)
-        dims = ParallelDims(world_size=world, pp=pp, dp_shard=dp, cp=cp, tp=tp, ep=ep)
+        # "hsdp1": HSDP, the dense weights sharded within groups of 1 data-parallel rank and
+        # replicated over the 2 groups (gradients reduced over the replicas)
+        dims = ParallelDims(world_size=world, pp=pp, dp_shard=dp, cp=cp, tp=tp, ep=ep,
+                            dense_shard=1 if "hsdp1" in name else 0)
         mesh = DeviceMesh(dims, rank).init_process_groups()
         dropout = "dropout" in name  # compared with the reference that has dropout too
         model = fresh_model(jit=name in COMPILED, dropout=dropout)
+        if "logits" in name:  # the max attention logits (QK-clip, MaxLogitsMonitor), compared per step
+            track_max_attention_logits(model)
+        hybrid = "hybrid" in name
+        if "recompute" in name and not hybrid:
+            # the trainer's order (recompute at build, then the layout): layer 0 whole, the
+            # attention core alone in the others, in blocks of 4 query rows (64 scores)
+            _recompute(model, RecomputePlan(full=(0,), select={"self_attn.core_attention": (1, 2, 3)}))
         plan = parallel_plan(model)
         sched = PipelineSchedule(model, plan, mesh, SEQ, schedule=schedule,
                                  dp_sharding=None if sharding == "-" else sharding, chunks=chunks,
-                                 cp_method="ulysses" if "ulysses" in name else "hybrid" if "hybrid" in name
-                                 else "colossal", ulysses_degree=2 if "hybrid" in name else None)
+                                 cp_method="ulysses" if "ulysses" in name else "hybrid" if hybrid
+                                 else "colossal", ulysses_degree=2 if hybrid else None)
+        if "recompute" in name and hybrid:  # the other order: every layer whole, after the layout
+            _recompute(model, RecomputePlan(full=(0, 1, 2, 3)))
         opt = make_optimizer(list(zip(sched.param_names, sched.params)))
         if name.startswith("fail") and sched.stage_index == 1:
             _inject_failure(sched.stage, at_call=micro // dp + 1)
-        rows = []
+        rows, logits, local_logits = [], [], []
         t0 = time.perf_counter()
         for i, step in enumerate(batches(docs, micro)):
             dropout_step(model, i + 1)
             grads, figures, load = sched.step(step[mesh.rank("dp")::dp])
             model.dropout.end_step()
+            if "logits" in name:
+                # this rank's record (every head of each layer it ran), then the table over all ranks
+                mine = max_attention_logits(model, reset=False)
+                local_logits.append({j: m.tolist() for j, m in mine.items()})
+                table = synced_max_logits(model, lambda a: C.all_reduce(Tensor(a), world_group).asnumpy(),
+                                          rank, world)
+                logits.append([table[j].tolist() for j in sorted(table)])
             grads = [g / float(len(step) // dp) for g in grads]
             norm = sched.grad_norm(grads)
             opt.step(clip(grads, norm))
@@ -231,6 +259,12 @@ def parallel(out_dir: str, ref_path: str, specs: list[str], docs: bool) -> None:
             time.sleep(0.5)
         ref = np.load(ref_file)
         fig_err = float(np.max(np.abs(rows - ref["figures"]) / np.maximum(np.abs(ref["figures"]), 1e-30)))
+        logit_err = local_logit_err = None
+        if logits:  # relative to the reference's largest logit
+            scale = float(np.abs(ref["logits"]).max())
+            logit_err = float(np.abs(np.array(logits) - ref["logits"]).max()) / scale
+            local_logit_err = max(float(np.abs(np.array(m[j]) - ref["logits"][s, j]).max()) / scale
+                                  for s, m in enumerate(local_logits) for j in m)
         param_err = 0.0
         checked = 0
         per_param = {}
@@ -246,10 +280,17 @@ def parallel(out_dir: str, ref_path: str, specs: list[str], docs: bool) -> None:
             checked += 1
         results[name] = {"figures": rows.tolist(), "ref_figures": ref["figures"].tolist(), "figure_rel_err": fig_err,
                          "param_rel_err": param_err, "params_checked": checked,
+                         "logit_rel_err": logit_err, "local_logit_rel_err": local_logit_err,
+                         "row_blocks": sum(1 for _, c in model.cells_and_names() if getattr(
+                             c.__dict__.get("construct"), "inner", None) == getattr(c, "_row_blocks", 0)),
+                         "recomputed": sum(w.forward_calls for w in model.recompute_wrappers.values()),
                          "worst_params": sorted(per_param.items(), key=lambda kv: -kv[1][0])[:5], "seconds": elapsed,
                          "stage_units": sched.parts[sched.stage_index],
                          "stage_bytes": int(full_bytes), "resident_bytes": int(resident),
                          "compiled": is_compiled(model),
+                         # HSDP: the ranks holding the same dense shards (gradients reduced over them)
+                         "hsdp_replicas": sched.fsdp.replicate.size if sched.fsdp is not None
+                         and sched.fsdp.replicate is not None else None,
                          # attention cores running Ulysses, and the size of their key/value ring (hybrid CP)
                          "ulysses_rings": [getattr(c.construct, "ring", None) and c.construct.ring.size
                                            for _, c in model.cells_and_names()
@@ -257,6 +298,13 @@ def parallel(out_dir: str, ref_path: str, specs: list[str], docs: bool) -> None:
         print(f"cp_pp_parity {name}: figures {fig_err:.3e} params {param_err:.3e} ({elapsed:.1f} s)", flush=True)
         with open(os.path.join(out_dir, f"cp_pp_{rank}.json"), "w") as f:
             json.dump(results, f)
+
+
+def _recompute(model, plan) -> None:
+    apply_recompute(model, plan)
+    for _, cell in model.cells_and_names():
+        if hasattr(cell, "recompute_in_row_blocks"):
+            cell.row_block_elements = 64
 
 
 def _inject_failure(stage, at_call: int) -> None:

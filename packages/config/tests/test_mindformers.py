@@ -134,7 +134,13 @@ def test_shared_expert_size_must_match_and_dropout_is_a_probability():
         for bad in ("1.0", "-0.1"):
             with pytest.raises(ConfigError, match=rf"^model\.{name}: must be a probability in \[0, 1\)"):
                 load_config(TINY_PATH, [f"model.{name}={bad}"])
-    # attention dropout under Ulysses context parallelism is built (issue 34)
+    # attention dropout under Ulysses context parallelism is built (issue 34), and recomputing
+    # the attention core with it (whole layers, or the core alone)
+    for rc in (["recompute.mode=full"], ["recompute.mode=select", "recompute.select_module={self_attn.core_attention: true}"]):
+        for method in (["parallelism.context_parallel_method=ulysses"],
+                       ["parallelism.context_parallel_method=hybrid", "parallelism.ulysses_degree_in_cp=2"]):
+            cfg = load_config(TINY_PATH, ["parallelism.context_parallel=4"] + method + rc, world_size=4)
+            assert cfg.recompute.mode == rc[0].split("=")[1]
     assert load_config(TINY_PATH, ["model.attention_dropout=0.1", "parallelism.context_parallel=2",
                                    "parallelism.context_parallel_method=ulysses"], world_size=2).model.attention_dropout == 0.1
     # DeepSeek-V4 has both (issue 32), its colossal context parallelism too; a bad rate is refused alike
@@ -233,10 +239,6 @@ def test_swap_off_cpu_is_refused_in_one_line(device):
      "parallelism.ulysses_degree_in_cp: Ulysses context parallelism runs over all 4"),
     (["parallelism.context_parallel_method=ulysses", "parallelism.context_parallel=8"],
      "parallelism.context_parallel: 8 Ulysses ranks must divide the num_attention_heads"),
-    (["parallelism.context_parallel_method=ulysses", "parallelism.context_parallel=2", "recompute.mode=full"],
-     "recompute.mode: full: recomputing the attention core"),
-    (["parallelism.context_parallel_method=ulysses", "parallelism.context_parallel=2", "recompute.mode=select",
-      "recompute.select_module={self_attn.core_attention: true}"], "recompute.mode: select: recomputing"),
     (["parallelism.moe_token_dispatcher_type=alltoall_deredundancy", "parallelism.expert_parallel=2"],
      "parallelism.npu_nums_per_device: 8: alltoall_deredundancy needs expert_parallel (2) to be a multiple"),
     (["parallelism.moe_token_dispatcher_type=broadcast"], "parallelism.moe_token_dispatcher_type: 'broadcast' is not"),

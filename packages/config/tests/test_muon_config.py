@@ -48,8 +48,6 @@ def test_muon_section_in_a_whole_config():
     # MindFormers clips MLA only (apply_qk_clip_scaling returns without multi_latent_attention)
     (["optimizer.type=Muon", "optimizer.qk_clip_enabled=true", "config=qwen3"],
      "optimizer.qk_clip_enabled: MindFormers' QK-clip scales MLA"),
-    (["optimizer.type=Muon", "optimizer.qk_clip_enabled=true", "parallelism.context_parallel=2",
-      "parallelism.context_parallel_method=ulysses"], "parallelism.context_parallel_method: ulysses does not report"),
 ])
 def test_qk_clip_refusals_are_one_line(overrides, expected):
     path = QWEN3 if "config=qwen3" in overrides else TINY
@@ -81,3 +79,16 @@ def test_bad_muon_values_are_one_line(field, value, expected):
     with pytest.raises(ConfigError) as err:
         load_config(TINY, overrides)
     assert str(err.value).startswith(expected) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("method", ["ulysses", "hybrid"])
+def test_qk_clip_and_max_logits_monitor_are_built_with_ulysses(method):
+    """Ulysses / hybrid context parallelism report the max attention logits (issue 34): each
+    rank's head groups' maxima are all-gathered over the Ulysses group (integration_tests/
+    test_cp_pp_parity.py compares them with one process's)."""
+    cp = ["parallelism.context_parallel=4", f"parallelism.context_parallel_method={method}"] + \
+        (["parallelism.ulysses_degree_in_cp=2"] if method == "hybrid" else [])
+    cfg = load_config(TINY, ["optimizer.type=Muon", "optimizer.qk_clip_enabled=true"] + cp, world_size=4)
+    assert cfg.optimizer.qk_clip_enabled and cfg.parallelism.context_parallel_method == method
+    cfg = load_config(TINY, ["callbacks=[{type: MaxLogitsMonitor}]"] + cp, world_size=4)
+    assert [c.type for c in cfg.callbacks] == ["MaxLogitsMonitor"]

@@ -63,10 +63,14 @@ def test_hsdp_groups():
     assert plain.group("dense").ranks == (1, 3, 5, 7) and plain.group("dense_replica").ranks == (5,)
     assert mesh(4, 0, dense_fsdp_shard_size=4).dims.dense_shard == 0  # = dp: plain FSDP
     for kw, needle in ((dict(dense_fsdp_shard_size=3), "parallelism.dense_fsdp_shard_size: 3 must divide"),
-                       (dict(dense_fsdp_shard_size=0), "parallelism.dense_fsdp_shard_size: must be a positive"),
-                       (dict(dense_fsdp_shard_size=1, pipeline_parallel=2), "not with pipeline or context")):
+                       (dict(dense_fsdp_shard_size=0), "parallelism.dense_fsdp_shard_size: must be a positive")):
         with pytest.raises(ConfigError, match=needle):
             mesh(4, 0, **kw)
+    # with pipeline and context parallelism (issue 34): the groups stay within a stage's
+    # data-parallel ranks at one CP index
+    m = mesh(16, 13, pipeline_parallel=2, context_parallel=2, dense_fsdp_shard_size=2)  # pp2 dp4 cp2
+    assert m.group("dp").ranks == (9, 11, 13, 15)
+    assert m.group("dense").ranks == (13, 15) and m.group("dense_replica").ranks == (9, 13)
 
 
 def test_from_parallel_dims():

@@ -112,11 +112,6 @@ def resolve_parallelism(p: ParallelismConfig, world_size: int) -> ParallelDims:
     dense = p.dense_fsdp_shard_size
     if dense is not None and (not isinstance(dense, int) or isinstance(dense, bool) or dense < 1):
         raise ConfigError("parallelism.dense_fsdp_shard_size", f"must be a positive integer or null, got {dense!r}")
-    if dense is not None and dense < dp and (pp > 1 or cp > 1):
-        raise ConfigError("parallelism.dense_fsdp_shard_size", "sharding the dense weights over a subgroup (HSDP) is "
-                                                               "built for data parallelism with tensor and expert "
-                                                               "parallelism, not with pipeline or context parallelism; "
-                                                               "remove it")
     return ParallelDims(world_size=world_size, pp=pp, dp_shard=dp, cp=cp, tp=tp, ep=ep,
                         dense_shard=0 if dense is None or dense == dp else dense)
 

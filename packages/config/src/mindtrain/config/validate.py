@@ -13,7 +13,7 @@ from mindtrain.config.families import MODEL_TYPES, QWEN3_FAMILIES, head_dim, moe
 from mindtrain.config.fsdp_policy import reshard_after_forward
 from mindtrain.config.rampup import BatchRamp
 from mindtrain.config.pipeline import check_micro_batches, layer_counts, microbatch_note, resolve_schedule
-from mindtrain.config.recompute import layer_ids, module_matches, recompute_plan
+from mindtrain.config.recompute import layer_ids, recompute_plan
 from mindtrain.config.schema import (
     GPTDatasetConfig,
     MindTrainConfig,
@@ -565,7 +565,7 @@ def _validate_muon(o) -> None:
 
 def _validate_max_logits(cfg: MindTrainConfig) -> None:
     """QK-clip and the max-logit monitor: what the model's attention can report."""
-    o, m, p = cfg.optimizer, cfg.model, cfg.parallelism
+    o, m = cfg.optimizer, cfg.model
     clip = o.type == "Muon" and o.qk_clip_enabled
     mla = m.model_type == "deepseek_v3" or (m.model_type == "deepseek_v4" and m.experimental_attention_variant == "mla")
     if clip and not mla:
@@ -573,10 +573,6 @@ def _validate_max_logits(cfg: MindTrainConfig) -> None:
                           f"(DeepSeek-V3, DeepSeek-V4's mla variant) only and leaves a {m.model_type} model's "
                           f"alone; set it to false "
                           f"(callbacks: [{{type: MaxLogitsMonitor}}] reports the max attention logits)")
-    monitor = any(c.type in ("MaxLogitsMonitor", "MaxLogitsReset") for c in cfg.callbacks)
-    if (clip or monitor) and p.context_parallel > 1 and p.context_parallel_method == "ulysses":
-        raise ConfigError("parallelism.context_parallel_method", "ulysses does not report the max attention logits "
-                          "(QK-clip, MaxLogitsMonitor); use colossal")
 
 
 def validate_config(cfg: MindTrainConfig, world_size: Optional[int] = None) -> None:
@@ -712,13 +708,7 @@ def validate_mindformers_sections(cfg: MindTrainConfig) -> None:
     m = cfg.model
     n_layers = m.num_hidden_layers + (m.num_nextn_predict_layers or 0)
     layer_ids(r.full_recompute_layer, n_layers, "recompute.full_recompute_layer")
-    plan = recompute_plan(r, n_layers)
-    p = cfg.parallelism
-    if p.context_parallel > 1 and p.context_parallel_method in ("ulysses", "hybrid") and (plan.full or any(
-            module_matches(pat, path) for pat in plan.select for path in ("self_attn", "self_attn.core_attention"))):
-        raise ConfigError("recompute.mode", f"{r.mode}: recomputing the attention core (whole layers, or "
-                                            f"self_attn / its core) is not built with context_parallel_method: "
-                                            f"{p.context_parallel_method}; recompute other modules (mlp, mlp.experts) or use colossal")
+    recompute_plan(r, n_layers)
     if r.exclude_op is not None and not all(isinstance(o, str) and o for o in r.exclude_op):
         raise ConfigError("recompute.exclude_op", f"must be a list of operator names, got {r.exclude_op!r}")
     _select_module(cfg.recompute_comm.select_module, "recompute_comm.select_module")

@@ -107,6 +107,12 @@ class CoreAttention(nn.Cell):
         """Run eagerly in recomputed blocks of query rows (see the class doc), or not. A
         Python ``construct`` on the instance: only for cells no graph compiles."""
         object.__setattr__(self, "_first_pass_outputs", {})
+        wrapper = self.__dict__.get("construct")
+        if wrapper is not None and hasattr(wrapper, "inner"):
+            # a layout's wrapper runs this core inside (Ulysses context parallelism: around
+            # the head groups' core); the row blocks become what it runs
+            wrapper.inner = self._row_blocks if enabled else self.untracked
+            return
         if enabled:
             object.__setattr__(self, "construct", self._row_blocks)
         elif self.__dict__.get("construct") == self._row_blocks:

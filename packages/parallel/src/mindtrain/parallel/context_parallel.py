@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
+import mindspore as ms
 from mindspore import Tensor, ops
 
 from mindtrain.config import ConfigError
@@ -255,10 +256,28 @@ class _UlyssesCore:
     rank's sequence chunks and every head go by all-to-all to ``N / cp`` heads of the whole
     sequence, the model's own core runs on them, and the output comes back the same way. The
     mask (local query rows against every key, in sequence order) is all-gathered over the
-    group and its key columns put in the gathered order."""
+    group and its key columns put in the gathered order.
+
+    :attr:`inner` is the core's forward that runs on the head groups: the one already on the
+    instance when installed (an eager variant: the recomputed core's row blocks), else the
+    core's ``untracked`` forward (the output alone). A model that changes its core's forward
+    later (``recompute_in_row_blocks``) sets :attr:`inner` instead of replacing this wrapper.
+
+    The max attention logits (QK-clip, MaxLogitsMonitor) come from the core's
+    ``head_max_eager(q, k, mask_add)``, which the model calls with this rank's query rows of
+    every head and its own keys; :meth:`head_max` replaces it on the instance: it runs the
+    same exchange (no gradient) and the core's own ``head_max_eager`` on ``N / cp`` heads of
+    the whole sequence, then all-gathers the per-head maxima over the Ulysses group, so every
+    rank gets the maxima of all its heads (hybrid: over its Ulysses group's query rows, as a
+    colossal rank gets its own rows'; the trainer's table is a maximum over the ranks)."""
 
     def __init__(self, core, heads: _HeadExchange, seq_length: int, cp_size: Optional[int] = None):
-        self.inner = core.construct  # the class's forward (a graph when the model compiles it)
+        prior = core.__dict__.get("construct")
+        if isinstance(prior, _UlyssesCore):  # installed again: wrap what the previous one ran
+            prior = prior.inner
+        self.inner = prior if prior is not None else getattr(core, "untracked", core.construct)
+        self._head_max = getattr(type(core), "head_max_eager", None)
+        self.core = core
         self.heads = heads
         self.group = heads.group
         self.ring = heads.ring
@@ -266,16 +285,24 @@ class _UlyssesCore:
         order = np.concatenate([chunk_indices(seq_length, cp, r) for r in range(cp)])
         self.key_order = Tensor(order.astype(np.int32))
 
+    def _check(self, *xs):
+        for x in xs:
+            self.heads.check(x.shape[1])
+
+    def _mask(self, mask_add):
+        """[B, 1, rows of the Ulysses group, S]: key columns in the gathered order of all CP ranks."""
+        mask = ops.expand_dims(self.heads.gather_rows(ops.stop_gradient(mask_add[:, 0])), 1)
+        return ops.gather(mask, self.key_order, 3)
+
+    def _keys(self, x):
+        x = self.heads.seq_to_heads(x)
+        return self.heads.ring_seq(x) if self.ring is not None else x  # hybrid: every Ulysses group's
+
     def __call__(self, q, k, v, mask_add, keep=None):
         h = self.heads
-        for x in (q, k):
-            h.check(x.shape[1])
-        # [B, 1, rows of the Ulysses group, S]: key columns in the gathered order of all CP ranks
-        mask = ops.expand_dims(h.gather_rows(mask_add[:, 0]), 1)
-        mask = ops.gather(mask, self.key_order, 3)
-        k, v = h.seq_to_heads(k), h.seq_to_heads(v)
-        if self.ring is not None:  # hybrid: the keys and values of every Ulysses group, same heads
-            k, v = h.ring_seq(k), h.ring_seq(v)
+        self._check(q, k)
+        mask = self._mask(mask_add)
+        k, v = self._keys(k), self._keys(v)
         if keep is None:
             out = self.inner(h.seq_to_heads(q), k, v, mask)
         else:
@@ -285,6 +312,28 @@ class _UlyssesCore:
             keep = ops.gather(h.seq_to_heads(ops.stop_gradient(keep)), self.key_order, 3)
             out = self.inner(h.seq_to_heads(q), k, v, mask, keep)
         return h.heads_to_seq(out)
+
+    def head_max(self, q, k, mask_add):
+        """Per head [N] the largest pre-softmax logit of this rank's queries ``q`` [B, N,
+        S_local, d] over the keys of the whole sequence (``k`` [B, N, S_local, d]: this
+        rank's), taken on the head groups; no gradient (see the class doc)."""
+        self._check(q, k)
+        with ms._no_grad():  # pylint: disable=protected-access
+            q, k = ops.stop_gradient(q), ops.stop_gradient(k)
+            local = self._head_max(self.core, self.heads.seq_to_heads(q), self._keys(k), self._mask(mask_add))
+            return C.all_gather(local.reshape(-1), self.group, 0)
+
+
+def install_ulysses(core, heads: _HeadExchange, seq_length: int,
+                    cp_size: Optional[int] = None) -> _UlyssesCore:
+    """Run the attention core ``core`` under Ulysses over ``heads`` (its exchange: the Ulysses
+    group, and under hybrid its ring group; ``cp_size`` the whole CP degree): its forward and, if it has one, its
+    ``head_max_eager`` are replaced on the instance (see :class:`_UlyssesCore`)."""
+    wrapper = _UlyssesCore(core, heads, seq_length, cp_size)
+    object.__setattr__(core, "construct", wrapper)
+    if wrapper._head_max is not None:  # pylint: disable=protected-access
+        object.__setattr__(core, "head_max_eager", wrapper.head_max)
+    return wrapper
 
 
 def apply_context_parallel(model, group: Group, seq_length: int, method: str = "colossal",
@@ -330,8 +379,7 @@ def apply_context_parallel(model, group: Group, seq_length: int, method: str = "
             else:
                 cell.kv_exchange = exchange
                 if ulysses:
-                    core = cell.core_attention
-                    object.__setattr__(core, "construct", _UlyssesCore(core, heads, seq_length, group.size))
+                    install_ulysses(cell.core_attention, heads, seq_length, group.size)
             n += 1
         if hasattr(cell, "sequence_reduce"):
             cell.sequence_reduce = reduce
