@@ -14,7 +14,7 @@ training with attention and hidden dropout 0.1 (issue 34: the masks are the same
 must hold half the optimizer bytes and half the parameter bytes per rank. A single process then resumes
 from the ZeRO-3 run's step-3 checkpoint (sharded state saved at full shape, in MindFormers'
 layout: checkpoint.layout=mindformers) and must reproduce step 4, and so must a TP=2 job (2 workers, its routed experts whole
-on both ranks: expert_tensor_parallel=1) resuming from the same folder; the two resumes run with selective and full activation
+on both ranks: expert_tensor_parallel=1) and a PP=2 job resuming from the same folder (the resumes with eager layers); the one-process and TP=2 resumes run with selective and full activation
 recompute, which must change no figure, and so does the 4-worker PP=2 x CP=2 x EP=2 run (one
 layer whole, attention cores and experts of the others alone): its equality with the single
 process (no recompute) proves the layout and recompute's numerics at once. HSDP (4 workers,
@@ -81,14 +81,18 @@ LAYOUTS = {  # name: (workers, overrides)
 # resumes of the ZeRO-3 run's sharded step-3 checkpoint, each rank reading the parts of its
 # files that it holds: name -> (workers, overrides). Recompute changes no figure (issue 16):
 # the one-process resume recomputes the attention core and the experts, the TP=2 resume every
-# layer whole; PP=2 reads each stage's layers only.
+# layer whole; PP=2 reads each stage's layers only. Eager layers: each resume trains one step,
+# and compiling every layer costs each of its processes about 13 s of CPU (3.5 times the
+# rest of a one-step run); the compiled layouts are the runs above (ZeRO-3, TP=2 and
+# PP=2 x CP=2 x EP=2 with recompute), and the eager resumes equal the compiled reference
+EAGER = "compile.enable=false"
 RESUMES = {
-    "resume": (1, ["recompute.mode=select",
+    "resume": (1, [EAGER, "recompute.mode=select",
                    "recompute.select_module={self_attn.core_attention: true, mlp.experts: true}"]),
     # with MindFormers' expert_tensor_parallel: 1 (routed experts whole on both TP ranks)
-    "resume_tp2": (2, ["parallelism.tensor_parallel=2", "recompute.mode=full",
+    "resume_tp2": (2, [EAGER, "parallelism.tensor_parallel=2", "recompute.mode=full",
                        "parallelism.expert_tensor_parallel=1"]),
-    "resume_pp2": (2, ["parallelism.pipeline_parallel=2"]),
+    "resume_pp2": (2, [EAGER, "parallelism.pipeline_parallel=2"]),
 }
 
 
@@ -232,6 +236,12 @@ def work(tmp_path_factory):
     return tmp
 
 
+def _port(preferred: int, offset: int) -> int:
+    """A job's preferred msrun port, or ``MINDTRAIN_TEST_PORT`` + ``offset`` when that is set."""
+    base = os.environ.get("MINDTRAIN_TEST_PORT")
+    return int(base) + offset if base else preferred
+
+
 @pytest.fixture(scope="module")
 def jobs(work):
     """Every run of the module by name, started on first use; the single process and the
@@ -245,11 +255,12 @@ def jobs(work):
             elif name in RESUMES:
                 folder = os.path.join(work, "zero3", "ckpt", f"iter_{STEPS - 1:07d}")
                 extra = [f"checkpoint.load_path={folder}"] + RESUMES[name][1]
-                started[name] = _Job(work, name, RESUMES[name][0], extra, port=8560 if name == "resume_tp2" else 8620)
+                started[name] = _Job(work, name, RESUMES[name][0], extra,
+                                     port=_port(8560, 1) if name == "resume_tp2" else _port(8620, 2))
             else:
                 workers, extra = LAYOUTS[name]
                 # EP=2 runs beside TP=2: its own preferred port
-                started[name] = _Job(work, name, workers, extra, port=8500 if name == "ep2" else 8380)
+                started[name] = _Job(work, name, workers, extra, port=_port(8500, 3) if name == "ep2" else _port(8380, 0))
         return started[name]
 
     start("ref")
