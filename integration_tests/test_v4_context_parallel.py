@@ -5,7 +5,8 @@ in both attention variants.
 layer, hash-routed, and one MTP module, learned routing) at 32 tokens for 2 steps, compiled,
 as one process and as 2 msrun workers with context_parallel=2 (load-balanced chunks of 8
 tokens), the same global batch (2 sequences in one micro-batch); the four cases run in one
-msrun launch, their references in one process beside it:
+msrun launch (with test_v4_layouts.py's cases: v4_runs.py), their references in one process
+beside it:
 
 - ``cp2``: the hybrid attention, the layer compressed sparse (ratio 4; its lightning indexer
   keeping 4 of 8 entries) and the MTP module sliding-window, each with a 16-token window: the
@@ -37,16 +38,13 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from v4_runs import assert_equals_one_process, max_differences, run_cases  # noqa: E402
-
-REFS = ("cp2", "cp2_mla")
-CASES = REFS + tuple(c + "_ulysses" for c in REFS)
+from v4_runs import CP_CASES as CASES, assert_equals_one_process, max_differences  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    port = int(os.environ.get("MINDTRAIN_TEST_PORT", 9152))
-    return run_cases(tmp_path_factory.mktemp("v4_cp"), tuple("ref_" + c for c in REFS), CASES, port)
+def results(v4_results):
+    """The launch shared with test_v4_layouts.py (conftest.py's ``v4_results``)."""
+    return v4_results
 
 
 @pytest.mark.msrun

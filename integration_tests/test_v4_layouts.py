@@ -8,7 +8,8 @@ low-rank output projection), compiled, trains 2 steps of the same global batch (
 of 32 tokens, AdamW, the aux-loss-free bias update with the global expert load) with
 attention and hidden dropout 0.1 (issue 34: each step's masks are a hash of the seed, the step
 and each token's sample and position, so every layout draws one process's) as one process
-(2 accumulation micro-batches) and, in one 2-worker msrun launch, as
+(2 accumulation micro-batches) and, in one 2-worker msrun launch (which also runs
+test_v4_context_parallel.py's cases: v4_runs.py), as
 
 - TP=2 with sequence parallelism: query heads, sinks and output groups split, the shared
   key/value head, compressors and indexer whole on both ranks, the streams split along the
@@ -34,14 +35,13 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from v4_runs import assert_equals_one_process, run_cases  # noqa: E402
-
-CASES = ("tp2", "ep2_zero3", "pp2")
+from v4_runs import LAYOUT_CASES as CASES, assert_equals_one_process  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    return run_cases(tmp_path_factory.mktemp("v4_layouts"), ("ref",), CASES, int(os.environ.get("MINDTRAIN_TEST_PORT", 8840)))
+def results(v4_results):
+    """The launch shared with test_v4_context_parallel.py (conftest.py's ``v4_results``)."""
+    return v4_results
 
 
 @pytest.mark.msrun

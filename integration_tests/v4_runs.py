@@ -1,6 +1,11 @@
 """The tiny DeepSeek-V4 trained by ``workers/v4_layouts.py``: layout cases in one 2-worker
 msrun launch beside their one-process references, and the comparison of a case with its
-reference (test_v4_layouts.py, test_v4_context_parallel.py)."""
+reference (test_v4_layouts.py, test_v4_context_parallel.py).
+
+Both test modules' cases run in one launch (:data:`CASES`, beside one process training
+:data:`REFS`: integration_tests/conftest.py's session fixture ``v4_results``): a second
+launch cost a second msrun, scheduler and two workers starting MindSpore, and a second
+reference process."""
 
 from __future__ import annotations
 
@@ -16,6 +21,13 @@ from mindtrain.trainer.quickstart import free_port
 from parity import LOSS_RTOL, assert_same_training
 
 WORKER = Path(__file__).parent / "workers" / "v4_layouts.py"
+# test_v4_layouts.py's cases (against ``ref``) and test_v4_context_parallel.py's (each against
+# ``ref_<case without _ulysses>``)
+LAYOUT_CASES = ("tp2", "ep2_zero3", "pp2")
+CP_REFS = ("cp2", "cp2_mla")
+CP_CASES = CP_REFS + tuple(c + "_ulysses" for c in CP_REFS)
+REFS = ("ref",) + tuple("ref_" + c for c in CP_REFS)
+CASES = LAYOUT_CASES + CP_CASES
 
 
 def _env():
