@@ -8,10 +8,7 @@ bfloat16``); and MindFormers' PyNative template ``train_config.yaml`` (Qwen3, co
 ``tests/st/test_ut/test_pynative/test_config/train_config.yaml``), with its placeholder
 callbacks removed, ``device_target`` set to CPU and the quick start's dataset block added
 (the template has none: MindFormers' loader needs ``datasets_type``, ``sizes`` and ``config``).
-A copy of each with only the data path, the sizes and the step count changed (and mindtrain's
-``compile: {enable: false}`` added: the launch and its lines are what is tested here, and
-compiling every layer cost each worker about 13 s of CPU, more than its 4 eager steps; the
-compiled layouts are test_trainer_layouts.py's and the V4 layout tests')
+A copy of each with only the data path, the sizes and the step count changed
 trains under msrun with 2 workers, launched with the real ``run_mindformer.py`` flags
 ``--run_mode train --use_parallel True --output_dir D``. Every worker's log shows the step
 lines; start-up notes come once, from rank 0.
@@ -134,7 +131,6 @@ def run(request, tmp_path_factory):
     raw["model"]["seq_length"] = 64
     raw["model"].update(sizes)
     raw["training"]["steps"] = STEPS
-    raw["compile"] = {"enable": False}  # mindtrain's own section (see the module doc)
     if request.param == "published":  # the template's batch (2 per rank, 4 in all) fits 2 workers
         raw["training"]["global_batch_size"] = 2
     config = os.path.join(tmp, "my_ds3.yaml")
