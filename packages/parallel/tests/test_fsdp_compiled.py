@@ -77,6 +77,7 @@ def test_compiled_layers_see_the_gathered_weights_and_every_update(cfg):
     assert len(units) == cfg.model.num_hidden_layers + cfg.model.num_nextn_predict_layers and shared
     fsdp = fully_shard(model, Group("dp", (0,), 0), units=units, strategy="optim_grads_params", shared=shared)
     assert is_compiled(model)
+    assert fsdp.in_place  # synchronous dispatch: the units release and refill in place, no forward replayed
     if cfg.model.model_type == "deepseek_v3":  # whole compiled layers (V4's run compiled pieces)
         assert all(layer.can_run_whole() for layer in model.model.layers)
     step = fsdp.value_and_grad(_loss(model))

@@ -83,6 +83,8 @@ class _Bucket:
     slots: list[_Slot]
     shared: list[_Slot] = field(default_factory=list)  # root parameters this unit also uses
     gathered: bool = False
+    released: bool = False  # its gathered weights' storage released in place (see _Resharded)
+    waiting: set = field(default_factory=set)  # its weights whose gradient the backward has not made yet
     # the units gathered with it (itself included), in forward order
     group: list["_Bucket"] = field(default_factory=list, repr=False, compare=False)
 
@@ -118,6 +120,64 @@ class _Kept(nn.Cell):
         return module(*args)
 
 
+def synchronous_dispatch() -> bool:
+    """True when MindSpore runs every op to completion at its call (``ms.runtime.launch_blocking``).
+    Releasing a tensor's storage in place is safe only then: with asynchronous dispatch a
+    kernel queued before the release may run after it (measured on CPU: ZeRO-3 units releasing
+    their weights in place computed wrong losses and gradients, different from run to run)."""
+    try:
+        from mindspore._c_expression import RuntimeConf  # pylint: disable=import-outside-toplevel
+        return bool(RuntimeConf.get_instance().is_launch_blocking())
+    except (ImportError, AttributeError):
+        return False
+
+
+class _Arrive(nn.Cell):
+    """An identity on a ZeRO-3 unit's outputs whose backward first calls ``action``: the
+    gradients reach it before any of the unit's own backward runs (which needs what it
+    returns)."""
+
+    def __init__(self, action: Callable[[], None]):
+        super().__init__()
+        self._action = [action]
+
+    def construct(self, *xs):
+        return xs
+
+    def bprop(self, *args):
+        self._action[0]()
+        return tuple(args[-1])
+
+
+class _Resharded(_Kept):
+    """Runs one ZeRO-3 unit with reshard after forward, on the step's own tape (no forward
+    replayed): gather, forward, then release the gathered weights' storage in place
+    (``UntypedStorage.resize_(0)``: the views of them the tape keeps for the backward stay
+    the same tensors but hold no memory). When the gradients reach the unit's outputs the
+    weights are gathered back into that storage (:class:`_Arrive`). Each weight's gradient,
+    summed over its uses, reaches FSDP through a hook on its Parameter
+    (:meth:`FSDP._grad_hook`: reduce-scattered into the shard, the tape keeping a scalar zero
+    in place of the full gradient); once every weight of the unit has had its gradient, its
+    storage is released again. (An identity on the unit's inputs would not do for that: its
+    backward ran once one input's gradient was complete, before another input's part of the
+    unit had run; measured on DeepSeek-V4's MTP module, whose embedding input then read
+    released weights.)"""
+
+    def __init__(self, fsdp: "FSDP", bucket: _Bucket, module: nn.Cell):
+        super().__init__(fsdp, bucket, module)
+        self._arrive = [_Arrive(lambda: fsdp._refill(bucket.ahead(backward=True)))]  # not a sub-cell
+
+    def construct(self, *args):
+        fsdp, bucket, module = self._ctx
+        fsdp._materialize_all(bucket.ahead(backward=False))
+        out = module(*args)
+        single = not isinstance(out, tuple)
+        out = self._arrive[0](*((out,) if single else out))
+        bucket.waiting = {s.name for s in bucket.slots}
+        fsdp._release_storage(bucket)
+        return out[0] if single else out
+
+
 class _Unit(_Kept):
     """Runs one ZeRO-3 unit: gather, forward, free; backward by regather and recompute."""
 
@@ -150,6 +210,11 @@ class FSDP:
         self.strategy = strategy
         self.reduce_op = reduce_op
         self.reshard_after_forward = reshard_after_forward
+        self.in_place = strategy == ZERO3 and reshard_after_forward and synchronous_dispatch()
+        """ZeRO-3 with reshard after forward, no forward replayed (:class:`_Resharded`): the
+        units' gathered weights are released and gathered back in their own storage. Only
+        where every op runs to completion at its call (:func:`synchronous_dispatch`; mindtrain
+        sets it on CPU); elsewhere each unit's forward is replayed in its backward (:class:`_Unit`)."""
         self.replicate = replicate if replicate is not None and replicate.size > 1 else None
         """HSDP: the ranks that hold the same shards of the parameters sharded over ``group``
         (not those of ``param_groups``); their reduced gradient shards are averaged (summed
@@ -211,6 +276,9 @@ class FSDP:
         if strategy == ZERO3:
             for bucket in self.units:
                 self._wrap(cells, bucket)
+                if self.in_place:
+                    for slot in bucket.slots:
+                        slot.param.register_hook(self._grad_hook(slot, bucket))
             for s in self.slots.values():  # only the shards stay: the full weights are gathered when used
                 s.param.set_data(ops.zeros((0,), s.dtype))
             self.root.gathered = False
@@ -240,7 +308,8 @@ class FSDP:
         path = bucket.name
         parent_path, _, key = path.rpartition(".")
         parent = cells[parent_path] if parent_path else self.model
-        wrapper = (_Unit if self.reshard_after_forward else _Kept)(self, bucket, cells[path])
+        wrapper = (_Kept if not self.reshard_after_forward else _Resharded if self.in_place else _Unit)(
+            self, bucket, cells[path])
         if isinstance(parent, (nn.CellList, nn.SequentialCell)) and key.isdigit():
             parent[int(key)] = wrapper
         else:
@@ -272,11 +341,15 @@ class FSDP:
         zero3 = self.strategy == ZERO3
         kept = zero3 and not self.reshard_after_forward
         if zero3:
-            # without reshard after forward the units' weights are the step's tape's too
-            slots = self.root.slots + ([s for b in self.units for s in b.slots] if kept else [])
+            # the units run on the step's tape: their weights are differentiated there too
+            # (with reshard after forward their gradients leave through hooks, as they come)
+            unit_slots = [s for b in self.units for s in b.slots]
+            slots = self.root.slots + (unit_slots if kept else [])
+            hooked = unit_slots if self.in_place else []
         else:
             slots = list(self.slots.values())
-        weights = [s.param for s in slots]
+            hooked = []
+        weights = [s.param for s in slots + hooked]
         grad_fn = ms.value_and_grad(fn, grad_position=None if weights else 0, weights=weights or None,
                                     has_aux=has_aux)
 
@@ -286,8 +359,7 @@ class FSDP:
             elif zero3:
                 self._materialize(self.root)
             value, grads = grad_fn(*args)
-            if not weights:
-                grads = ()
+            grads = tuple(grads)[:len(slots)] if weights else ()  # the hooked ones came through hooks
             self._flush_grads()
             if zero3:
                 self._release(self.root)
@@ -471,6 +543,53 @@ class FSDP:
             self.peak_gathered_bytes = max(self.peak_gathered_bytes, self._gathered_bytes)
         bucket.gathered = True
 
+    def _release_storage(self, bucket: _Bucket) -> None:
+        """Release the storage of ``bucket``'s gathered weights in place (dispatch is
+        synchronous: no kernel still reads it); the tape's views of them keep their shape, not
+        their memory."""
+        if not bucket.gathered:
+            return
+        self._gathered_bytes -= sum(_nbytes(s.param) for s in bucket.slots)
+        for s in bucket.slots:
+            s.param.untyped_storage().resize_(0)
+        bucket.gathered = False
+        bucket.released = True
+
+    def _refill(self, buckets: Sequence[_Bucket]) -> None:
+        """Gather the weights of ``buckets`` back into the storage :meth:`_release_storage`
+        released (one all_gather per shard group for all of them)."""
+        todo = [b for b in buckets if b.released and not b.gathered]
+        if not todo:
+            return
+        slots = [s for b in todo for s in b.slots]
+        fulls = self._all_gather(slots, [s.shard for s in slots])
+        self.gather_count += len(todo)
+        for s, full in zip(slots, fulls):
+            storage = s.param.untyped_storage()
+            storage.resize_(full.untyped_storage().nbytes())
+            storage.copy_(full.untyped_storage())
+        for b in todo:
+            b.gathered = True
+            b.released = False
+        self._gathered_bytes += sum(_nbytes(s.param) for s in slots)
+        self.peak_gathered_bytes = max(self.peak_gathered_bytes, self._gathered_bytes)
+
+    def _grad_hook(self, slot: _Slot, bucket: _Bucket):
+        """The hook on a unit weight's Parameter: its gradient (summed over its uses: MindSpore
+        calls the hook once, after the last) goes to the pending reduce-scatter and the tape
+        keeps a scalar zero; the unit's last weight releases the unit's storage."""
+
+        def hook(grad):
+            self._pending_grads.append(([slot], [grad]))
+            if sum(_nbytes_of(s) for slots, _ in self._pending_grads for s in slots) >= self.bucket_bytes:
+                self._flush_grads()
+            bucket.waiting.discard(slot.name)
+            if not bucket.waiting:
+                self._release_storage(bucket)
+            return ops.zeros((), grad.dtype)
+
+        return hook
+
     def _flush_grads(self) -> None:
         """Reduce-scatter the unit gradients the backward left pending, in one collective per
         shard group."""
@@ -495,6 +614,10 @@ class FSDP:
         self.peak_gathered_bytes = max(self.peak_gathered_bytes, self._gathered_bytes)
 
     def _release(self, bucket: _Bucket) -> None:
+        if bucket.released:  # storage released in place: drop the empty full-shape tensors too
+            for s in bucket.slots:
+                s.param.set_data(ops.zeros((0,), s.dtype))
+            bucket.released = False
         if not bucket.gathered:
             return
         self._gathered_bytes -= sum(_nbytes(s.param) for s in bucket.slots)
