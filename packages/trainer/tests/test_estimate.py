@@ -4,6 +4,7 @@ bad input (one line, exit 2)."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -395,3 +396,71 @@ def test_deepseek_v4_layout_bytes_are_the_laid_out_models(name):
                 given = list(model.trainable_params()) + list(ep.params)
             want = est.stages[0]
         assert (want.params, want.optimizer) == (params, 8 * sum(p.size for p in given)), (name, rank)
+
+
+LORA = "lora_config={target_modules: 'linear_(qkv|fc1|proj)|eh_proj|output_layer'}"
+Z3 = "parallelism.data_parallel_shard_strategy=optim_grads_params"
+LORA_LAYOUTS = {  # workers, overrides (ZeRO-3: build_share lays each rank out without a collective)
+    "lora_zero3": (2, [LORA, Z3]),
+    "lora_zero3_never_muon": (2, [LORA, Z3, "parallelism.reshard_after_forward_policy=never", "optimizer.type=Muon"]),
+    "lora_tp2_zero3": (4, [LORA, Z3, "parallelism.tensor_parallel=2"]),
+    "zero3_buckets": (2, [Z3, "model.num_hidden_layers=3"]),  # no LoRA: three units, one 16 MB bucket
+}
+
+
+@pytest.mark.parametrize("name", list(LORA_LAYOUTS))
+def test_lora_and_zero3_gathering_are_the_laid_out_runs(name):
+    """Each rank of the trainer's own layout (``build_share(connect=False)``, the LoRA
+    adapters applied): its resident parameter bytes (the metrics' ``param_bytes``,
+    ``Layout.memory_bytes``) include the adapters; its optimizer state (``optimizer_bytes``,
+    the trainer's ``AdapterOptimizer`` of AdamW or Muon) is the adapters' alone; the ZeRO-3
+    bytes gathered at once are the root plus FSDP's largest bucket of consecutive units (the
+    tiny model's units fit one 16 MB bucket), or every weight with reshard_after_forward_policy
+    never; the gradient norm's host copy is the largest adapter piece's (Muon: its gather's
+    batches, larger here)."""
+    import mindspore as ms
+
+    from mindtrain.config.derived import num_accumulation_steps
+    from mindtrain.models.lora import is_adapter
+    from mindtrain.trainer.checkpoint import Checkpointer
+    from mindtrain.trainer.lora import AdapterOptimizer
+    from mindtrain.trainer.muon import build_optimizer
+    from mindtrain.trainer.share import build_share
+
+    ms.set_device("CPU")
+    ms.runtime.launch_blocking()
+    workers, extra = LORA_LAYOUTS[name]
+    cfg = load_config(TINY, TWO_LAYERS + ["training.global_batch_size=4"] + extra, world_size=workers)
+    dims = resolve_parallelism(cfg.parallelism, workers)
+    est = estimate(cfg, workers, "CPU").stages[0]
+    lora = cfg.lora_config is not None
+    for rank in range(workers):
+        ck = Checkpointer(cfg, rank, workers, dims.dp, out=lambda _: None)
+        share = build_share(cfg, dims, rank, ck, "float32", num_accumulation_steps(cfg, dims),
+                            cfg.train_dataset.dataloader.column_names, connect=False)
+        layout = share.layout
+        trained = [i for i, (n, _) in enumerate(layout.named_params) if is_adapter(n)] if lora else \
+            list(range(len(layout.named_params)))
+        assert bool(share.adapted) == lora and (not lora or 0 < len(trained) < len(layout.named_params))
+        opt = build_optimizer([layout.named_params[i] for i in trained], cfg.optimizer, lr=1e-3, layout=layout,
+                              model=cfg.model)
+        opt = AdapterOptimizer(opt, trained) if lora else opt
+        assert (est.params, est.optimizer) == (layout.memory_bytes(), opt.state_bytes()), (name, rank)
+        largest = max(layout.params[i].size * 4 for i in trained)
+        muon = opt.inner if lora else opt
+        # Muon gathers whole matrices (a fused layer's lora_b parts together) a batch at a time and
+        # holds their updates: twice its largest batch's bytes
+        gathered = 2 * max(sum(4 * math.prod(muon.global_shapes[i]) for i in b) for b in muon.batches) \
+            if getattr(muon, "gather", False) else 0
+        assert est.host_transient == max(4 * largest, gathered), (name, rank)
+        fs = layout.fsdp
+        if fs is not None and fs.strategy == "optim_grads_params":
+            nbytes = {s.name: 4 * math.prod(s.shape) for s in fs.slots.values()}
+            if fs.reshard_after_forward:  # the root, and a bucket (units gathered by one collective)
+                at_once = max(sum(nbytes[s.name] for b in u.group for s in b.slots) for u in fs.units)
+                assert len(fs.units) > 1 and all(u.group == fs.units for u in fs.units)  # one bucket
+                want = sum(nbytes[s.name] for s in fs.root.slots) + at_once
+            else:  # everything, from the first forward to the end of the backward
+                want = sum(nbytes.values())
+            assert est.gathered == want, (name, rank, est.gathered, want)
+            assert est.units_replay == fs.reshard_after_forward

@@ -254,7 +254,19 @@ def _exports(folder: str, full: dict, cfg, out: str, missing=()) -> None:
     from mindtrain.models.hf_checkpoint import HFBoxes
     from mindtrain.trainer.export_hf import main
 
+    from mindtrain.models.hf_checkpoint import read_hf_config
+    from mindtrain.models.hf_config import config_from_hf
+
     assert main([folder, out]) == 0
+    with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
+        written = json.load(f)
+    # the MTP modules under the key HF's config reads (DeepseekV4Config: num_nextn_predict_layers),
+    # so a from_pretrained of the directory builds them and reads their weights
+    assert written["num_nextn_predict_layers"] == cfg.num_nextn_predict_layers
+    cfg = config_from_hf(written)
+    # mindtrain's from_pretrained builds the MTP modules the files hold (DeepSeek-V4's config_from_hf
+    # alone reads HF's count as 0: HF builds none and skips those tensors)
+    assert read_hf_config(out).num_nextn_predict_layers == written["num_nextn_predict_layers"]
     hf = HFBoxes(out, cfg, {n: a.shape for n, a in full.items()}, allow_missing_mtp=bool(missing))
     assert sorted(hf.missing) == sorted(missing)
     for n, a in full.items():

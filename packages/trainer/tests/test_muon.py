@@ -129,3 +129,52 @@ def test_state_dict_round_trip():
     np.testing.assert_array_equal(other.muon_m[0].asnumpy(), state["muon_m.w"])
     with pytest.raises(KeyError, match="muon_m.w"):
         other.load_state_dict({k: v for k, v in state.items() if k != "muon_m.w"})
+
+
+@pytest.mark.parametrize("base", ["hf_qlora", "hf_qwen3"])
+def test_lora_fused_layers_lora_b_is_one_matrix(base):
+    """LoRA with Muon as MindFormers' optimizer holds the adapters: a fused layer's lora_b
+    (DeepSeek-V3 linear_qkv = q_a_proj + kv_a_proj_with_mqa, Qwen3 linear_qkv = q/k/v and
+    linear_fc1 = gate + up) is ONE parameter [sum(out), r] there, orthogonalised whole; here its
+    parts' lora_b get the rows of numpy Newton-Schulz on MindFormers' fused tensor (its row order:
+    Qwen3's per-group q, k, v blocks, fc1's interleaved gate / up), the shared lora_a and an
+    unfused layer's adapters each as their own matrix."""
+    import json
+    from types import SimpleNamespace
+
+    import mindtrain.models as mm
+    from mindtrain.config import LoraConfig
+    from mindtrain.models.hf_config import config_from_hf
+    from mindtrain.trainer.lora import apply_lora
+    from mindtrain.trainer.mindformers_names import from_mindformers, parts, to_mindformers
+
+    fixtures = os.path.join(os.path.dirname(__file__), "..", "..", "models", "tests", "fixtures")
+    with open(os.path.join(fixtures, base, "config.json"), encoding="utf-8") as f:
+        model_cfg = config_from_hf(json.load(f))
+    model = mm.build_model(model_cfg, jit=False)
+    lc = LoraConfig(target_modules="linear_qkv|linear_fc1|linear_proj", lora_rank=3, lora_alpha=6)
+    apply_lora(model, SimpleNamespace(model=model_cfg, lora_config=lc), empty=False)
+    named = [(p.name, p) for p in model.get_parameters() if p.name.endswith((".lora_a", ".lora_b"))]
+    rng = np.random.default_rng(3)
+    before = {n: p.asnumpy().copy() for n, p in named}
+    grads = {n: rng.standard_normal(tuple(p.shape)).astype(np.float32) for n, p in named}
+    opt = build_optimizer(named, _cfg(nesterov=False, momentum=0.0, weight_decay=0.0), lr=0.1, model=model_cfg)
+    assert not opt.adamw_idx
+    opt.step([Tensor(grads[n]) for n, _ in named])
+    sched = [(3.4445, -4.7750, 2.0315)] * 5
+    theirs = to_mindformers(grads, model_cfg)
+    fused = [t for t, g in theirs.items() if t.endswith(".lora_b") and len(parts(t, g.shape, model_cfg)) > 1]
+    kinds = {".linear_qkv.", ".linear_fc1."} if base == "hf_qwen3" else {".linear_qkv."}
+    assert {k for t in fused for k in kinds if k in t} == kinds
+    updates = from_mindformers({t: _ns_numpy(g, sched, 1e-8) * 0.2 * np.sqrt(max(g.shape)) for t, g in theirs.items()},
+                               model_cfg)
+    assert sorted(updates) == sorted(grads)
+    worst = 0.0
+    for n, p in named:
+        want = before[n] - 0.1 * updates[n]
+        np.testing.assert_allclose(p.asnumpy(), want, rtol=1e-4, atol=2e-5, err_msg=n)
+        worst = max(worst, float(np.abs(p.asnumpy() - want).max()))
+    # the parts on their own (the old per-part update) would differ by far more
+    part = next(n for n in grads if n.endswith(("kv_a_proj_with_mqa.lora_b", "k_proj.lora_b")))
+    alone = before[part] - 0.1 * _ns_numpy(grads[part], sched, 1e-8) * 0.2 * np.sqrt(max(grads[part].shape))
+    assert np.abs(alone - dict(named)[part].asnumpy()).max() > 100 * max(worst, 1e-6), part

@@ -23,6 +23,11 @@ UNIT_KINDS = ("embedding", "decoder", "head", "mtp")
 ZERO3_UNIT_KINDS = ("decoder", "mtp")
 """The unit kinds ZeRO-3 gathers one at a time outside a pipeline (mindtrain-parallel's
 ``ShardedLayout``); the others (embedding, head) are its root, gathered for the micro-batch."""
+ZERO3_BUCKET_BYTES = 16 << 20
+"""ZeRO-3 units gathered (and their gradients reduce-scattered) together while their full
+weights add up to at most this (mindtrain-parallel's ``fully_shard(bucket_bytes=)``): every
+layer of a small model in one collective, one layer per collective once a layer is larger
+(the 375M config's); mindtrain-estimate counts the largest such bucket as gathered at once."""
 MOE_BLOCK = 32
 """Slots per block of the portable routed-experts dispatch (each block's expert weights are
 gathered; mindtrain-models' default ``moe_block``, mindtrain-estimate's count)."""

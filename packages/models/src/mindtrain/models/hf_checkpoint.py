@@ -43,8 +43,11 @@ def hf_tensor_names(name: str, shape, model_type: str = "deepseek_v3") -> list[t
 
 def hf_copies(cfg) -> list[tuple[str, str]]:
     """``(copy, source)``: the MTP modules' copies of the shared embedding and head that the
-    official checkpoint stores (``model.layers.{L+k}.embed_tokens.weight``, ...)."""
+    official checkpoint stores (``model.layers.{L+k}.embed_tokens.weight``, ...); DeepSeek-V4's
+    (whose head is ``head.weight`` in files) none: its MTP modules read the model's own."""
     out = []
+    if getattr(cfg, "model_type", "deepseek_v3") == "deepseek_v4":
+        return out
     for k in range(cfg.num_nextn_predict_layers):
         idx = cfg.num_hidden_layers + k
         out += [(f"model.layers.{idx}.embed_tokens.weight", "model.embed_tokens.weight"),
@@ -278,9 +281,31 @@ def read_hf_config(directory: str, **overrides: Any):
             hf = json.load(f)
         except json.JSONDecodeError as err:
             raise ConfigError(path, f"is not valid JSON ({err})") from None
+    mtp = _v4_mtp_in_files(directory, hf) if "num_nextn_predict_layers" not in overrides else 0
+    if mtp:  # DeepSeek-V4: config_from_hf reads HF's count as 0 (HF builds none), the files hold them
+        overrides = {**overrides, "num_nextn_predict_layers": mtp}
     cfg = config_from_hf(hf, **overrides)
     validate_model(cfg, path)
     return cfg
+
+
+def _v4_mtp_in_files(directory: str, hf: dict) -> int:
+    """DeepSeek-V4: how many of config.json's ``num_nextn_predict_layers`` MTP modules the
+    directory's files hold (``layers.{L+k}.`` tensors, as mindtrain-export-hf and
+    save_pretrained write them); 0 for another family or a directory without them (the
+    released HF configs name MTP modules their files need not hold)."""
+    if hf.get("model_type") != "deepseek_v4" or not int(hf.get("num_nextn_predict_layers") or 0):
+        return 0
+    from safetensors import safe_open
+
+    keys = set()
+    for fname in _hf_files(directory):
+        with safe_open(os.path.join(directory, fname), framework="np") as f:
+            keys.update(k[len("model."):] if k.startswith("model.") else k for k in f.keys())
+    n, k = int(hf["num_hidden_layers"]), 0
+    while k < int(hf["num_nextn_predict_layers"]) and any(key.startswith(f"layers.{n + k}.") for key in keys):
+        k += 1
+    return k
 
 
 def from_pretrained(directory: str, jit: Optional[bool] = None, compute_dtype: Optional[str] = None,

@@ -181,5 +181,7 @@ def v4_to_hf(d: dict[str, Any], cfg) -> dict[str, Any]:
                                      "partial_rotary_factor": factor}, "compress": comp}
     d.pop("rope_scaling", None)
     d["partial_rotary_factor"] = factor
-    d["num_nextn_predict_layers"] = 0  # not built (HF builds none either)
+    # the MTP modules, under DeepseekV4Config's own key (HF keeps the count but builds no module
+    # and skips the ``mtp.*`` weights; mindtrain's from_pretrained builds and loads them)
+    d["num_nextn_predict_layers"] = int(cfg.num_nextn_predict_layers)
     return {k: v for k, v in d.items() if v is not None or k == "pad_token_id"}

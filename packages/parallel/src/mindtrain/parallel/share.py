@@ -31,19 +31,13 @@ import mindspore as ms
 from mindspore import Tensor, ops
 
 from mindtrain.config import ZERO3
-from mindtrain.config.plan import ZERO3_UNIT_KINDS
+from mindtrain.config.plan import ZERO3_BUCKET_BYTES, ZERO3_UNIT_KINDS
 from mindtrain.parallel import collectives as C
 from mindtrain.parallel.expert_parallel import apply_expert_parallel
 from mindtrain.parallel.fsdp import FSDP, fully_shard
 from mindtrain.parallel.layout import Shard, grad_norm, write_param
 from mindtrain.parallel.mesh import DeviceMesh, Group
 from mindtrain.parallel.tensor_parallel import apply_tensor_parallel
-
-
-ZERO3_BUCKET_BYTES = 16 << 20
-"""ZeRO-3 units gathered (and their gradients reduce-scattered) together while their full
-weights add up to at most this (``fully_shard(bucket_bytes=)``): every layer of a small model
-in one collective, one layer per collective once a layer is larger (the 375M config's)."""
 
 
 def zero3_units(model, plan) -> tuple[tuple[str, ...], dict[str, list[str]]]:

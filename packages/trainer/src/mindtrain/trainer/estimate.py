@@ -18,8 +18,11 @@ schedule, the trainer's step), sized from the model's own parameter plan
   per rank, sharded again over ``edp = dp x cp / ep`` when they divide; FSDP shards every
   dense weight on dim 0 over ``data_parallel_shard`` (padded) and ZeRO-1/2 also keep the
   full weight beside its shard (what the metrics' ``param_bytes`` counts);
-- **gathered weights** (ZeRO-3): full weights gathered for the running unit and the root
-  (embedding, head), or the whole stage under pipeline parallelism; with compiled layers
+- **gathered weights** (ZeRO-3): full weights of the root (embedding, head) and of the
+  running bucket of units (FSDP gathers consecutive units up to ``ZERO3_BUCKET_BYTES`` of
+  full weights by one collective: every layer of a small model at once), or every weight
+  with ``reshard_after_forward_policy: never`` (kept from the forward to the end of the
+  backward) and for the whole stage under pipeline parallelism; with compiled layers
   also the last unit's weights that its kind's forward and backward graphs keep as their
   last inputs (``graph held``);
 - **gradients** at the step's peak moment (:class:`StageBytes`): the backward (a
@@ -27,7 +30,11 @@ schedule, the trainer's step), sized from the model's own parameter plan
   sum ``a + g`` makes new accumulators while the old ones live) or the optimizer step (the
   clipped copy ``g * coef`` beside the gradients); an eager backward makes its fresh
   gradients in the memory its activations free;
-- **optimizer**: AdamW's two float32 moments of what the optimizer updates (shards);
+- **optimizer**: AdamW's two float32 moments (Muon's one buffer per matrix) of what the
+  optimizer updates (shards): with ``lora_config`` only the adapters (``lora_a`` / ``lora_b``
+  of the layers it selects, :mod:`mindtrain.trainer.lora_rules`), which also count among the
+  parameters; the gradients are every parameter's, as the run differentiates the frozen
+  base weights too (their gradients are made, then left unused);
 - **activations** of one micro-batch, with the config's recompute and with none / all
   layers recomputed: the tensors the model's backward keeps, counted op by op from
   mindtrain.models' portable code path (the one mindtrain trains with on every device):
@@ -39,8 +46,8 @@ schedule, the trainer's step), sized from the model's own parameter plan
   transient; with pipeline parallelism the stage inputs of the micro-batches in flight;
   ZeRO-3's units (outside a pipeline) run each layer's forward again in its backward, so
   there a layer keeps only its input, as under full recompute;
-- **grad norm** (CPU): the float64 copy of the largest gradient piece and its square, on
-  the host;
+- **grad norm** (CPU): the float64 copy of the largest gradient piece the optimizer updates
+  and its square, on the host;
 - **save peak** (CPU): MindSpore's memory pool keeps what training reached, so a save holds
   the training peak, less the host (numpy) memory freed back to the system (the grad norm's
   copies; ZeRO-3's gathered weights over the shared-memory transport), plus its own buffer:
@@ -71,13 +78,16 @@ from mindtrain.config import families
 from mindtrain.config.model_plan import ParamSpec, flops_per_token, param_specs
 from mindtrain.config.model_plan import units as model_units
 from mindtrain.config.pipeline import partition_units
-from mindtrain.config.plan import MOE_BLOCK, ZERO3_UNIT_KINDS
+from mindtrain.config.fsdp_policy import reshard_after_forward
+from mindtrain.config.plan import MOE_BLOCK, ZERO3_BUCKET_BYTES, ZERO3_UNIT_KINDS
 from mindtrain.config.schema import RecomputeConfig
 
 PROG = "mindtrain-estimate"
 GB = 2 ** 30
 """Bytes per GB as printed and as ``max_device_memory`` reads it (MindSpore: 1024^3)."""
 F32 = 4
+ADAPTERS = (".lora_a", ".lora_b")
+"""LoRA's adapters (``lora_config``): with them the optimizer holds only these."""
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 DEFAULT_DEVICE_MEMORY = 64 * 2 ** 30
 """Device memory when neither --device-memory nor context.max_device_memory says: one
@@ -216,22 +226,31 @@ def stage_bytes(cfg: MindTrainConfig, dims: ParallelDims, stage: int, units: lis
     out = StageBytes(stage, units)
     zero3 = fsdp and strategy == ZERO3
     out.params = F32 * ((0 if zero3 else full) + (shards if fsdp else 0) + expert_numel)
-    out.optimizer = 2 * F32 * (shards + expert_numel)
+    # what the optimizer updates (and a save writes moments of): every parameter, or with
+    # lora_config only the adapters (mindtrain.trainer.lora.AdapterOptimizer)
+    trained = [p for p in params if p.name.endswith(ADAPTERS)] if cfg.lora_config is not None else params
+    held = [_shard_numel(p, dims) if fsdp and not (p.expert and dims.ep > 1) else _local_numel(p, dims)
+            for p in trained]
+    out.optimizer = 2 * F32 * sum(held)
     muon_full = 0  # Muon: one buffer per matrix (AdamW's two for the rest); the update's gather
     if cfg.optimizer.type == "Muon":
-        from mindtrain.trainer.muon_rules import uses_muon
+        from mindtrain.trainer.muon_rules import muon_matrix, uses_muon
 
-        held = [_shard_numel(p, dims) if fsdp and not (p.expert and dims.ep > 1) else _local_numel(p, dims)
-                for p in params]
         # the optimizer's own rule, MindFormers' names from the same (numpy-free) map
-        muon = [uses_muon(p.name, p.shape, cfg.optimizer.adamw_include, cfg.model) for p in params]
+        muon = [uses_muon(p.name, p.shape, cfg.optimizer.adamw_include, cfg.model) for p in trained]
         out.optimizer = F32 * sum(n * (1 if u else 2) for n, u in zip(held, muon))
-        if any(u and h != p.numel for p, h, u in zip(params, held, muon)):
+        if any(u and h != p.numel for p, h, u in zip(trained, held, muon)):
             # a split Muon matrix: the update gathers whole matrices on the host a batch at a
-            # time, then holds their whole Newton-Schulz updates (mindtrain.trainer.muon)
+            # time (a LoRA-fused layer's lora_b parts together), then holds their whole
+            # Newton-Schulz updates (mindtrain.trainer.muon)
             from mindtrain.trainer.muon_rules import GATHER_BYTES
 
-            sizes = [F32 * p.numel for p, u in zip(params, muon) if u]
+            groups: dict[str, int] = {}
+            for p, u in zip(trained, muon):
+                if u:
+                    key = muon_matrix(p.name, cfg.model)
+                    groups[key] = groups.get(key, 0) + F32 * p.numel
+            sizes = list(groups.values())
             muon_full = 2 * min(sum(sizes), max(GATHER_BYTES, max(sizes)))
     # routed experts (EP): one MoE layer's local experts are gathered over edp while they
     # run (forward, and again in their backward, which also makes their full gradients)
@@ -246,19 +265,26 @@ def stage_bytes(cfg: MindTrainConfig, dims: ParallelDims, stage: int, units: lis
     units_numel: dict[str, int] = {}
     for p in dense:
         units_numel[p.unit] = units_numel.get(p.unit, 0) + _local_numel(p, dims)
-    # ZeRO-3 outside a pipeline gathers the ZERO3_UNIT_KINDS units one at a time; in a pipeline
-    # stage everything is the root (mindtrain.parallel.share.ModelShare)
+    # ZeRO-3 outside a pipeline gathers the ZERO3_UNIT_KINDS units a bucket at a time
+    # (consecutive units up to ZERO3_BUCKET_BYTES of full weights, gathered by one collective at
+    # the first one's forward and again at the last one's backward); in a pipeline stage
+    # everything is the root (mindtrain.parallel.share.ModelShare); without reshard after
+    # forward (reshard_after_forward_policy never) every unit stays gathered from its forward
+    # to the end of the backward, which differentiates them all at once, replaying nothing
     has_units = zero3 and not pipeline
+    reshard = reshard_after_forward(cfg.parallelism.reshard_after_forward_policy, strategy, dims.pp > 1)[0]
     if zero3:
-        if has_units:
+        if has_units and reshard:
             root = sum(v for u, v in units_numel.items() if kinds[u] not in ZERO3_UNIT_KINDS)
-            unit_max = max((v for u, v in units_numel.items() if kinds[u] in ZERO3_UNIT_KINDS), default=0)
-            out.gathered = F32 * (root + unit_max)
+            unit_sizes = [units_numel[u] for u in units if kinds[u] in ZERO3_UNIT_KINDS and u in units_numel]
+            unit_max = max(unit_sizes, default=0)
+            out.gathered = F32 * (root + max(_bucket_sums(unit_sizes, ZERO3_BUCKET_BYTES // F32), default=0))
             out.units_replay = True
             if cfg.compile.enable:
                 out.graph_held = 2 * F32 * unit_max
         else:
             out.gathered = F32 * full  # the stage's weights, for the whole step
+    has_units = has_units and reshard
     if expert_sharded:
         out.gathered += F32 * expert_live
     # gradients (float32). fresh: one micro-batch's gradients of what value_and_grad
@@ -280,21 +306,57 @@ def stage_bytes(cfg: MindTrainConfig, dims: ParallelDims, stage: int, units: lis
     out.fresh_in_activations = not cfg.compile.enable and not has_units
     # the gradient norm, on the host in float64: each piece's float64 copy and its square
     # (numpy's memory, beside MindSpore's pool; it counts where the device is the host)
+    # (of what the optimizer updates: with LoRA the adapters' norm)
     given_pieces = [_shard_numel(p, dims) if fsdp and not (p.expert and dims.ep > 1) else _local_numel(p, dims)
                     for p in params]
-    out.host_transient = max(4 * F32 * max(given_pieces, default=0), muon_full)
+    out.host_transient = max(4 * F32 * max(held, default=0), muon_full)
     # the save: each rank writes its own pieces, each made when its turn comes (the largest
     # is the buffer; in the mindformers layout two pieces of one fused tensor make one);
     # checkpoint.async_save first copies every piece this rank writes to the host
     ck = cfg.checkpoint
     if ck.enable_save:
-        boxes = given_pieces  # the optimizer's pieces are the checkpoint's
-        copies = 1 if ck.no_save_optim else 3  # the weights, and AdamW's two moments
+        boxes = given_pieces  # the layout's pieces are the checkpoint's
+        moments = 0 if ck.no_save_optim else 2 * sum(held)  # AdamW's two moments of what trains
         if ck.async_save:
-            out.save_buffer = F32 * copies * sum(boxes)
+            out.save_buffer = F32 * (sum(boxes) + moments)
         else:
             out.save_buffer = F32 * max(boxes, default=0) * (2 if ck.layout == "mindformers" else 1)
     return out
+
+
+def _bucket_sums(sizes: Sequence[int], cap: int) -> list[int]:
+    """The sums of consecutive ``sizes`` grouped as mindtrain-parallel's FSDP buckets them:
+    each group sums to at most ``cap`` (or is one item larger than it)."""
+    out: list[int] = []
+    total = 0
+    for i, n in enumerate(sizes):
+        if i and total + n > cap:
+            out.append(total)
+            total = 0
+        total += n
+    if sizes:
+        out.append(total)
+    return out
+
+
+def with_adapters(table: list[ParamSpec], cfg: MindTrainConfig) -> list[ParamSpec]:
+    """The parameter plan with ``lora_config``'s adapters (:mod:`mindtrain.trainer.lora_rules`)
+    after their weights, in their weights' units; under TP a column-split weight's ``lora_b``
+    splits its rows, a row-split weight's ``lora_a`` its columns, the other factor is whole
+    (mindtrain.models' parallel plan, as MindFormers lays them out)."""
+    from mindtrain.trainer.lora_rules import adapter_shapes
+
+    made: dict[str, list[ParamSpec]] = {}
+    base = {p.name: p for p in table}
+    for name, weight, shape in adapter_shapes(table, cfg):
+        w = base[weight]
+        tp, tp_dim = "replicated", None
+        if w.tp in ("column", "vocab") and w.tp_dim == 0 and name.endswith(".lora_b"):
+            tp, tp_dim = "column", 0
+        elif w.tp == "row" and w.tp_dim == 1 and name.endswith(".lora_a"):
+            tp, tp_dim = "row", 1
+        made.setdefault(weight, []).append(ParamSpec(name, shape, tp, tp_dim, False, w.unit))
+    return [q for p in table for q in [p] + made.get(p.name, [])]
 
 
 # ------------------------------------------------------------------ activations
@@ -674,6 +736,8 @@ def estimate(cfg: MindTrainConfig, world_size: int, device: str = "Ascend",
     dtype = effective_dtype(m.compute_dtype, device)
     c = DTYPE_BYTES[dtype]
     table = param_specs(m)
+    if cfg.lora_config is not None:
+        table = with_adapters(table, cfg)
     p = cfg.parallelism
     chunks = p.pipeline_parallel_interleave_num if dims.pp > 1 else 1
     parts = rank_units(m, dims, p.pipeline_parallel_layers_per_stage, chunks)

@@ -44,19 +44,12 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from mindtrain.config import ConfigError, MindTrainConfig, UserError
+from mindtrain.trainer.lora_rules import excluded, mindformers_path, select_layers
 from mindtrain.trainer.mindformers_name_table import fused_first, locate
 
 ADAPTER_DIR = "lora"
 ADAPTER_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
-
-
-def mindformers_path(weight_name: str, model_cfg: Any) -> Optional[str]:
-    """MindFormers' PyNative cell path of the layer holding mindtrain's ``weight_name``; None
-    when MindFormers holds it as a bare parameter, not a layer's weight (DeepSeek-V4's grouped
-    output projection ``linear_o_group_proj``: MindFormers' walk never sees it)."""
-    theirs, _ = locate(weight_name, model_cfg)
-    return "model." + theirs[:-len(".weight")] if theirs.endswith(".weight") else None
 
 
 # MindFormers' Linear layers that are bare parameters here (and in HF): DeepSeek-V4's
@@ -78,30 +71,10 @@ def _refuse_unbuilt(param_names: Sequence[str], cfg: MindTrainConfig) -> None:
             continue
         path = "model." + theirs[:-len(".weight")]
         if theirs.endswith(".weight") and _NOT_LINEAR_HERE.search(path) and target.search(path) \
-                and not _excluded(path, exclude):
+                and not excluded(path, exclude):
             raise ConfigError("lora_config.target_modules", f"{lc.target_modules!r} selects {path} (a DeepSeek-V4 "
                               "hyper-connection mapping), which has no LoRA adapter here (HF has no Linear there "
                               "either); narrow the pattern or add it to lora_config.exclude_layers")
-
-
-def _excluded(path: str, exclude: Optional[re.Pattern]) -> bool:
-    if exclude is None:
-        return False
-    parts = path.split(".")
-    return any(exclude.search(".".join(parts[:i])) for i in range(1, len(parts) + 1))
-
-
-def select_layers(weight_names: Sequence[str], cfg: MindTrainConfig) -> list[str]:
-    """The weights (of Linear layers, by name) whose layers ``lora_config`` adapts."""
-    lc = cfg.lora_config
-    target = re.compile(lc.target_modules)
-    exclude = re.compile(lc.exclude_layers) if lc.exclude_layers else None
-    out = []
-    for name in weight_names:
-        path = mindformers_path(name, cfg.model)
-        if path is not None and target.search(path) and not _excluded(path, exclude):
-            out.append(name)
-    return out
 
 
 def apply_lora(model, cfg: MindTrainConfig, empty: bool) -> list[str]:

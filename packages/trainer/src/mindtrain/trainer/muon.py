@@ -5,8 +5,16 @@ those ``adamw_include`` names)::
 
     m      = momentum * m + g                       (MindFormers' buffer; torch keeps (1 - momentum) * m)
     x      = g + momentum * m   (nesterov)  or  m
-    x      = NS(x)   per matrix (per expert), MLA's fused matrices per logical part
+    x      = NS(x)   per matrix (per expert), MLA's fused matrices per logical part,
+                     the lora_b parts of a LoRA-adapted fused layer as one matrix
     p      = p * (1 - lr * weight_decay) - lr * matched_adamw_rms * sqrt(max(rows, cols)) * x
+
+LoRA (MindFormers' optimizer holds only the adapters): a layer MindFormers fuses
+(``linear_qkv``, ``linear_fc1``) is several layers here sharing one ``lora_a``, each with its
+rows of ``lora_b``; MindFormers' fused ``lora_b`` [sum(out), r] is one parameter and one matrix
+for its Newton-Schulz, so the parts' ``lora_b`` are orthogonalised stacked, as one
+(:func:`mindtrain.trainer.muon_rules.muon_matrix`; scale ``sqrt(max(sum(out), r))``), the
+shared ``lora_a`` once.
 
 ``NS`` is the Newton-Schulz iteration with the coefficient schedule (X / (||X||_F + eps), then
 per step ``A = X X^T; X = a X + (b A + c A A) X``, on the wide orientation). Everything else
@@ -136,16 +144,22 @@ class Muon:
         self.gather = shards is not None and any(
             tuple(shards[i].shape) != self.global_shapes[i] or tuple(self.params[i].shape) != self.global_shapes[i]
             for i in self.muon_idx)
-        # the gathers' batches: Muon matrices in order, up to GATHER_BYTES of whole arrays each
-        # (a larger matrix alone); every rank of a stage makes the same batches
+        # Newton-Schulz's matrices: each Muon parameter, save the lora_b parts of a layer
+        # MindFormers fuses, which are one matrix (muon_rules.muon_matrix), in parameter order
+        where_group: dict[str, list[int]] = {}
+        for i in self.muon_idx:
+            where_group.setdefault(muon_rules.muon_matrix(self.names[i], model), []).append(i)
+        self.groups: list[list[int]] = list(where_group.values())
+        # the gathers' batches: whole groups in order, up to GATHER_BYTES of whole arrays each
+        # (a larger group alone); every rank of a stage makes the same batches
         self.batches: list[list[int]] = []
         size = 0
-        for i in self.muon_idx:
-            n = 4 * int(np.prod(self.global_shapes[i]))
+        for group in self.groups:
+            n = sum(4 * int(np.prod(self.global_shapes[i])) for i in group)
             if not self.batches or size + n > GATHER_BYTES:
                 self.batches.append([])
                 size = 0
-            self.batches[-1].append(i)
+            self.batches[-1].extend(group)
             size += n
         self.step_count = 0
 
@@ -155,6 +169,27 @@ class Muon:
         return cls(named_params, cfg, lr, layout=layout, model=model)
 
     # ------------------------------------------------------------------ update
+    def _orthogonalise_all(self, whole: Mapping[int, Tensor]) -> dict[int, Tensor]:
+        """lr-free updates of the Muon parameters in ``whole`` (whole Newton-Schulz inputs, by
+        index; only complete groups): a fused layer's ``lora_b`` parts as ONE matrix, their rows
+        stacked (Newton-Schulz commutes with a row permutation, so MindFormers' row order of the
+        fused tensor gives the same rows), scaled by ``sqrt(max(sum(rows), r))``; the rest each
+        on its own (:meth:`_orthogonalise`)."""
+        out = {}
+        for group in self.groups:
+            if group[0] not in whole:
+                continue
+            if len(group) == 1:
+                out[group[0]] = self._orthogonalise(group[0], whole[group[0]])
+                continue
+            xs = [whole[i] for i in group]
+            rows = [int(x.shape[0]) for x in xs]
+            fused = newton_schulz(ops.cat(xs, 0), self.schedule, self.eps)
+            fused = fused * (self.rms * math.sqrt(max(sum(rows), int(xs[0].shape[-1]))))
+            for i, piece in zip(group, ops.split(fused, rows, 0)):
+                out[i] = piece
+        return out
+
     def _orthogonalise(self, i: int, x: Tensor) -> Tensor:
         """lr-free update of Muon parameter ``i`` from its whole Newton-Schulz input."""
         parts = self.parts[i]
@@ -192,11 +227,11 @@ class Muon:
             local_updates = {}
             for batch in self.batches:
                 full = self.layout.gather_own([(self.names[i], inputs[i]) for i in batch])
-                updates = {self.names[i]: self._orthogonalise(i, Tensor(full.pop(self.names[i]))).asnumpy()
-                           for i in batch}
+                done = self._orthogonalise_all({i: Tensor(full.pop(self.names[i])) for i in batch})
+                updates = {self.names[i]: done[i].asnumpy() for i in batch}
                 local_updates.update(zip(batch, self.layout.scatter_own(updates)))
         else:
-            local_updates = {i: self._orthogonalise(i, inputs[i]) for i in self.muon_idx}
+            local_updates = self._orthogonalise_all(inputs)
         for i in self.muon_idx:
             p = self.params[i]
             keep = 1.0 - self.lr * self.weight_decay if self.decay[i] else 1.0

@@ -45,4 +45,18 @@ def uses_muon(name: str, shape: Sequence[int], adamw_include: Optional[Sequence[
     return not any(fnmatch(name, g) or (theirs is not None and fnmatch(theirs, g)) for g in include)
 
 
-__all__ = ["DEFAULT_ADAMW_INCLUDE", "GATHER_BYTES", "TOP_NAMES", "mindformers_name", "uses_muon"]
+def muon_matrix(name: str, model: Any = None) -> str:
+    """The one matrix Newton-Schulz orthogonalises parameter ``name`` as (a part of): a LoRA
+    ``lora_b`` of a part of a layer MindFormers fuses (``linear_qkv``: MLA's q + kv, Qwen3's q, k,
+    v; ``linear_fc1``: gate + up) is rows of MindFormers' one parameter ``<fused layer>.lora_b``
+    [sum(out), r], which its Muon orthogonalises whole (its split schema names only the fused
+    ``.weight``); those parts share that key. Every other parameter is its own matrix (its name).
+    Without ``model`` (or for a name the map does not know): the name."""
+    if model is None or not name.endswith(".lora_b"):
+        return name
+    theirs = mindformers_name(name[:-len(".lora_b")] + ".weight", model)
+    return name if theirs is None or not theirs.endswith(".weight") else theirs[:-len(".weight")] + ".lora_b"
+
+
+__all__ = ["ADAPTER_SUFFIXES", "DEFAULT_ADAMW_INCLUDE", "GATHER_BYTES", "TOP_NAMES", "mindformers_name", "muon_matrix",
+           "uses_muon"]
