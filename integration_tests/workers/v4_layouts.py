@@ -25,6 +25,7 @@ pin_to_one_core()
 
 import numpy as np  # noqa: E402
 
+import mindspore as ms  # noqa: E402
 from mindspore import Tensor  # noqa: E402
 
 from mindtrain.config import ParallelDims, load_config  # noqa: E402
@@ -158,6 +159,8 @@ def run(case, world, rank, out_dir):
               "param_bytes_layout": layout.memory_bytes(), "param_bytes_estimate": est.params,
               "optimizer_bytes": opt.state_bytes() if hasattr(opt, "state_bytes") else -1,
               "optimizer_bytes_estimate": est.optimizer,
+              # ZeRO-3 units releasing their weights in place (no forward replayed), as the trainer's
+              "zero3_in_place": bool(getattr(layout.fsdp, "in_place", False)),
               # attention cells running Ulysses: the hybrid attention's all-to-all hook, or a replaced core
               "ulysses_cells": sum(getattr(layer.self_attn, "head_exchange", None) is not None or type(getattr(
                   getattr(layer.self_attn, "core_attention", None), "construct", None)).__name__ == "_UlyssesCore"
@@ -170,6 +173,7 @@ def run(case, world, rank, out_dir):
 
 def main():
     out_dir, cases = sys.argv[1], sys.argv[2].split(",")
+    ms.runtime.launch_blocking()  # eager ops in the calling thread, as the trainer runs them on CPU
     if all(c.startswith("ref") for c in cases):  # one process
         for case in cases:
             run(case, 1, 0, out_dir)

@@ -463,4 +463,6 @@ def test_lora_and_zero3_gathering_are_the_laid_out_runs(name):
             else:  # everything, from the first forward to the end of the backward
                 want = sum(nbytes.values())
             assert est.gathered == want, (name, rank, est.gathered, want)
-            assert est.units_replay == fs.reshard_after_forward
+            # the forward replayed in the backward: reshard after forward where dispatch is
+            # asynchronous; on CPU (synchronous) the units release their storage in place
+            assert est.units_replay == (fs.reshard_after_forward and not fs.in_place)

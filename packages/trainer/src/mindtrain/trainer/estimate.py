@@ -22,9 +22,10 @@ schedule, the trainer's step), sized from the model's own parameter plan
   running bucket of units (FSDP gathers consecutive units up to ``ZERO3_BUCKET_BYTES`` of
   full weights by one collective: every layer of a small model at once), or every weight
   with ``reshard_after_forward_policy: never`` (kept from the forward to the end of the
-  backward) and for the whole stage under pipeline parallelism; with compiled layers
+  backward) and for the whole stage under pipeline parallelism; on a device that
+  dispatches asynchronously (ZeRO-3 units replay their forward there) with compiled layers
   also the last unit's weights that its kind's forward and backward graphs keep as their
-  last inputs (``graph held``);
+  last inputs (``graph held``; on CPU the units release those weights' storage in place);
 - **gradients** at the step's peak moment (:class:`StageBytes`): the backward (a
   micro-batch's fresh gradients beside the accumulators; from the second micro-batch on the
   sum ``a + g`` makes new accumulators while the old ones live) or the optimizer step (the
@@ -44,8 +45,9 @@ schedule, the trainer's step), sized from the model's own parameter plan
   weights per block of 32 slots, SwiGLU intermediates), the logits; once per micro-batch
   the additive attention mask ``[B, heads, S, S]`` (float32) and the backward's largest
   transient; with pipeline parallelism the stage inputs of the micro-batches in flight;
-  ZeRO-3's units (outside a pipeline) run each layer's forward again in its backward, so
-  there a layer keeps only its input, as under full recompute;
+  ZeRO-3's units (outside a pipeline) on a device that dispatches asynchronously run each
+  layer's forward again in its backward, so there a layer keeps only its input, as under
+  full recompute (on CPU they keep their activations: no forward replayed);
 - **grad norm** (CPU): the float64 copy of the largest gradient piece the optimizer updates
   and its square, on the host;
 - **save peak** (CPU): MindSpore's memory pool keeps what training reached, so a save holds
@@ -749,6 +751,11 @@ def estimate(cfg: MindTrainConfig, world_size: int, device: str = "Ascend",
             st.host_transient = st.save_buffer = 0
         else:  # FSDP gathers over the shared-memory transport (the CPU default) into numpy arrays
             st.gathered_on_host = dims.dp_shard > 1
+        if device.upper() == "CPU" and st.units_replay:
+            # mindtrain's CPU runtime dispatches synchronously: ZeRO-3 units release their
+            # weights' storage in place and keep their activations, replaying nothing
+            # (mindtrain.parallel.fsdp.synchronous_dispatch)
+            st.units_replay, st.graph_held = False, 0
         full_rc = RecomputeConfig(mode="full")
         # ZeRO-3 units replay each layer's forward in its backward: full recompute in effect
         st.activations = activation_bytes(cfg, dims, units, c, full_rc if st.units_replay else None)
