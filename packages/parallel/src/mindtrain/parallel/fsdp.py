@@ -558,21 +558,7 @@ class FSDP:
     def _refill(self, buckets: Sequence[_Bucket]) -> None:
         """Gather the weights of ``buckets`` back into the storage :meth:`_release_storage`
         released (one all_gather per shard group for all of them)."""
-        todo = [b for b in buckets if b.released and not b.gathered]
-        if not todo:
-            return
-        slots = [s for b in todo for s in b.slots]
-        fulls = self._all_gather(slots, [s.shard for s in slots])
-        self.gather_count += len(todo)
-        for s, full in zip(slots, fulls):
-            storage = s.param.untyped_storage()
-            storage.resize_(full.untyped_storage().nbytes())
-            storage.copy_(full.untyped_storage())
-        for b in todo:
-            b.gathered = True
-            b.released = False
-        self._gathered_bytes += sum(_nbytes(s.param) for s in slots)
-        self.peak_gathered_bytes = max(self.peak_gathered_bytes, self._gathered_bytes)
+        self._gather_buckets([b for b in buckets if b.released and not b.gathered], in_place=True)
 
     def _grad_hook(self, slot: _Slot, bucket: _Bucket):
         """The hook on a unit weight's Parameter: its gradient (summed over its uses: MindSpore
@@ -600,16 +586,26 @@ class FSDP:
     def _materialize_all(self, buckets: Sequence[_Bucket]) -> None:
         """Gather every bucket of ``buckets`` not gathered yet, with one all_gather per shard
         group for all of them."""
-        todo = [b for b in buckets if not b.gathered]
+        self._gather_buckets([b for b in buckets if not b.gathered], in_place=False)
+
+    def _gather_buckets(self, todo: Sequence[_Bucket], in_place: bool) -> None:
+        """All-gather the full weights of ``todo`` (one collective per shard group) into their
+        Parameters: new storage (``set_data``), or ``in_place`` into the storage they had."""
         if not todo:
             return
         slots = [s for b in todo for s in b.slots]
         fulls = self._all_gather(slots, [s.shard for s in slots])
         self.gather_count += len(todo)
         for s, full in zip(slots, fulls):
-            s.param.set_data(full)
+            if in_place:
+                storage = s.param.untyped_storage()
+                storage.resize_(full.untyped_storage().nbytes())
+                storage.copy_(full.untyped_storage())
+            else:
+                s.param.set_data(full)
         for b in todo:
             b.gathered = True
+            b.released = False
         self._gathered_bytes += sum(_nbytes(s.param) for s in slots)
         self.peak_gathered_bytes = max(self.peak_gathered_bytes, self._gathered_bytes)
 
