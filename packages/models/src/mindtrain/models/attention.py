@@ -53,7 +53,6 @@ class CoreAttention(nn.Cell):
         self.softmax = Softmax()
         self.bmm_t = ops.BatchMatMul(transpose_b=True)
         self.bmm = ops.BatchMatMul()
-        self.fused = _FusedCore()
 
     track_max_logits = False
     """Also return each row's largest logit (see :meth:`attend_tracked`); set with
@@ -98,8 +97,6 @@ class CoreAttention(nn.Cell):
         return ops.concat(out, 0)
 
     def attend(self, q, k, v, mask_add, keep=None):
-        if keep is None and self.matmul_dtype is None:  # float32, no dropout: the backward written out
-            return self.fused(q, k, v, ops.stop_gradient(mask_add))[0]
         # scores in the matmul dtype; adding the float32 mask makes them float32 for the softmax
         probs = self.softmax(self.bmm_t(q, k) + mask_add)
         if keep is not None:  # attention dropout (mindtrain.models.dropout)
@@ -159,41 +156,6 @@ class CoreAttention(nn.Cell):
                 per_head.append(blocks[0] if len(blocks) == 1 else ops.concat(blocks, 2))
             per_batch.append(ops.concat(per_head, 1))
         return ops.concat(per_batch, 0)
-
-
-class _FusedCore(nn.Cell):
-    """``softmax(q k^T + mask) v`` in float32 and its probabilities, ``(out, probs)``, with
-    the backward of the whole core written out (``mask`` takes no gradient; the
-    probabilities output is for the backward only, nothing may use it):
-
-    - ``dv = (dout^T probs)^T`` and ``dk = (q^T dscores)^T``: products with a transposed
-      [S, Sk] operand run as transposed products of the thin ones (BatchMatMul with
-      transpose_a, autograd's form, was ~1.7x slower on CPU);
-    - the softmax backward ``probs * (dprobs - rowsum(dprobs * probs))`` takes its row sums
-      as ``rowsum(dout * out)`` ([S, dv], not [S, Sk]; the same sums: ``dprobs = dout v^T``
-      and ``out = probs v``), which saves two passes over the [S, Sk] probabilities.
-
-    The gradients are autograd's up to the order of the row sums (last bits)."""
-
-    def __init__(self):
-        super().__init__()
-        self.softmax = ops.Softmax(-1)
-        self.bmm_t = ops.BatchMatMul(transpose_b=True)
-        self.bmm = ops.BatchMatMul()
-
-    def construct(self, q, k, v, mask_add):
-        probs = self.softmax(self.bmm_t(q, k) + mask_add)
-        return self.bmm(probs, v), probs
-
-    def bprop(self, q, k, v, mask_add, out, dout):
-        o, probs = out
-        do = dout[0]
-        dv = ops.transpose(self.bmm(ops.transpose(do, _T), probs), _T)
-        row = (do * o).sum(-1, keepdims=True)                                  # [B, N, S, 1]
-        dscores = (self.bmm_t(do, v) - row) * probs
-        dq = self.bmm(dscores, k)
-        dk = ops.transpose(self.bmm(ops.transpose(q, _T), dscores), _T)
-        return dq, dk, dv, ops.zeros((), mask_add.dtype)
 
 
 def _fingerprint(*tensors) -> tuple:
