@@ -409,7 +409,10 @@ def _gqa_attention(m: ModelConfig, z: _Shapes, dims: ParallelDims) -> Module:
     d = families.head_dim(m)
     own = t * h * c if (z.tl != z.ta or c != F32) else 0   # the gathered (or cast) input
     own += t * (n + 2 * kv) * d * c                         # q, k, v
-    own += _rms(t * n, d) + _rms(t * kv, d)                 # q_norm, k_norm (float32)
+    if m.qk_layernorm:
+        own += _rms(t * n, d) + _rms(t * kv, d)             # q_norm, k_norm (float32)
+    else:
+        own += t * (n + kv) * d * F32                       # q scaled, k (float32), no norms
     own += 4 * t * (n + kv) * d * F32                       # rotated, x cos, rotated sin, roped
     own += t * (n + 2 * kv) * d * c                         # transposed heads (the core's inputs)
     if z.sk != z.s:                                         # context parallelism: the whole sequence's k, v
@@ -486,12 +489,15 @@ def _attention(m: ModelConfig, z: _Shapes, dims: ParallelDims, i: int = 0) -> Mo
     q_in = ql or h
     if ql:
         own += t * ql * c                     # q_a_proj output (the q norm's input)
-        own += _rms(t, ql) + t * ql * F32     # q_a_layernorm and its output
+        if m.qk_layernorm:
+            own += _rms(t, ql) + t * ql * F32     # q_a_layernorm and its output
         if c != F32:
             own += t * ql * c
     own += 2 * t * n * dr * c                 # rope halves of q (times cos / sin)
     own += t * n * (dn + dr) * c              # q
-    own += t * kl * c + _rms(t, kl) + t * kl * F32   # latent kv, its norm and output
+    own += t * kl * c                         # latent kv
+    if m.qk_layernorm:
+        own += _rms(t, kl) + t * kl * F32     # its norm and output
     if z.sk != z.s:                           # context parallelism: the whole sequence's latent
         own += z.b * z.sk * kl * F32
     own += 2 * t * dr * c                     # rope halves of k
