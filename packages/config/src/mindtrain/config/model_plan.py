@@ -159,7 +159,7 @@ def _v4_layer_shapes(m: ModelConfig, i: int) -> list[tuple[str, tuple[int, ...]]
     """(name, shape) of DeepSeek-V4 decoder layer ``i``'s trainable parameters, in the model's
     (HF's) order (a cell's own parameters before its sub-cells'): the attention (its compressor and, compressed sparse, the indexer), the MoE
     (router weight, stacked experts, shared expert; the correction bias and the token ->
-    experts table are not trained), the two norms, the two hyper-connections."""
+    experts table are not trained), the two norms, the two hyper-connections (none under ``enable_hyper_connections: false``)."""
     h, n, d, qr = m.hidden_size, m.num_attention_heads, m.head_dim, m.q_lora_rank
     g, orank, hc = m.o_groups, m.o_lora_rank, m.hc_mult
     mla = m.experimental_attention_variant == "mla"
@@ -194,7 +194,7 @@ def _v4_layer_shapes(m: ModelConfig, i: int) -> list[tuple[str, tuple[int, ...]]
                 ("mlp.shared_experts.down_proj.weight", (h, si))]
     out += [("input_layernorm.weight", (h,)), ("post_attention_layernorm.weight", (h,))]
     mix = (2 + hc) * hc
-    for name in ("attn_hc", "ffn_hc"):
+    for name in ("attn_hc", "ffn_hc") if m.enable_hyper_connections else ():  # false: plain residual adds
         out += [(f"{name}.fn", (mix, hc * h)), (f"{name}.base", (mix,)), (f"{name}.scale", (3,))]
     if i >= m.num_hidden_layers:  # an MTP module (deepseek_v4/mtp.py)
         out += [("enorm.weight", (h,)), ("hnorm.weight", (h,)), ("eh_proj.weight", (h, 2 * h)),
@@ -224,7 +224,7 @@ def _v4_tp_split(name: str) -> tuple[str, Optional[int]]:
 def _v4_head_shapes(m: ModelConfig, prefix: str) -> list[tuple[str, tuple[int, ...]]]:
     """The learned collapse of the streams (none with ``enable_hc_head: false``: their mean)."""
     hc = m.hc_mult
-    if not m.enable_hc_head:
+    if not m.enable_hc_head or not m.enable_hyper_connections:
         return []
     return [(prefix + "hc_fn", (hc, hc * m.hidden_size)), (prefix + "hc_base", (hc,)), (prefix + "hc_scale", (1,))]
 

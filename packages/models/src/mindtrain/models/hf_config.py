@@ -124,7 +124,12 @@ def _qwen3_to_hf(cfg: ModelConfig) -> dict[str, Any]:
 def refuse_without_hf_equivalent(cfg: ModelConfig) -> None:
     """Raise ConfigError (one line) when transformers has no model for ``cfg``: without the
     q/k norms (``qk_layernorm: false``) HF's DeepseekV3 / Qwen3 classes would still build them
-    and fill them with ones (an RMSNorm, not the identity), a different model."""
+    and fill them with ones (an RMSNorm, not the identity), a different model; DeepSeek-V4
+    without hyper-connection streams (``enable_hyper_connections: false``) likewise."""
+    if cfg.model_type == "deepseek_v4" and not cfg.enable_hyper_connections:
+        raise ConfigError("model.enable_hyper_connections", "false (plain residual layers) has no HF model: "
+                                                            "transformers' DeepSeek-V4 always builds the "
+                                                            "hyper-connection streams; keep the mindtrain checkpoint")
     if not cfg.qk_layernorm:
         raise ConfigError("model.qk_layernorm", "false (no q/k norms) has no HF model: transformers' "
                                                 "DeepSeek-V3 / Qwen3 always build the norms; keep the mindtrain "
