@@ -423,7 +423,9 @@ class ModelConfig:
     qk_nope_head_dim, qk_rope_head_dim and v_head_dim; rope and YaRN as DeepSeek-V3's)."""
     enable_hyper_connections: bool = True
     """DeepSeek-V4 (MindFormers' name): the residual is hc_mult hyper-connection streams (mHC);
-    false (plain residual layers) is not built."""
+    false builds plain residual layers (MindFormers' TransformerLayer: no attn_hc / ffn_hc /
+    hc_head) and needs enable_hc_head: false. HF has no such model (mindtrain-export-hf
+    refuses it)."""
     enable_hc_head: bool = True
     """DeepSeek-V4 (MindFormers' name): the streams are collapsed before the final norms by the
     learned head (HF's hc_head: hc_fn, hc_base, hc_scale); false collapses them by their mean

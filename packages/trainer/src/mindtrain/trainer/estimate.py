@@ -467,8 +467,11 @@ def _v4_attention(m: ModelConfig, i: int, z: _Shapes) -> Module:
 def _hyper_connections(m: ModelConfig, z: _Shapes) -> int:
     """DeepSeek-V4's two hyper-connections per layer (``deepseek_v4.hyper``): the normed
     flattened streams, the mixing logits, the Sinkhorn iterations' matrices, the collapse and
-    the update (mixed streams, the spread output, their sum)."""
+    the update (mixed streams, the spread output, their sum); without them
+    (``enable_hyper_connections: false``) the two residual sums."""
     hc, h, t = m.hc_mult, m.hidden_size, z.tl
+    if not m.enable_hyper_connections:
+        return 2 * t * h * F32
     one = 2 * t * hc * h * F32 + t * (2 + hc) * hc * F32 + 2 * m.hc_sinkhorn_iters * t * hc * hc * F32
     one += t * hc * h * F32 + 3 * t * hc * h * F32
     return 2 * one
@@ -561,8 +564,8 @@ def layer_module(m: ModelConfig, i: int, z: _Shapes, dims: ParallelDims) -> Modu
 
 def _layer_input(m: ModelConfig, i: int, z: _Shapes) -> int:
     n = z.tl * m.hidden_size * F32
-    if m.model_type == "deepseek_v4":  # the hyper-connection streams
-        return m.hc_mult * n
+    if m.model_type == "deepseek_v4":  # the hyper-connection streams (1 without them)
+        return families.residual_streams(m) * n
     return 2 * n if i >= m.num_hidden_layers else n
 
 
@@ -665,7 +668,7 @@ def activation_bytes(cfg: MindTrainConfig, dims: ParallelDims, units: list[str],
     if m.model_type == "deepseek_v4":  # one cached [S, S] window mask; the head collapses the streams first
         mask = s * m.seq_length * F32 if layer_ids else 0
         if "head" in units:
-            kept += 3 * z.tl * m.hc_mult * h * F32
+            kept += 3 * z.tl * families.residual_streams(m) * h * F32
     if breakdown is not None:
         kinds["attention mask"] = mask
         kinds["backward transient"] = transient
@@ -766,7 +769,7 @@ def estimate(cfg: MindTrainConfig, world_size: int, device: str = "Ascend",
             in_flight = min(accum, dims.pp * chunks - r)
             act = cfg.training.local_batch_size * (m.seq_length // dims.cp // dims.tp) * m.hidden_size * F32
             if m.model_type == "deepseek_v4":  # the stages pass the hc_mult hyper-connection streams
-                act *= m.hc_mult
+                act *= families.residual_streams(m)
             st.in_flight = 2 * in_flight * act
         stages.append(st)
     fpt = flops_per_token(m)
