@@ -4,6 +4,8 @@
 constant companions): every parameter the config plan lists has its MindFormers place, and
 the absent parts have none."""
 
+import json
+
 import pytest
 
 from mindtrain.config import ModelConfig
@@ -40,3 +42,22 @@ def test_every_parameter_has_its_place_and_the_absent_parts_none(family):
     # no constant companions of parts that are not there
     made = {c[0] for t in theirs for c in companion_boxes(t, (0, 0, 0), (1, 1, 1), cfg)}
     assert not [c for c in made if "_hc." in c]  # V4's hyper-connection rms_weight constants
+
+
+@pytest.mark.parametrize("family, field", [("deepseek_v3", "qk_layernorm"), ("qwen3_moe", "qk_layernorm"),
+                                           ("deepseek_v4", "enable_hyper_connections")])
+def test_export_hf_refuses_in_one_line(family, field, tmp_path, capsys):
+    """HF has no model without these parts: mindtrain-export-hf stops before writing anything
+    (the folder's config.json is what a checkpoint of such a model holds)."""
+    from mindtrain.models import config_to_hf
+    from mindtrain.trainer import sharded
+    from mindtrain.trainer.export_hf import main
+
+    folder = tmp_path / "iter_0000001"
+    folder.mkdir()
+    (folder / sharded.METADATA_FILE).write_text("{}")
+    (folder / "config.json").write_text(json.dumps(config_to_hf(ModelConfig(**CONFIGS[family]))))
+    assert main([str(folder), str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"mindtrain-export-hf: model.{field}: false") and "\n" not in err
+    assert not (tmp_path / "hf").exists()
