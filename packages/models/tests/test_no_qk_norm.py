@@ -51,7 +51,9 @@ def test_matches_hf_without_the_norms(name, tmp_path):
     assert not os.path.exists(tmp_path / "hf")
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_compiled_matches_hf_without_the_norms(name):
+def test_compiled_matches_hf_without_the_norms():
+    # compiled layers (their pieces on the weights as graph inputs); eager runs the same pieces
+    # for both families above, so one compiled model covers the compile
+    name = "ds3_no_qk_norm"
     model, ref = load_fixture(name, jit=True, **OVERRIDES[name])
     check_logits_loss_grads(model, ref, lm_loss_key="lm_loss" if "lm_loss" in ref else "loss")
