@@ -62,7 +62,8 @@ def test_whole_file_loads_as_published(tmp_path):
 @pytest.mark.parametrize("change, field", [
     (dict(multi_latent_attention=False), "multi_latent_attention"),
     (dict(experimental_attention_variant="dsa"), "experimental_attention_variant"),
-    (dict(enable_hyper_connections=False), "enable_hyper_connections"),
+    (dict(enable_hyper_connections=False, enable_hc_head=True), "enable_hc_head"),
+    (dict(qk_layernorm=False), "qk_layernorm"),
     (dict(kv_lora_rank=0), "kv_lora_rank"),
     (dict(moe_router_pre_softmax="yes"), "moe_router_pre_softmax"),
 ])

@@ -117,13 +117,19 @@ def test_yarn_given_in_both_styles_must_agree():
 
 @pytest.mark.parametrize("field, value", [
     ("scoring_func", "softmax"), ("moe_router_score_function", "softmax"), ("multi_latent_attention", False),
-    ("gated_linear_unit", False), ("add_bias_linear", True), ("qk_layernorm", False), ("normalization", "LayerNorm"),
+    ("gated_linear_unit", False), ("add_bias_linear", True), ("normalization", "LayerNorm"),
     ("topk_method", "greedy"), ("moe_router_load_balancing_type", "aux_loss"),
     ("moe_token_dispatcher_type", "alltoall_deredundancy"), ("position_embedding_type", "learned_absolute"),
 ])
 def test_values_that_are_another_model_are_refused(field, value):
     with pytest.raises(ConfigError, match=rf"^model\.{field}: .* is not supported"):
         _model({field: value})
+
+
+def test_qk_layernorm_false_builds_without_the_latent_norms():
+    # MindFormers' MLA takes IdentityOp for q_layernorm / kv_layernorm when it is false
+    assert _model({"qk_layernorm": False}).qk_layernorm is False
+    assert _model({"multi_latent_attention": True}).qk_layernorm is True  # left out: DeepSeek-V3's norms
 
 
 def test_shared_expert_size_must_match_and_dropout_is_a_probability():

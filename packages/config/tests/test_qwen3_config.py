@@ -88,7 +88,7 @@ def test_mindformers_moe_layer_freq_and_balance_switch():
 
 
 @pytest.mark.parametrize("field, value", [
-    ("multi_latent_attention", True), ("moe_router_score_function", "sigmoid"), ("qk_layernorm", False),
+    ("multi_latent_attention", True), ("moe_router_score_function", "sigmoid"),
     ("moe_router_enable_expert_bias", True), ("moe_router_topk_scaling_factor", 2.5),
     ("moe_router_load_balancing_type", "gbs_aux_loss"), ("position_embedding_type", "yarn"),
     ("use_sliding_window", True), ("moe_shared_expert_intermediate_size", 64),
@@ -96,6 +96,12 @@ def test_mindformers_moe_layer_freq_and_balance_switch():
 def test_values_of_another_model_are_refused(field, value):
     with pytest.raises(ConfigError, match=rf"^model\.{field}: .* is not supported"):
         _model(dict(MOE, **{field: value}))
+
+
+def test_qk_layernorm_false_is_built():
+    # MindFormers' GPT attention takes IdentityOp for q_layernorm / k_layernorm when it is false
+    assert _model(dict(MOE, qk_layernorm=False)).qk_layernorm is False
+    assert _model(dict(QWEN3, qk_layernorm=False, multi_latent_attention=False)).qk_layernorm is False
 
 
 @pytest.mark.parametrize("section, error", [

@@ -212,7 +212,7 @@ def _v4(**kw):
     (dict(scoring_func="softmax"), "scoring_func"),
     (dict(intermediate_size=64), "intermediate_size"),
     (dict(num_nextn_predict_layers=1, compress_ratios=[0, 4, 4]), "compress_ratios"),  # MTP: sliding only
-    (dict(enable_hyper_connections=False), "enable_hyper_connections"),
+    (dict(enable_hyper_connections=False, enable_hc_head=True), "enable_hc_head"),  # MindFormers refuses it too
     (dict(experimental_attention_variant="dsa"), "experimental_attention_variant"),
     (dict(hc_sinkhorn_iters=-1), "hc_sinkhorn_iters"),
     (dict(index_head_dim=4), "index_head_dim"),

@@ -110,10 +110,17 @@ def v4_attention_kinds(m: ModelConfig) -> list[str]:
     return ["sliding" if r == 0 else "csa" if r == 4 else "hca" for r in m.compress_ratios[:m.num_hidden_layers]]
 
 
+def residual_streams(m: ModelConfig) -> int:
+    """The residual's streams between layers: DeepSeek-V4's ``hc_mult`` hyper-connection streams
+    ([B, S, N, H]), 1 ([B, S, H]) for every other model and for V4 without them
+    (``enable_hyper_connections: false``: plain residual layers)."""
+    return int(m.hc_mult) if m.model_type == "deepseek_v4" and m.enable_hyper_connections else 1
+
+
 def has_moe(m: ModelConfig) -> bool:
     """Whether the model has any mixture-of-experts layer."""
     return bool(moe_layer_ids(m))
 
 
 __all__ = ["FAMILY_FIELDS", "FAMILY_NAMES", "MODEL_TYPES", "QWEN3_FAMILIES", "family_fields", "has_moe", "head_dim",
-           "moe_layer_ids", "unread_fields", "v4_attention_kinds"]
+           "moe_layer_ids", "residual_streams", "unread_fields", "v4_attention_kinds"]

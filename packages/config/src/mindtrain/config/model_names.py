@@ -64,7 +64,6 @@ FIXED: dict[str, tuple[tuple[Any, ...], str]] = {
     "multi_latent_attention": ((True,), "DeepSeek-V3 attention is multi-latent attention (MLA)"),
     "gated_linear_unit": ((True,), "DeepSeek-V3 MLPs are gated (SwiGLU)"),
     "add_bias_linear": ((False,), "DeepSeek-V3 linear layers have no bias"),
-    "qk_layernorm": ((True,), "DeepSeek-V3 MLA normalises the query and key/value latents"),
     "normalization": (("RMSNorm",), "DeepSeek-V3 uses RMSNorm"),
     "topk_method": (("noaux_tc",), "DeepSeek-V3 selects experts by group-limited top-k with the bias"),
     "moe_router_load_balancing_type": (("seq_aux_loss", "none"),
@@ -319,7 +318,6 @@ QWEN3_FIXED: dict[str, tuple[tuple[Any, ...], str]] = {
     "gated_linear_unit": ((True,), "Qwen3 MLPs are gated (SwiGLU)"),
     "add_bias_linear": ((False,), "Qwen3's MLPs and router have no bias (add_qkv_bias / attention_bias gives "
                                   "the attention's)"),
-    "qk_layernorm": ((True,), "Qwen3 normalises every query and key head (q_norm, k_norm)"),
     "normalization": (("RMSNorm",), "Qwen3 uses RMSNorm"),
     "position_embedding_type": (("rope",), "Qwen3 uses rope (rope_scaling holds HF's linear or yarn scaling)"),
     "scoring_func": (("softmax",), "Qwen3-MoE routes with softmax scores"),

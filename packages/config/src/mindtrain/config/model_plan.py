@@ -96,14 +96,17 @@ def _layer_shapes(m: ModelConfig, i: int) -> list[tuple[str, tuple[int, ...]]]:
         out.append((a + "q_a_proj.weight", (m.q_lora_rank, h)))
         if bias:
             out.append((a + "q_a_proj.bias", (m.q_lora_rank,)))
-        out += [(a + "q_a_layernorm.weight", (m.q_lora_rank,)), (a + "q_b_proj.weight", (n * qk, m.q_lora_rank))]
+        if m.qk_layernorm:  # false: no latent norms (MindFormers' IdentityOp)
+            out.append((a + "q_a_layernorm.weight", (m.q_lora_rank,)))
+        out.append((a + "q_b_proj.weight", (n * qk, m.q_lora_rank)))
     else:
         out.append((a + "q_proj.weight", (n * qk, h)))
     out.append((a + "kv_a_proj_with_mqa.weight", (kv_a, h)))
     if bias:
         out.append((a + "kv_a_proj_with_mqa.bias", (kv_a,)))
-    out += [(a + "kv_a_layernorm.weight", (m.kv_lora_rank,)),
-            (a + "kv_b_proj.weight", (n * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)),
+    if m.qk_layernorm:
+        out.append((a + "kv_a_layernorm.weight", (m.kv_lora_rank,)))
+    out += [(a + "kv_b_proj.weight", (n * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)),
             (a + "o_proj.weight", (h, n * m.v_head_dim))]
     if bias:
         out.append((a + "o_proj.bias", (h,)))
@@ -128,7 +131,7 @@ def _layer_shapes(m: ModelConfig, i: int) -> list[tuple[str, tuple[int, ...]]]:
 def _qwen3_layer_shapes(m: ModelConfig, i: int, moe: bool) -> list[tuple[str, tuple[int, ...]]]:
     """(name, shape) of Qwen3 / Qwen3-MoE decoder layer ``i``'s parameters, in the model's
     (HF's) order: q/k/v/o projections (with biases under attention_bias), the per-head q and
-    k norms, the dense MLP or the router and stacked experts, the two layer norms."""
+    k norms (none under qk_layernorm: false), the dense MLP or the router and stacked experts, the two layer norms."""
     h, n, kv, d = m.hidden_size, m.num_attention_heads, m.num_key_value_heads, head_dim(m)
     bias = bool(m.attention_bias)
     out: list[tuple[str, tuple[int, ...]]] = []
@@ -139,7 +142,8 @@ def _qwen3_layer_shapes(m: ModelConfig, i: int, moe: bool) -> list[tuple[str, tu
     out.append(("self_attn.o_proj.weight", (h, n * d)))
     if bias:
         out.append(("self_attn.o_proj.bias", (h,)))
-    out += [("self_attn.q_norm.weight", (d,)), ("self_attn.k_norm.weight", (d,))]
+    if m.qk_layernorm:  # false: no per-head norms (MindFormers' IdentityOp)
+        out += [("self_attn.q_norm.weight", (d,)), ("self_attn.k_norm.weight", (d,))]
     if moe:
         e, im = m.n_routed_experts, m.moe_intermediate_size
         out += [("mlp.gate.weight", (e, h)), ("mlp.experts.gate_proj", (e, im, h)),
@@ -155,7 +159,7 @@ def _v4_layer_shapes(m: ModelConfig, i: int) -> list[tuple[str, tuple[int, ...]]
     """(name, shape) of DeepSeek-V4 decoder layer ``i``'s trainable parameters, in the model's
     (HF's) order (a cell's own parameters before its sub-cells'): the attention (its compressor and, compressed sparse, the indexer), the MoE
     (router weight, stacked experts, shared expert; the correction bias and the token ->
-    experts table are not trained), the two norms, the two hyper-connections."""
+    experts table are not trained), the two norms, the two hyper-connections (none under ``enable_hyper_connections: false``)."""
     h, n, d, qr = m.hidden_size, m.num_attention_heads, m.head_dim, m.q_lora_rank
     g, orank, hc = m.o_groups, m.o_lora_rank, m.hc_mult
     mla = m.experimental_attention_variant == "mla"
@@ -190,7 +194,7 @@ def _v4_layer_shapes(m: ModelConfig, i: int) -> list[tuple[str, tuple[int, ...]]
                 ("mlp.shared_experts.down_proj.weight", (h, si))]
     out += [("input_layernorm.weight", (h,)), ("post_attention_layernorm.weight", (h,))]
     mix = (2 + hc) * hc
-    for name in ("attn_hc", "ffn_hc"):
+    for name in ("attn_hc", "ffn_hc") if m.enable_hyper_connections else ():  # false: plain residual adds
         out += [(f"{name}.fn", (mix, hc * h)), (f"{name}.base", (mix,)), (f"{name}.scale", (3,))]
     if i >= m.num_hidden_layers:  # an MTP module (deepseek_v4/mtp.py)
         out += [("enorm.weight", (h,)), ("hnorm.weight", (h,)), ("eh_proj.weight", (h, 2 * h)),
@@ -220,7 +224,7 @@ def _v4_tp_split(name: str) -> tuple[str, Optional[int]]:
 def _v4_head_shapes(m: ModelConfig, prefix: str) -> list[tuple[str, tuple[int, ...]]]:
     """The learned collapse of the streams (none with ``enable_hc_head: false``: their mean)."""
     hc = m.hc_mult
-    if not m.enable_hc_head:
+    if not m.enable_hc_head or not m.enable_hyper_connections:
         return []
     return [(prefix + "hc_fn", (hc, hc * m.hidden_size)), (prefix + "hc_base", (hc,)), (prefix + "hc_scale", (1,))]
 

@@ -340,8 +340,10 @@ class ModelConfig:
     it (its heads are qk_nope_head_dim + qk_rope_head_dim and v_head_dim)."""
     qk_layernorm: bool = True
     """RMSNorm over each query and key head: Qwen3's q_norm / k_norm over head_dim before
-    rope, DeepSeek-V3's MLA latent norms. Both families have it (HF Qwen3 has no switch), so
-    false is refused; MindFormers' name."""
+    rope, DeepSeek-V3's MLA latent norms (q_a_layernorm, kv_a_layernorm). False builds the
+    model without them, as MindFormers does (its IdentityOp); such a model has no HF
+    equivalent (HF always builds the norms), so mindtrain-export-hf refuses it. DeepSeek-V4:
+    false is refused. MindFormers' name."""
     n_shared_experts: int = 1
     n_routed_experts: int = 256
     routed_scaling_factor: float = 2.5
@@ -421,7 +423,9 @@ class ModelConfig:
     qk_nope_head_dim, qk_rope_head_dim and v_head_dim; rope and YaRN as DeepSeek-V3's)."""
     enable_hyper_connections: bool = True
     """DeepSeek-V4 (MindFormers' name): the residual is hc_mult hyper-connection streams (mHC);
-    false (plain residual layers) is not built."""
+    false builds plain residual layers (MindFormers' TransformerLayer: no attn_hc / ffn_hc /
+    hc_head) and needs enable_hc_head: false. HF has no such model (mindtrain-export-hf
+    refuses it)."""
     enable_hc_head: bool = True
     """DeepSeek-V4 (MindFormers' name): the streams are collapsed before the final norms by the
     learned head (HF's hc_head: hc_fn, hc_base, hc_scale); false collapses them by their mean

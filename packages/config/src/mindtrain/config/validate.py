@@ -190,9 +190,12 @@ def _validate_deepseek_v4(m: ModelConfig, path: str) -> None:
     _non_negative(m.hc_sinkhorn_iters, f"{path}.hc_sinkhorn_iters")  # 0: one column normalisation (HF, MindFormers)
     _non_negative(m.n_shared_experts, f"{path}.n_shared_experts")
     _non_negative(m.swiglu_limit, f"{path}.swiglu_limit")
-    if not m.enable_hyper_connections:
-        raise ConfigError(f"{path}.enable_hyper_connections", "DeepSeek-V4 without hyper-connection streams (plain "
-                                                              "residual layers) is not built; set it to true")
+    if m.enable_hc_head and not m.enable_hyper_connections:  # MindFormers refuses it too
+        raise ConfigError(f"{path}.enable_hc_head", "true needs the hyper-connection streams it collapses "
+                                                    "(enable_hyper_connections: false); set it to false")
+    if not m.qk_layernorm:
+        raise ConfigError(f"{path}.qk_layernorm", "false (no query / key-value norms) is built for DeepSeek-V3 and "
+                                                  "Qwen3, not DeepSeek-V4; set it to true")
     if m.experimental_attention_variant not in ("dsv4_hybrid", "mla"):
         raise ConfigError(f"{path}.experimental_attention_variant", f"must be dsv4_hybrid (sliding / compressed "
                           f"attention, HF's) or mla (DeepSeek-V3's attention), got {m.experimental_attention_variant!r}")
@@ -285,9 +288,6 @@ def _validate_qwen3(m: ModelConfig, path: str) -> None:
     if d < 2 or d % 2:
         raise ConfigError(f"{path}.head_dim", f"must be even (rotary pairs), got {d}"
                                               + ("" if m.head_dim else " (hidden_size // num_attention_heads)"))
-    if not m.qk_layernorm:
-        raise ConfigError(f"{path}.qk_layernorm", "false is not supported: Qwen3 normalises every query and key "
-                                                  "head (q_norm, k_norm; HF has no switch); set it to true")
     if m.hidden_act != "silu":
         raise ConfigError(f"{path}.hidden_act", f"only 'silu' is supported, got {m.hidden_act!r}")
     if m.model_type == "qwen3_moe":

@@ -263,7 +263,8 @@ _T = (0, 1, 3, 2)
 
 class MLAttention(Block):
     """HF DeepseekV3Attention's math and parameter names (q_a_proj/q_a_layernorm/q_b_proj or
-    q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj).
+    q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj); under ``qk_layernorm:
+    false`` neither latent norm (MindFormers' MLA with IdentityOp norms).
 
     ``construct(x [B,S,H], cos, sin [B,1,S,rope], mask_add [B,N|1,S,Sk] additive)`` -> [B,S,H].
 
@@ -295,14 +296,18 @@ class MLAttention(Block):
         self.rope_interleave = bool(cfg.rope_interleave)
         bias = bool(cfg.attention_bias)
         self.attention_bias = bias
+        # MindFormers' qk_layernorm: false builds the latents without their norms (IdentityOp)
+        self.qk_layernorm = bool(getattr(cfg, "qk_layernorm", True))
         if self.q_lora_rank is None:
             self.q_proj = Linear(h, self.num_heads * self.qk_head_dim, init_std=std)
         else:
             self.q_a_proj = Linear(h, self.q_lora_rank, bias=bias, init_std=std)
-            self.q_a_layernorm = RMSNorm(self.q_lora_rank, cfg.rms_norm_eps)
+            if self.qk_layernorm:
+                self.q_a_layernorm = RMSNorm(self.q_lora_rank, cfg.rms_norm_eps)
             self.q_b_proj = Linear(self.q_lora_rank, self.num_heads * self.qk_head_dim, init_std=std)
         self.kv_a_proj_with_mqa = Linear(h, self.kv_lora_rank + self.rope, bias=bias, init_std=std)
-        self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, cfg.rms_norm_eps)
+        if self.qk_layernorm:
+            self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, cfg.rms_norm_eps)
         self.kv_b_proj = Linear(self.kv_lora_rank, self.num_heads * (self.nope + self.v_dim), init_std=std)
         self.o_proj = Linear(self.num_heads * self.v_dim, h, bias=bias, init_std=std)
         self.n_project = len(self.piece_weights("project"))
@@ -338,10 +343,10 @@ class MLAttention(Block):
             if self.q_lora_rank is None:
                 q = (self.q_proj.merged_weight(),)
             else:
-                q = (self.q_a_proj.merged_weight(),) + self._bias(self.q_a_proj) + (self.q_a_layernorm.weight,
-                                                                           self.q_b_proj.merged_weight())
+                q = (self.q_a_proj.merged_weight(),) + self._bias(self.q_a_proj) + self._norm("q_a_layernorm") \
+                    + (self.q_b_proj.merged_weight(),)
             kv = self.kv_a_proj_with_mqa
-            return q + (kv.merged_weight(),) + self._bias(kv) + (self.kv_a_layernorm.weight,)
+            return q + (kv.merged_weight(),) + self._bias(kv) + self._norm("kv_a_layernorm")
         if name == "keys_values":
             return (self.kv_b_proj.merged_weight(),)
         if name == "output":
@@ -353,6 +358,10 @@ class MLAttention(Block):
     @staticmethod
     def _bias(linear_cell) -> tuple:
         return () if linear_cell.bias is None else (linear_cell.bias,)
+
+    def _norm(self, name: str) -> tuple:
+        """The latent norm ``name``'s weight, none without the norms (``qk_layernorm: false``)."""
+        return (getattr(self, name).weight,) if self.qk_layernorm else ()
 
     head_offset = 0
     """The global index of this cell's first head (tensor parallelism sets it): attention
@@ -399,7 +408,10 @@ class MLAttention(Block):
             j = 2 if self.attention_bias else 1
             q_x = self.q_a_proj.lora_input(x2) if self.q_a_proj.lora_dropout else x2
             q_lat = linear(q_x, w[0], w[1] if self.attention_bias else None, cd)
-            q_in, wq, i = to_compute(self.q_a_layernorm.apply(q_lat, w[j]), cd), w[j + 1], j + 2
+            if self.qk_layernorm:
+                q_in, wq, i = to_compute(self.q_a_layernorm.apply(q_lat, w[j]), cd), w[j + 1], j + 2
+            else:
+                q_in, wq, i = to_compute(q_lat, cd), w[j], j + 1
             if self.q_b_proj.lora_dropout:
                 q_in = self.q_b_proj.lora_input(q_in)
         # the softmax scale is folded into the query weights (cheaper than scaling [S, S])
@@ -424,7 +436,9 @@ class MLAttention(Block):
             brot, bhalf = self._rope_rows(bkv[self.kv_lora_rank:].reshape(1, self.rope, 1), 1)
             k_rot = k_rot + brot.reshape(-1)
             k_half = k_half + bhalf.reshape(-1)
-        kv_lat = self.kv_a_layernorm.apply(kv_lat, w[-1]).reshape(b, s, self.kv_lora_rank)
+        if self.qk_layernorm:
+            kv_lat = self.kv_a_layernorm.apply(kv_lat, w[-1])
+        kv_lat = kv_lat.reshape(b, s, self.kv_lora_rank)
         k_rot = (k_rot.reshape(b, s, self.rope) * cos.reshape(b, s, self.rope)
                  + k_half.reshape(b, s, self.rope) * sin.reshape(b, s, self.rope)).reshape(b, 1, s, self.rope)
         return q, kv_lat, k_rot

@@ -18,7 +18,7 @@ from mindspore import Tensor, ops
 
 from mindtrain.config import ConfigError, UserError, validate_model
 from mindtrain.models.hf_v4_names import file_to_model, model_to_file
-from mindtrain.models.hf_config import config_from_hf, config_to_hf
+from mindtrain.models.hf_config import config_from_hf, config_to_hf, refuse_without_hf_equivalent
 from mindtrain.models.registry import build_model
 
 log = logging.getLogger(__name__)
@@ -324,6 +324,7 @@ def save_pretrained(model, directory: str, max_shard_bytes: int = 2 * 1024 ** 3)
     that transformers' DeepseekV3ForCausalLM loads."""
     from safetensors.numpy import save_file
 
+    refuse_without_hf_equivalent(model.config)
     tensors = {k: np.ascontiguousarray(v) for k, v in hf_state_dict(model).items()}
 
     def write(path: str, names: list[str]) -> None:

@@ -83,7 +83,10 @@ def _qwen3_from_hf(hf: dict[str, Any], kwargs: dict[str, Any]) -> None:
 def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
     """HF ``config.json`` dict that transformers loads: DeepSeek-V3's official field names
     (``rope_scaling`` form), or Qwen3Config's / Qwen3MoeConfig's; training-only fields are
-    kept as extra keys, fields of other families are left out."""
+    kept as extra keys, fields of other families are left out. ``qk_layernorm: false`` (no
+    q/k norms, which no HF config describes) is kept as the key ``qk_layernorm`` so a
+    checkpoint's config.json reads back; :func:`refuse_without_hf_equivalent` stops an HF
+    export of such a model."""
     if cfg.model_type in QWEN3_FAMILIES:
         return _qwen3_to_hf(cfg)
     if cfg.model_type == "deepseek_v4":
@@ -96,6 +99,8 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
         except ValueError as err:
             raise ConfigError("model", str(err)) from None
     d = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NOT_IN_DEEPSEEK_JSON}
+    if not cfg.qk_layernorm:
+        d["qk_layernorm"] = False  # mindtrain's key (HF has none): read back by config_from_hf
     d["architectures"] = [cfg.architectures]
     d["torch_dtype"] = "float32"
     return {k: v for k, v in d.items() if v is not None or k in ("q_lora_rank", "rope_scaling", "pad_token_id")}
@@ -111,8 +116,24 @@ def _qwen3_to_hf(cfg: ModelConfig) -> dict[str, Any]:
     d["torch_dtype"] = "float32"
     if cfg.model_type == "qwen3_moe":
         d["num_experts"] = d.pop("n_routed_experts")
-    d.pop("qk_layernorm", None)  # HF Qwen3 always has q_norm / k_norm
+    if cfg.qk_layernorm:
+        d.pop("qk_layernorm", None)  # HF Qwen3 always has q_norm / k_norm; false stays as mindtrain's key
     return {k: v for k, v in d.items() if v is not None or k in ("rope_scaling", "pad_token_id")}
 
 
-__all__ = ["config_from_hf", "config_to_hf"]
+def refuse_without_hf_equivalent(cfg: ModelConfig) -> None:
+    """Raise ConfigError (one line) when transformers has no model for ``cfg``: without the
+    q/k norms (``qk_layernorm: false``) HF's DeepseekV3 / Qwen3 classes would still build them
+    and fill them with ones (an RMSNorm, not the identity), a different model; DeepSeek-V4
+    without hyper-connection streams (``enable_hyper_connections: false``) likewise."""
+    if cfg.model_type == "deepseek_v4" and not cfg.enable_hyper_connections:
+        raise ConfigError("model.enable_hyper_connections", "false (plain residual layers) has no HF model: "
+                                                            "transformers' DeepSeek-V4 always builds the "
+                                                            "hyper-connection streams; keep the mindtrain checkpoint")
+    if not cfg.qk_layernorm:
+        raise ConfigError("model.qk_layernorm", "false (no q/k norms) has no HF model: transformers' "
+                                                "DeepSeek-V3 / Qwen3 always build the norms; keep the mindtrain "
+                                                "checkpoint (train, evaluate and resume from it)")
+
+
+__all__ = ["config_from_hf", "config_to_hf", "refuse_without_hf_equivalent"]

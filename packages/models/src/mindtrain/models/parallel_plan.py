@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+from mindtrain.config.families import residual_streams
 from mindtrain.config.model_plan import is_expert, param_specs, tp_split, unit_of, units as plan_units
 from mindtrain.config.plan import ParallelPlan, ParamPlan, Region, UnitPlan
 from mindtrain.models.lora import base_weight, is_adapter
@@ -133,7 +134,7 @@ def parallel_plan(model) -> ParallelPlan:
         shared = {"model.embed_tokens.weight": ["embedding"] + [f"mtp.{k}" for k in range(n_mtp)],
                   "lm_head.weight": ["head"] + [f"mtp.{k}" for k in range(n_mtp)]}
     # the hidden states between units: DeepSeek-V4's residual is hc_mult streams [B, S, N, H]
-    streams = int(cfg.hc_mult) if cfg.model_type == "deepseek_v4" else 1
+    streams = residual_streams(cfg)
     activation = (streams, cfg.hidden_size) if streams > 1 else (cfg.hidden_size,)
     return ParallelPlan(params=params, units=units, shared=shared, regions=regions,
                         num_attention_heads=cfg.num_attention_heads, num_experts=cfg.n_routed_experts,

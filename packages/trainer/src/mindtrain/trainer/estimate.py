@@ -411,7 +411,10 @@ def _gqa_attention(m: ModelConfig, z: _Shapes, dims: ParallelDims) -> Module:
     d = families.head_dim(m)
     own = t * h * c if (z.tl != z.ta or c != F32) else 0   # the gathered (or cast) input
     own += t * (n + 2 * kv) * d * c                         # q, k, v
-    own += _rms(t * n, d) + _rms(t * kv, d)                 # q_norm, k_norm (float32)
+    if m.qk_layernorm:
+        own += _rms(t * n, d) + _rms(t * kv, d)             # q_norm, k_norm (float32)
+    else:
+        own += t * (n + kv) * d * F32                       # q scaled, k (float32), no norms
     own += 4 * t * (n + kv) * d * F32                       # rotated, x cos, rotated sin, roped
     own += t * (n + 2 * kv) * d * c                         # transposed heads (the core's inputs)
     if z.sk != z.s:                                         # context parallelism: the whole sequence's k, v
@@ -466,8 +469,11 @@ def _v4_attention(m: ModelConfig, i: int, z: _Shapes) -> Module:
 def _hyper_connections(m: ModelConfig, z: _Shapes) -> int:
     """DeepSeek-V4's two hyper-connections per layer (``deepseek_v4.hyper``): the normed
     flattened streams, the mixing logits, the Sinkhorn iterations' matrices, the collapse and
-    the update (mixed streams, the spread output, their sum)."""
+    the update (mixed streams, the spread output, their sum); without them
+    (``enable_hyper_connections: false``) the two residual sums."""
     hc, h, t = m.hc_mult, m.hidden_size, z.tl
+    if not m.enable_hyper_connections:
+        return 2 * t * h * F32
     one = 2 * t * hc * h * F32 + t * (2 + hc) * hc * F32 + 2 * m.hc_sinkhorn_iters * t * hc * hc * F32
     one += t * hc * h * F32 + 3 * t * hc * h * F32
     return 2 * one
@@ -488,12 +494,15 @@ def _attention(m: ModelConfig, z: _Shapes, dims: ParallelDims, i: int = 0) -> Mo
     q_in = ql or h
     if ql:
         own += t * ql * c                     # q_a_proj output (the q norm's input)
-        own += _rms(t, ql) + t * ql * F32     # q_a_layernorm and its output
+        if m.qk_layernorm:
+            own += _rms(t, ql) + t * ql * F32     # q_a_layernorm and its output
         if c != F32:
             own += t * ql * c
     own += 2 * t * n * dr * c                 # rope halves of q (times cos / sin)
     own += t * n * (dn + dr) * c              # q
-    own += t * kl * c + _rms(t, kl) + t * kl * F32   # latent kv, its norm and output
+    own += t * kl * c                         # latent kv
+    if m.qk_layernorm:
+        own += _rms(t, kl) + t * kl * F32     # its norm and output
     if z.sk != z.s:                           # context parallelism: the whole sequence's latent
         own += z.b * z.sk * kl * F32
     own += 2 * t * dr * c                     # rope halves of k
@@ -557,8 +566,8 @@ def layer_module(m: ModelConfig, i: int, z: _Shapes, dims: ParallelDims) -> Modu
 
 def _layer_input(m: ModelConfig, i: int, z: _Shapes) -> int:
     n = z.tl * m.hidden_size * F32
-    if m.model_type == "deepseek_v4":  # the hyper-connection streams
-        return m.hc_mult * n
+    if m.model_type == "deepseek_v4":  # the hyper-connection streams (1 without them)
+        return families.residual_streams(m) * n
     return 2 * n if i >= m.num_hidden_layers else n
 
 
@@ -661,7 +670,7 @@ def activation_bytes(cfg: MindTrainConfig, dims: ParallelDims, units: list[str],
     if m.model_type == "deepseek_v4":  # one cached [S, S] window mask; the head collapses the streams first
         mask = s * m.seq_length * F32 if layer_ids else 0
         if "head" in units:
-            kept += 3 * z.tl * m.hc_mult * h * F32
+            kept += 3 * z.tl * families.residual_streams(m) * h * F32
     if breakdown is not None:
         kinds["attention mask"] = mask
         kinds["backward transient"] = transient
@@ -767,7 +776,7 @@ def estimate(cfg: MindTrainConfig, world_size: int, device: str = "Ascend",
             in_flight = min(accum, dims.pp * chunks - r)
             act = cfg.training.local_batch_size * (m.seq_length // dims.cp // dims.tp) * m.hidden_size * F32
             if m.model_type == "deepseek_v4":  # the stages pass the hc_mult hyper-connection streams
-                act *= m.hc_mult
+                act *= families.residual_streams(m)
             st.in_flight = 2 * in_flight * act
         stages.append(st)
     fpt = flops_per_token(m)

@@ -38,7 +38,7 @@ def export_hf(folder: str, out: str, max_shard_bytes: int = MAX_SHARD_BYTES, lor
     an adapter directory merged into the weights); returns the safetensors files written."""
     from mindtrain.models.lora import base_weight, is_adapter
     from mindtrain.models.hf_checkpoint import hf_copies, hf_tensor_names, write_hf_directory
-    from mindtrain.models.hf_config import config_from_hf
+    from mindtrain.models.hf_config import config_from_hf, refuse_without_hf_equivalent
 
     mindformers = mf.is_checkpoint_folder(folder)
     if not mindformers and not sharded.is_sharded(folder):
@@ -50,6 +50,7 @@ def export_hf(folder: str, out: str, max_shard_bytes: int = MAX_SHARD_BYTES, lor
     with open(config_path, encoding="utf-8") as f:
         hf_config = json.load(f)
     model_config = config_from_hf(hf_config)
+    refuse_without_hf_equivalent(model_config)  # e.g. qk_layernorm: false
     # checkpoint.layout: mindformers: MindFormers' fused tensors read as the network's
     reader = (mf.MindFormersBoxes(folder, mf.with_stored_mtp(model_config, folder)) if mindformers
               else sharded.ShardedReader(folder))

@@ -75,6 +75,17 @@ class HyperHead(nn.Cell):
         return (ops.expand_dims(pre, -1) * streams.reshape(b * s, n, h)).sum(1).reshape(b, s, h)
 
 
+def plain_residual(layer, streams, ids, attention, dropout):
+    """A decoder layer without hyper-connection streams (``enable_hyper_connections: false``,
+    MindFormers' ``TransformerLayer``): ``h + attention(input_layernorm(h))``, then ``h +
+    mlp(post_attention_layernorm(h))``, ``streams`` being the one residual [B,S,H];
+    ``attention(x)`` the layer's attention of the normed input, ``dropout(out, kind)`` its
+    hidden dropout. Returns (h, tokens per expert, balance) as the layer does."""
+    h = streams + dropout(attention(layer.input_layernorm(streams)), 0)
+    y, counts, balance = layer.mlp(layer.post_attention_layernorm(h), ids)
+    return h + dropout(y, 1), counts, balance
+
+
 class StreamMean(nn.Cell):
     """The streams' collapse without a learned head (``enable_hc_head: false``): their mean,
     as MindFormers' ``collapse_hyper_connection_streams``. No parameters.

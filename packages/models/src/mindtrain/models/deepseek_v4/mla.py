@@ -16,7 +16,7 @@ from mindspore import Tensor, nn, ops
 
 from mindtrain.config.plan import MOE_BLOCK
 from mindtrain.models.attention import MLAttention
-from mindtrain.models.deepseek_v4.hyper import HyperConnection, hyper_update
+from mindtrain.models.deepseek_v4.hyper import HyperConnection, hyper_update, plain_residual
 from mindtrain.models.deepseek_v4.moe import DeepseekV4MoE
 from mindtrain.models.dropout import HIDDEN_ATTENTION, HIDDEN_MLP, hidden_dropout
 from mindtrain.models.inputs import additive, blocked_matrix
@@ -41,8 +41,10 @@ class DeepseekV4MLALayer(nn.Cell):
         self.mlp = DeepseekV4MoE(cfg, hashed=layer_idx < cfg.num_hash_layers, block=moe_block)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.attn_hc = HyperConnection(cfg)
-        self.ffn_hc = HyperConnection(cfg)
+        self.hc = bool(cfg.enable_hyper_connections)
+        if self.hc:  # false: plain residual adds (MindFormers' TransformerLayer)
+            self.attn_hc = HyperConnection(cfg)
+            self.ffn_hc = HyperConnection(cfg)
 
     def attention(self, x, tables: dict):
         b, s, _ = x.shape
@@ -52,6 +54,9 @@ class DeepseekV4MLALayer(nn.Cell):
 
     def construct(self, streams, ids, *values):
         tables = dict(zip(self.self_attn.table_keys, values))
+        if not self.hc:
+            return plain_residual(self, streams, ids, lambda x: self.attention(x, tables),
+                                  lambda out, k: hidden_dropout(self, out, (HIDDEN_ATTENTION, HIDDEN_MLP)[k]))
         post, comb, x = self.attn_hc(streams)
         a = hidden_dropout(self, self.attention(self.input_layernorm(x), tables), HIDDEN_ATTENTION)
         streams = hyper_update(streams, post, comb, a)

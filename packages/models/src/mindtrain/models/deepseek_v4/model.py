@@ -23,7 +23,7 @@ from mindtrain.models import kernels
 from mindtrain.models.deepseek_v3 import DeepseekV3ForCausalLM, Embedding, _HeadLoss
 from mindtrain.models.dropout import HIDDEN_ATTENTION, HIDDEN_MLP, hidden_dropout, token_keys
 from mindtrain.models.deepseek_v4.attention import NEG, DeepseekV4Attention, causal_entry_bias
-from mindtrain.models.deepseek_v4.hyper import HyperConnection, HyperHead, StreamMean, hyper_update
+from mindtrain.models.deepseek_v4.hyper import HyperConnection, HyperHead, StreamMean, hyper_update, plain_residual
 from mindtrain.models.deepseek_v4.mla import DeepseekV4MLALayer, mla_tables
 from mindtrain.models.deepseek_v4.mtp import mtp_forward, mtp_layer
 from mindtrain.models.deepseek_v4.moe import DeepseekV4MoE
@@ -51,12 +51,17 @@ class DeepseekV4DecoderLayer(nn.Cell):
         self.mlp = DeepseekV4MoE(cfg, hashed=layer_idx < cfg.num_hash_layers, block=moe_block)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.attn_hc = HyperConnection(cfg)
-        self.ffn_hc = HyperConnection(cfg)
+        self.hc = bool(cfg.enable_hyper_connections)
+        if self.hc:  # false: plain residual adds (MindFormers' TransformerLayer), no parameters
+            self.attn_hc = HyperConnection(cfg)
+            self.ffn_hc = HyperConnection(cfg)
 
     def construct(self, streams, ids, *tables):
         """``tables``: the model's tables of the sequence length as flat tensors in the order
         of ``table_keys`` (flat, so a recompute wrapper sees each input tensor)."""
+        if not self.hc:
+            return plain_residual(self, streams, ids, lambda x: self.self_attn(x, *tables),
+                                  lambda out, k: hidden_dropout(self, out, (HIDDEN_ATTENTION, HIDDEN_MLP)[k]))
         post, comb, x = self.attn_hc(streams)
         a = hidden_dropout(self, self.self_attn(self.input_layernorm(x), *tables), HIDDEN_ATTENTION)
         streams = hyper_update(streams, post, comb, a)
@@ -79,7 +84,8 @@ class DeepseekV4Model(nn.Cell):
                    for k in range(cfg.num_nextn_predict_layers)]
         self.layers = nn.CellList(layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.hc_head = HyperHead(cfg) if cfg.enable_hc_head else StreamMean()
+        if cfg.enable_hyper_connections:  # false: one residual, nothing to collapse
+            self.hc_head = HyperHead(cfg) if cfg.enable_hc_head else StreamMean()
         if cfg.experimental_attention_variant == "mla":
             self.rotary_emb = RotaryEmbedding(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.rope_scaling,
                                               cfg.max_position_embeddings)
@@ -148,8 +154,11 @@ class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
         return loss, metrics
 
     def embed(self, input_ids):
-        """The embeddings [B, S, H] copied onto the ``hc_mult`` streams: [B, S, N, H]."""
+        """The embeddings [B, S, H] copied onto the ``hc_mult`` streams: [B, S, N, H] (without
+        hyper-connections the embeddings [B, S, H] themselves)."""
         h = self.model.embed_tokens(input_ids)
+        if not self.config.enable_hyper_connections:
+            return h
         b, s, d = h.shape
         return ops.broadcast_to(ops.expand_dims(h, 2), (b, s, self.config.hc_mult, d))
 
@@ -229,7 +238,10 @@ class DeepseekV4ForCausalLM(DeepseekV3ForCausalLM):
         return super().whole_sequence_inputs(batch, mtp_depths)
 
     def collapse(self, h):
-        """The streams [B,S,N,H] collapsed by ``hc_head``: [B,S,H] (before the final norm)."""
+        """The streams [B,S,N,H] collapsed by ``hc_head``: [B,S,H] (before the final norm);
+        without hyper-connections ``h`` [B,S,H] itself."""
+        if not self.config.enable_hyper_connections:
+            return h
         return self.model.hc_head(h)
 
     def logits(self, h):

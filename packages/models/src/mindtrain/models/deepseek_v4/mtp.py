@@ -38,8 +38,9 @@ class _MTPParts:
         self.hnorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.eh_proj = Linear(2 * cfg.hidden_size, cfg.hidden_size, init_std=cfg.initializer_range)
         self.shared_head = SharedHead(cfg.hidden_size, cfg.rms_norm_eps)
-        self.hc_head = HyperHead(cfg) if cfg.enable_hc_head else StreamMean()
-        self.hc_mult = cfg.hc_mult
+        self.hc_mult = cfg.hc_mult if cfg.enable_hyper_connections else 0  # 0: no streams (plain residual)
+        if self.hc_mult:
+            self.hc_head = HyperHead(cfg) if cfg.enable_hc_head else StreamMean()
 
     def predict(self, h_prev, emb_next, ids_next, *tables):
         """One depth: ``(the streams collapsed [B,S,H] (before shared_head.norm), the same
@@ -48,9 +49,9 @@ class _MTPParts:
         recompute, wraps it)."""
         x = self.eh_proj(ops.concat((self.enorm(emb_next), self.hnorm(h_prev)), -1))
         b, s, d = x.shape
-        streams = ops.broadcast_to(ops.expand_dims(x, 2), (b, s, self.hc_mult, d))
+        streams = ops.broadcast_to(ops.expand_dims(x, 2), (b, s, self.hc_mult, d)) if self.hc_mult else x
         streams, counts, balance = self.block(streams, ids_next, *tables)
-        collapsed = self.hc_head(streams)
+        collapsed = self.hc_head(streams) if self.hc_mult else streams
         return collapsed, self.shared_head.norm(collapsed), counts, balance
 
 

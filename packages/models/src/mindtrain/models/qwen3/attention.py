@@ -28,14 +28,16 @@ def rotate_half_matrix(d: int) -> np.ndarray:
 class Qwen3Attention(Block):
     """HF Qwen3Attention's math and parameter names: ``q_proj``, ``k_proj``, ``v_proj`` and
     ``o_proj`` (with biases under ``attention_bias``), ``q_norm`` and ``k_norm`` (RMSNorm over
-    ``head_dim``, applied per head before rope).
+    ``head_dim``, applied per head before rope; neither under ``qk_layernorm: false``, as
+    MindFormers builds it).
 
     ``construct(x [B,S,H], cos, sin [B,1,S,head_dim], mask_add [B,N,S,Sk] additive)`` -> [B,S,H].
     ``num_key_value_heads`` heads of keys and values each serve ``num_attention_heads /
     num_key_value_heads`` query heads (HF's ``repeat_kv``): the queries of a group are laid
     out as one block of ``group x S`` rows against their key/value head, so keys and values
     are never copied. The softmax scale ``head_dim**-0.5`` is folded into the ``q_norm``
-    weight (a [head_dim] product instead of scaling the [S, Sk] scores).
+    weight (a [head_dim] product instead of scaling the [S, Sk] scores; without the norms, into
+    the queries).
 
     ``kv_exchange`` (None by default) is a context-parallel hook as in MLA: a callable taking
     this rank's roped keys and values ``[B, Nkv, S, head_dim]`` and returning those of the
@@ -63,8 +65,10 @@ class Qwen3Attention(Block):
         self.k_proj = Linear(h, kv * d, bias=bias, init_std=std)
         self.v_proj = Linear(h, kv * d, bias=bias, init_std=std)
         self.o_proj = Linear(n * d, h, bias=bias, init_std=std)
-        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.qk_layernorm = bool(getattr(cfg, "qk_layernorm", True))
+        if self.qk_layernorm:  # MindFormers' qk_layernorm: false builds neither (its IdentityOp)
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.scaling = float(d) ** -0.5
         self.core_attention = CoreAttention()
         self.kv_exchange = None
@@ -77,7 +81,7 @@ class Qwen3Attention(Block):
             out: tuple = ()
             for proj in (self.q_proj, self.k_proj, self.v_proj):
                 out += (proj.merged_weight(),) + self._bias(proj)
-            return out + (self.q_norm.weight, self.k_norm.weight)
+            return out + ((self.q_norm.weight, self.k_norm.weight) if self.qk_layernorm else ())
         if name in ("output", "attend"):
             return (self.o_proj.merged_weight(),) + self._bias(self.o_proj)
         return self.piece_weights("project") + self.piece_weights("attend")  # "forward": the whole
@@ -140,8 +144,12 @@ class Qwen3Attention(Block):
             q = linear(xq, w[0], None, cd)
             k = linear(xk, w[1], None, cd)
             v = linear(xv, w[2], None, cd)
-        q = self.q_norm.apply(q.reshape(b * s * n, d), w[-2] * self.scaling)   # float32
-        k = self.k_norm.apply(k.reshape(b * s * kv, d), w[-1])
+        if self.qk_layernorm:
+            q = self.q_norm.apply(q.reshape(b * s * n, d), w[-2] * self.scaling)   # float32
+            k = self.k_norm.apply(k.reshape(b * s * kv, d), w[-1])
+        else:  # no norms (qk_layernorm: false): the scale alone, float32 as the norms' output
+            q = ops.cast(q.reshape(b * s * n, d), ms.float32) * self.scaling
+            k = ops.cast(k.reshape(b * s * kv, d), ms.float32)
         cos = cos.reshape(b, s, 1, d)
         sin = sin.reshape(b, s, 1, d)
         q = ops.transpose(self._rope(q, cos, sin, b, s, n), (0, 2, 1, 3))
