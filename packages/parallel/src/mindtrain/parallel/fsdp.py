@@ -566,15 +566,19 @@ class FSDP:
         keeps a scalar zero; the unit's last weight releases the unit's storage."""
 
         def hook(grad):
-            self._pending_grads.append(([slot], [grad]))
-            if sum(_nbytes_of(s) for slots, _ in self._pending_grads for s in slots) >= self.bucket_bytes:
-                self._flush_grads()
+            self._pend_grads([slot], [grad])
             bucket.waiting.discard(slot.name)
             if not bucket.waiting:
                 self._release_storage(bucket)
             return ops.zeros((), grad.dtype)
 
         return hook
+
+    def _pend_grads(self, slots: list[_Slot], grads: list) -> None:
+        """Queue unit gradients for the reduce-scatter; flush once ``bucket_bytes`` of them wait."""
+        self._pending_grads.append((slots, grads))
+        if sum(_nbytes_of(s) for pending, _ in self._pending_grads for s in pending) >= self.bucket_bytes:
+            self._flush_grads()
 
     def _flush_grads(self) -> None:
         """Reduce-scatter the unit gradients the backward left pending, in one collective per
@@ -715,9 +719,7 @@ class FSDP:
             gx, gw = ms.grad(replay, grad_position=tuple(range(n)), weights=weights)(*args)
         self._release(bucket)
         k = len(bucket.slots)
-        self._pending_grads.append((bucket.slots, list(gw[:k])))
-        if sum(_nbytes_of(s) for slots, _ in self._pending_grads for s in slots) >= self.bucket_bytes:
-            self._flush_grads()
+        self._pend_grads(bucket.slots, list(gw[:k]))
         for s, g in zip(bucket.shared, gw[k:]):
             prev = self._pending_root.get(s.name)
             self._pending_root[s.name] = g if prev is None else prev + g
