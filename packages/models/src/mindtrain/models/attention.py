@@ -14,7 +14,7 @@ from mindtrain.config.recompute import ROW_BLOCK_ELEMENTS
 from mindtrain.config.plan import Region
 from mindtrain.models import kernels
 from mindtrain.models.inputs import NEG
-from mindtrain.models.blocks import Block, overridden
+from mindtrain.models.blocks import Block, compile_method, constants, overridden
 from mindtrain.models.dropout import dropout_of
 from mindtrain.models.linear import Linear, linear
 from mindtrain.models.norm import RMSNorm
@@ -43,6 +43,14 @@ class CoreAttention(nn.Cell):
 
     matmul_dtype = None
     fast_kernels = False
+    causal_blocks = None
+    """The row blocks of the causal mask this core's next calls get (:func:`causal_blocks`;
+    set by :func:`plan_causal_blocks` before a forward's layers run), or None. With them
+    :meth:`attend` computes a square causal attention by blocks of query rows, each over
+    the keys up to its last row only (masked keys' probabilities are exactly 0: the same
+    numbers up to the softmax's row-sum order). A tuple of Tensors whose values follow from
+    their shapes, so a compiled piece may read it as a constant (:func:`~mindtrain.models.blocks.constants`
+    keys it by identity; equal shapes reuse one tuple)."""
     row_block_elements = ROW_BLOCK_ELEMENTS
     """Score elements per block of rows (:data:`mindtrain.config.recompute.ROW_BLOCK_ELEMENTS`):
     attention whose scores hold more runs in blocks of one sequence and head,
@@ -57,6 +65,28 @@ class CoreAttention(nn.Cell):
     track_max_logits = False
     """Also return each row's largest logit (see :meth:`attend_tracked`); set with
     :func:`track_max_attention_logits` before the first (possibly compiled) call."""
+
+    eager_graph = True
+    """Called from Python (an eager layer; a compiled one runs the core inside its own graph
+    and never calls this), the core runs as one compiled graph, as PyTorch's eager step runs
+    its fused attention kernel: on CPU the eager ops took ~1.6x the time of the same ops
+    compiled (forward + backward at bench size), and eager slices of the query rows ran matmuls
+    on strided views ~3x slower, which made causal blocks a loss there. Not while a layout
+    runs the core its own way (its forward replaced), a recompute wraps it, or it tracks its
+    max logits. Cores with equal constants share one graph (:func:`_core_graph`)."""
+
+    def __call__(self, *args, **kwargs):
+        graph = None if kwargs else self._eager(args)
+        if graph is None:
+            return super().__call__(*args, **kwargs)
+        return graph(*(args[:4] if len(args) == 5 and args[4] is None else args))
+
+    def _eager(self, args):
+        """The compiled graph :meth:`__call__` runs for ``args``, or None (see :attr:`eager_graph`)."""
+        if not self.eager_graph or self.track_max_logits or overridden(self) or not 4 <= len(args) <= 5 \
+                or self.__dict__.get("_recompute_cell") is not None:
+            return None
+        return _core_graph(self, len(args) == 5 and args[4] is not None)
 
     def construct(self, q, k, v, mask_add, keep=None):
         if self.track_max_logits:
@@ -97,11 +127,32 @@ class CoreAttention(nn.Cell):
         return ops.concat(out, 0)
 
     def attend(self, q, k, v, mask_add, keep=None):
+        blocks = self.causal_blocks
+        s = q.shape[2]
+        if blocks is not None and keep is None and k.shape[2] == s and tuple(mask_add.shape) == blocks[0].shape[:2] + (s, s) \
+                and blocks[-1].shape[3] == s:
+            return self._attend_causal(q, k, v, blocks)
         # scores in the matmul dtype; adding the float32 mask makes them float32 for the softmax
         probs = self.softmax(self.bmm_t(q, k) + mask_add)
         if keep is not None:  # attention dropout (mindtrain.models.dropout)
             probs = probs * keep
         return self.bmm(to_compute(probs, self.matmul_dtype), v)
+
+    def _attend_causal(self, q, k, v, blocks):
+        """:meth:`attend` of a square causal attention by the row blocks of its mask
+        (``blocks[j]`` [B, mask heads, rows, keys]: rows ``[i, i + rows)`` over keys ``[0, keys)``,
+        where ``keys = i + rows``). A slice covering a whole tensor is not taken: on CPU a
+        compiled StridedSlice over every element ran ~10x slower than one over part of them."""
+        s = q.shape[2]
+        outs = []
+        start = 0
+        for block in blocks:
+            end = block.shape[3]
+            kj, vj = (k, v) if end == s else (k[:, :, :end], v[:, :, :end])
+            probs = self.softmax(self.bmm_t(q[:, :, start:end], kj) + block)
+            outs.append(self.bmm(to_compute(probs, self.matmul_dtype), vj))
+            start = end
+        return ops.concat(outs, 2)
 
     def recompute_in_row_blocks(self, enabled: bool) -> None:
         """Run eagerly in recomputed blocks of query rows (see the class doc), or not. A
@@ -162,6 +213,86 @@ class CoreAttention(nn.Cell):
                 per_head.append(blocks[0] if len(blocks) == 1 else ops.concat(blocks, 2))
             per_batch.append(ops.concat(per_head, 1))
         return ops.concat(per_batch, 0)
+
+
+_CORE_GRAPHS: dict = {}  # (constants, with keep) -> the compiled untracked core, bound to the first such core
+
+
+def _core_graph(core: CoreAttention, keep: bool):
+    """One compiled :meth:`CoreAttention.untracked` per (constants, keep): every core whose
+    constants are equal (the layers of a model, for one mask shape's causal blocks) runs it;
+    the math reads nothing else of the cell."""
+    key = (constants(core), keep)
+    graph = _CORE_GRAPHS.get(key)
+    if graph is None:
+        if len(_CORE_GRAPHS) >= 32:  # models built and dropped (tests): memory stays bounded
+            _CORE_GRAPHS.clear()
+        graph = _CORE_GRAPHS[key] = compile_method(core, "untracked")
+    return graph
+
+
+CAUSAL_BLOCK_ROWS = 128
+"""The fewest query rows of a causal block (:func:`causal_blocks`): shorter sequences than
+two blocks run as one."""
+MAX_CAUSAL_BLOCKS = 8
+_CAUSAL_BLOCKS: dict = {}  # (mask shape, rows) -> the blocks: one tuple per shape (a graph constant)
+_CAUSAL_SEEN: dict = {}  # id(mask) -> (weak reference to it, its blocks or None)
+
+
+def causal_block_rows(seq: int) -> int:
+    """Query rows per block of a causal attention over ``seq`` keys: ``seq`` in at most
+    :data:`MAX_CAUSAL_BLOCKS` blocks of at least :data:`CAUSAL_BLOCK_ROWS` rows; 0 when
+    ``seq`` holds fewer than two. A block skips the keys after its last row: with G blocks
+    about (G - 1) / 2G of the scores (37.5% at 4) are never computed."""
+    if seq < 2 * CAUSAL_BLOCK_ROWS:
+        return 0
+    blocks = min(MAX_CAUSAL_BLOCKS, seq // CAUSAL_BLOCK_ROWS)
+    return -(-seq // blocks)
+
+
+def causal_blocks(mask_add):
+    """The row blocks of ``mask_add`` [B, H, S, S] when it is exactly the causal mask (0 on
+    and below the diagonal, :data:`~mindtrain.models.inputs.NEG` above it, every sequence and
+    head), else None: a tuple of contiguous [B, H, rows, i + rows] Tensors, block j holding
+    rows ``[i, i + rows)`` (``i = j * rows``) over keys ``[0, i + rows)``
+    (:func:`causal_block_rows`). Equal shapes give the same tuple; checked once per mask
+    object (the model's cached causal mask: once per shape)."""
+    hit = _CAUSAL_SEEN.get(id(mask_add))
+    if hit is not None and hit[0]() is mask_add:
+        return hit[1]
+    shape = tuple(mask_add.shape)
+    blocks = None
+    rows = causal_block_rows(shape[2]) if len(shape) == 4 and shape[2] == shape[3] else 0
+    if rows:
+        m = mask_add.asnumpy()  # no copy on CPU
+        s = shape[2]
+        plane = np.triu(np.full((s, s), NEG, np.float32), 1)
+        if m.dtype == np.float32 and bool((m == plane).all()):
+            key = shape + (rows,)
+            blocks = _CAUSAL_BLOCKS.get(key)
+            if blocks is None:
+                if len(_CAUSAL_BLOCKS) >= 4:  # other shapes (evaluation lengths): memory stays bounded
+                    _CAUSAL_BLOCKS.clear()
+                blocks = tuple(Tensor(np.ascontiguousarray(m[:, :, i:min(i + rows, s), :min(i + rows, s)]))
+                               for i in range(0, s, rows))
+                _CAUSAL_BLOCKS[key] = blocks
+    if len(_CAUSAL_SEEN) >= 16:
+        _CAUSAL_SEEN.clear()
+    _CAUSAL_SEEN[id(mask_add)] = (weakref.ref(mask_add), blocks)
+    return blocks
+
+
+def plan_causal_blocks(cores, mask_add) -> None:
+    """Before layers holding ``cores`` (:class:`CoreAttention` cells) run on ``mask_add``: each
+    core that computes on that mask itself gets its causal blocks (:func:`causal_blocks`; None
+    unless it is the causal mask). A core a layout runs in its own way (its forward replaced:
+    Ulysses context parallelism, whose mask holds other ranks' rows; recompute in row
+    blocks, which skips blocked keys by itself) gets None."""
+    blocks = causal_blocks(mask_add)
+    for core in cores:
+        want = None if overridden(core) else blocks
+        if core.causal_blocks is not want:
+            object.__setattr__(core, "causal_blocks", want)
 
 
 def _fingerprint(*tensors) -> tuple:

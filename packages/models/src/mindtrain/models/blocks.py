@@ -23,6 +23,9 @@ needs to know whether a piece is compiled.
 
 from __future__ import annotations
 
+import itertools
+import types
+
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn
 from mindspore.ops.primitive import Primitive
@@ -44,7 +47,7 @@ class GraphCache:
         if entry is not None and constants(entry[0]) != key[2]:
             entry = None  # a layout changed the bound cell's constants since: bind anew
         if entry is None:
-            entry = (cell, ms.jit(getattr(type(cell), name).__get__(cell)))
+            entry = (cell, compile_method(cell, name))
             self._graphs[key] = entry
         return entry[1]
 
@@ -54,12 +57,31 @@ class GraphCache:
         key = (type(model), name, tuple(id(c) for c in cells), tuple(constants(c) for c in cells))
         entry = self._graphs.get(key)
         if entry is None:
-            entry = (model, ms.jit(getattr(type(model), name).__get__(model)))
+            entry = (model, compile_method(model, name))
             self._graphs[key] = entry
         return entry[1]
 
     def __len__(self) -> int:
         return len(self._graphs)
+
+
+_compiled = itertools.count()
+
+
+def compile_method(cell: nn.Cell, name: str):
+    """A new ``ms.jit`` graph of ``cell``'s method ``name``, compiled from the cell's constants
+    as they are at its first call. MindSpore names a method's graph by the function (name,
+    file, line) and the cell (its id and creation time), not by the cell's attributes: a
+    second ``ms.jit`` of the same method on the same cell would run the graph compiled first,
+    whatever the constants now say (measured: a core's causal blocks set after a first compile
+    were ignored). So each graph compiles a copy of the method under a name of its own,
+    bound to the cell as a private attribute (which :func:`constants` skips)."""
+    fn = getattr(type(cell), name)
+    own = f"_{name}_graph{next(_compiled)}"
+    copy = types.FunctionType(fn.__code__, fn.__globals__, own, fn.__defaults__, fn.__closure__)
+    copy.__qualname__, copy.__kwdefaults__ = fn.__qualname__, fn.__kwdefaults__
+    object.__setattr__(cell, own, types.MethodType(copy, cell))
+    return ms.jit(getattr(cell, own))
 
 
 class Block(nn.Cell):

@@ -12,6 +12,7 @@ from mindspore import Tensor, nn, ops
 from mindtrain.config import ModelConfig, RecomputePlan
 from mindtrain.config.plan import MOE_BLOCK
 from mindtrain.models import kernels
+from mindtrain.models.attention import CoreAttention, plan_causal_blocks
 from mindtrain.models.decoder import DecoderLayer
 from mindtrain.models.dropout import attach_dropout, token_keys
 from mindtrain.models.inputs import shift_left, whole_sequence_inputs
@@ -164,6 +165,7 @@ class DeepseekV3ForCausalLM(nn.Cell):
         if self.dropout.enabled:  # whole sequences here: each token's identity for the dropout masks
             self.dropout.set_tokens(token_keys(input_ids.asnumpy() if isinstance(input_ids, Tensor) else input_ids))
         cos, sin, mask_add = rope_and_mask(self, b, s, position_ids, attention_mask)
+        self.plan_attention(mask_add)
         if labels is not None:
             if loss_mask is None:
                 loss_mask = ops.ones(labels.shape, ms.float32)
@@ -256,9 +258,19 @@ class DeepseekV3ForCausalLM(nn.Cell):
         cos, sin = self.model.rotary_emb(position_ids)
         return ops.expand_dims(cos, 1), ops.expand_dims(sin, 1)
 
+    def plan_attention(self, mask_add) -> None:
+        """Before layers run on ``mask_add``: the attention cores' causal row blocks
+        (:func:`~mindtrain.models.attention.plan_causal_blocks`)."""
+        cores = self.__dict__.get("_cores")
+        if cores is None:
+            cores = tuple(c for _, c in self.cells_and_names() if isinstance(c, CoreAttention))
+            object.__setattr__(self, "_cores", cores)
+        plan_causal_blocks(cores, mask_add)
+
     def run_layers(self, h, layer_ids, cos, sin, mask_add):
         """The decoder layers ``layer_ids`` in order -> ``(h, counts, balances)``: the tokens
         per expert and sequence balance loss of each MoE layer among them."""
+        self.plan_attention(mask_add)
         counts, balances = [], []
         for i in layer_ids:
             layer = self.model.layers[i]
@@ -295,6 +307,7 @@ class DeepseekV3ForCausalLM(nn.Cell):
         """MTP depths 1..len(depths) on the main trunk's last hidden state ``h``;
         ``depths[k - 1]`` is depth k's ``(input_ids, labels, loss_mask)`` (shifted, see
         :meth:`mtp_inputs`). Returns ``(losses per depth, counts, balances)``."""
+        self.plan_attention(mask_add)
         losses, counts, balances = [], [], []
         for k, (ids_k, labels_k, mask_k) in enumerate(depths, 1):
             layer = self.model.layers[self.num_layers + k - 1]
