@@ -132,7 +132,7 @@ def refuse_without_hf_equivalent(cfg: ModelConfig) -> None:
                                                             "hyper-connection streams; keep the mindtrain checkpoint")
     if not cfg.qk_layernorm:
         raise ConfigError("model.qk_layernorm", "false (no q/k norms) has no HF model: transformers' "
-                                                "DeepSeek-V3 / Qwen3 always build the norms; keep the mindtrain "
+                                                "DeepSeek-V3 / V4 / Qwen3 always build the norms; keep the mindtrain "
                                                 "checkpoint (train, evaluate and resume from it)")
 
 
