@@ -16,7 +16,11 @@ test_v4_context_parallel.py's cases: v4_runs.py), as
   sequence and each shard's hash router reading its own tokens' ids;
 - EP=2 over the two data-parallel ranks with ZeRO-3 (one unit per decoder layer): the
   clamped SwiGLU experts run by expert parallelism's own local step;
-- PP=2: the streams [B, S, hc, H] go between the stages, the token ids are on both.
+- PP=2: the streams [B, S, hc, H] go between the stages, the token ids are on both;
+- PP=2 of the model without hyper-connections and without the query-latent / key-value norms
+  (``pp2_plain``, issue 34: ``enable_hyper_connections: false``, ``enable_hc_head: false``,
+  ``qk_layernorm: false``): the one residual [B, S, H] goes between the stages; against its
+  own one-process reference (``ref_plain``).
 
 Per-step losses and grad norms, the final weights at full shape (with the correction
 biases) equal the single process at the DeepSeek-V3 rows' tolerances (test_tp_ep_parity.py),
@@ -35,7 +39,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from v4_runs import LAYOUT_CASES as CASES, assert_equals_one_process  # noqa: E402
+from v4_runs import LAYOUT_CASES as CASES, assert_equals_one_process, layout_ref, max_differences  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +51,12 @@ def results(v4_results):
 @pytest.mark.msrun
 @pytest.mark.parametrize("case", CASES)
 def test_v4_layout_equals_one_process(results, case):
-    ref = results["ref"]
+    ref = results[layout_ref(case)]
+    print(case, max_differences(results[case], ref))
     assert_equals_one_process(results[case], ref, case)
+    plain = case.endswith("_plain")  # no hyper-connection weights, no attention latent / key-value norms
+    assert plain == (not any("_hc." in k for k in ref))
+    assert plain == (not any(k.endswith(("self_attn.q_a_norm.weight", "self_attn.kv_norm.weight")) for k in ref))
     # ZeRO-3's units release their gathered weights in place, no forward replayed (the trainer's CPU path)
     assert bool(results[case]["zero3_in_place"]) == ("zero3" in case), case
     # the bias update moved the learned routers' correction biases (layers 1 and 2)
@@ -62,12 +70,12 @@ def test_v4_layouts_hold_their_share(results):
     of the rest, each stage of PP=2 a part of the layers; each is mindtrain-estimate's count
     (parameters resident between steps and AdamW state, the indexer and hyper-connections
     included)."""
-    full = int(results["ref"]["param_bytes_layout"])
-    for case in ("ref",) + CASES:
+    for case in ("ref", "ref_plain") + CASES:
         r = results[case]
         assert int(r["param_bytes_layout"]) == int(r["param_bytes_estimate"]), case
         assert int(r["optimizer_bytes"]) == int(r["optimizer_bytes_estimate"]), case
-        if case != "ref":
+        if not case.startswith("ref"):
+            full = int(results[layout_ref(case)]["param_bytes_layout"])
             assert int(r["param_bytes_layout"]) < 0.7 * full, (case, full)
 
 

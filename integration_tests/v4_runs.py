@@ -21,13 +21,19 @@ from mindtrain.trainer.quickstart import free_port
 from parity import LOSS_RTOL, assert_same_training
 
 WORKER = Path(__file__).parent / "workers" / "v4_layouts.py"
-# test_v4_layouts.py's cases (against ``ref``) and test_v4_context_parallel.py's (each against
-# ``ref_<case without _ulysses>``)
-LAYOUT_CASES = ("tp2", "ep2_zero3", "pp2")
+# test_v4_layouts.py's cases (against ``ref``, a ``*_plain`` one against ``ref_plain``) and
+# test_v4_context_parallel.py's (each against ``ref_<case without _ulysses>``)
+LAYOUT_CASES = ("tp2", "ep2_zero3", "pp2", "pp2_plain")
 CP_REFS = ("cp2", "cp2_mla")
 CP_CASES = CP_REFS + tuple(c + "_ulysses" for c in CP_REFS)
-REFS = ("ref",) + tuple("ref_" + c for c in CP_REFS)
+REFS = ("ref", "ref_plain") + tuple("ref_" + c for c in CP_REFS)
 CASES = LAYOUT_CASES + CP_CASES
+
+
+def layout_ref(case: str) -> str:
+    """The one-process reference of layout case ``case``: ``ref``, or ``ref_plain`` for the
+    model without hyper-connections and q/k norms (``*_plain``)."""
+    return "ref_plain" if case.endswith("_plain") else "ref"
 
 
 def _env():

@@ -39,6 +39,7 @@ from synthetic import mesh_with_groups, seed_weights, tokens  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "configs", "pynative_ds4_tiny.yaml")
 STEPS, GLOBAL, SEQ = int(os.environ.get("V4_STEPS", 2)), 2, 32
+PLAIN = ["model.enable_hyper_connections=false", "model.enable_hc_head=false", "model.qk_layernorm=false"]
 # case -> (pp, dp_shard, tp, ep, overrides); one process takes the global batch as 4 micro-batches
 CASES = {
     "ref": (1, 1, 1, 1, []),
@@ -50,6 +51,11 @@ CASES = {
     "ep2_zero3": (1, 2, 1, 2, ["parallelism.data_parallel_shard_strategy=optim_grads_params"]),
     # two pipeline stages: the streams [B, S, hc, H] between them, the token ids on both
     "pp2": (2, 1, 1, 1, []),
+    # issue 34: plain residual layers (no hyper-connection streams) without the query-latent /
+    # key-value norms, two pipeline stages: the one residual [B, S, H] between them; its own
+    # one-process reference ``ref_plain``
+    "ref_plain": (1, 1, 1, 1, PLAIN),
+    "pp2_plain": (2, 1, 1, 1, PLAIN),
     # not in the test's job (its time): ZeRO-1 / ZeRO-2 over two data-parallel ranks
     "zero1": (1, 2, 1, 1, ["parallelism.data_parallel_shard_strategy=optim"]),
     "zero2": (1, 2, 1, 1, ["parallelism.data_parallel_shard_strategy=optim_grads"]),

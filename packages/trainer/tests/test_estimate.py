@@ -355,6 +355,11 @@ V4_LAYOUTS = {  # DeepSeek-V4 (issue 32): its plan's splits (heads, output group
     "ep2_zero3": (2, ["parallelism.expert_parallel=2", "parallelism.data_parallel_shard_strategy=optim_grads_params"]),
     "tp2_ep2_zero2": (4, ["parallelism.tensor_parallel=2", "parallelism.expert_parallel=2"]),
     "pp2": (2, ["parallelism.pipeline_parallel=2"]),
+    # issue 34: plain residual layers without the query-latent / key-value norms, TP=2 and PP=2
+    "tp2_plain": (2, ["parallelism.tensor_parallel=2", "model.enable_hyper_connections=false",
+                      "model.enable_hc_head=false", "model.qk_layernorm=false"]),
+    "pp2_plain": (2, ["parallelism.pipeline_parallel=2", "model.enable_hyper_connections=false",
+                      "model.enable_hc_head=false", "model.qk_layernorm=false"]),
 }
 
 

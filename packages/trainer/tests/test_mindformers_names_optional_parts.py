@@ -1,5 +1,6 @@
 """MindFormers' checkpoint names of models built without optional parts (issue 34):
-``qk_layernorm: false`` (DeepSeek-V3, Qwen3-MoE: no q/k layernorm tensors) and DeepSeek-V4's
+``qk_layernorm: false`` (DeepSeek-V3, Qwen3-MoE, DeepSeek-V4 in both attention variants: no
+q/k layernorm tensors; V4's fixed query norm constant stays) and DeepSeek-V4's
 ``enable_hyper_connections: false`` (no attn_hc / ffn_hc / hc_head tensors, nor their
 constant companions): every parameter the config plan lists has its MindFormers place, and
 the absent parts have none."""
@@ -30,6 +31,11 @@ CONFIGS = {
                         scoring_func="sqrtsoftplus", num_nextn_predict_layers=1, enable_hyper_connections=False,
                         enable_hc_head=False),
 }
+_V4 = {k: v for k, v in CONFIGS["deepseek_v4"].items() if k not in ("enable_hyper_connections", "enable_hc_head")}
+# DeepSeek-V4 with qk_layernorm: false in both attention variants (hyper-connections on)
+CONFIGS["deepseek_v4_no_qk_norm"] = dict(_V4, qk_layernorm=False)
+CONFIGS["deepseek_v4_mla_no_qk_norm"] = dict(_V4, qk_layernorm=False, experimental_attention_variant="mla",
+                                             kv_lora_rank=16, qk_nope_head_dim=8, v_head_dim=16)
 
 
 @pytest.mark.parametrize("family", list(CONFIGS))
@@ -41,11 +47,21 @@ def test_every_parameter_has_its_place_and_the_absent_parts_none(family):
     assert not [t for t in theirs if any(a in t for a in absent)]
     # no constant companions of parts that are not there
     made = {c[0] for t in theirs for c in companion_boxes(t, (0, 0, 0), (1, 1, 1), cfg)}
-    assert not [c for c in made if "_hc." in c]  # V4's hyper-connection rms_weight constants
+    if family == "deepseek_v4":
+        assert not [c for c in made if "_hc." in c]  # V4's hyper-connection rms_weight constants
+    if family == "deepseek_v4_no_qk_norm":  # the fixed per-head query norm stays without kv_layernorm
+        assert sorted(c for c in made if c.endswith("q_rms_gamma")) == [
+            "decoder.layers.0.self_attention.q_rms_gamma", "decoder.layers.1.self_attention.q_rms_gamma",
+            "mtp.layers.0.transformer_layer.self_attention.q_rms_gamma"]
+        # the compressors' and the indexer's norms stay (MindFormers' Compressor always builds one)
+        assert "decoder.layers.0.self_attention.core_attention.indexer.compressor.norm.weight" in theirs
+    if family == "deepseek_v4_mla_no_qk_norm":
+        assert not [c for c in made if c.endswith("q_rms_gamma")]
 
 
 @pytest.mark.parametrize("family, field", [("deepseek_v3", "qk_layernorm"), ("qwen3_moe", "qk_layernorm"),
-                                           ("deepseek_v4", "enable_hyper_connections")])
+                                           ("deepseek_v4", "enable_hyper_connections"),
+                                           ("deepseek_v4_no_qk_norm", "qk_layernorm")])
 def test_export_hf_refuses_in_one_line(family, field, tmp_path, capsys):
     """HF has no model without these parts: mindtrain-export-hf stops before writing anything
     (the folder's config.json is what a checkpoint of such a model holds)."""

@@ -186,7 +186,9 @@ def test_muon_adamw_include_in_mindformers_names_reaches_v4():
 
 MLA = dict(experimental_attention_variant="mla", kv_lora_rank=16, qk_nope_head_dim=16, v_head_dim=16,
            compress_ratios=[], enable_hc_head=False)
-VARIANTS = {"dsv4_hybrid": {}, "mla": MLA}
+# qk_layernorm: false (issue 34): no q_layernorm / kv_layernorm (mla: k_layernorm) tensors, q_rms_gamma stays
+VARIANTS = {"dsv4_hybrid": {}, "mla": MLA, "dsv4_hybrid_no_qk_norm": dict(qk_layernorm=False),
+            "mla_no_qk_norm": dict(MLA, qk_layernorm=False)}
 
 
 def _mindformers_shapes(cfg) -> dict:
@@ -250,6 +252,8 @@ def _mindformers_shapes(cfg) -> dict:
                   "mlp.experts.weight2": (e, i, h), "mlp.shared_experts.linear_fc1.weight": (2 * s, h),
                   "mlp.shared_experts.linear_fc2.weight": (h, s)})
         t.update({"mlp.router.tid2eid": (v, k)} if index < cfg.num_hash_layers and not mtp else {"mlp.expert_bias": (e,)})
+        if not cfg.qk_layernorm:  # IdentityOp q_layernorm / kv_layernorm (k_layernorm): no parameters
+            t = {k: v for k, v in t.items() if not (k.startswith(a) and k.endswith("_layernorm.weight"))}
         return t
 
     for index in range(cfg.num_hidden_layers):

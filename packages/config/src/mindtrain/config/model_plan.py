@@ -157,7 +157,8 @@ def _qwen3_layer_shapes(m: ModelConfig, i: int, moe: bool) -> list[tuple[str, tu
 
 def _v4_layer_shapes(m: ModelConfig, i: int) -> list[tuple[str, tuple[int, ...]]]:
     """(name, shape) of DeepSeek-V4 decoder layer ``i``'s trainable parameters, in the model's
-    (HF's) order (a cell's own parameters before its sub-cells'): the attention (its compressor and, compressed sparse, the indexer), the MoE
+    (HF's) order (a cell's own parameters before its sub-cells'): the attention (without its query latent and
+    key/value norms under ``qk_layernorm: false``; its compressor and, compressed sparse, the indexer), the MoE
     (router weight, stacked experts, shared expert; the correction bias and the token ->
     experts table are not trained), the two norms, the two hyper-connections (none under ``enable_hyper_connections: false``)."""
     h, n, d, qr = m.hidden_size, m.num_attention_heads, m.head_dim, m.q_lora_rank
@@ -170,9 +171,12 @@ def _v4_layer_shapes(m: ModelConfig, i: int) -> list[tuple[str, tuple[int, ...]]
         out = [(name[len(f"model.layers.{i}."):], shape) for name, shape in _layer_shapes(m, i)
                if ".self_attn." in name]
     else:
-        out = [(a + "sinks", (n,)), (a + "q_a_proj.weight", (qr, h)), (a + "q_a_norm.weight", (qr,)),
-               (a + "q_b_proj.weight", (n * d, qr)), (a + "kv_proj.weight", (d, h)), (a + "kv_norm.weight", (d,)),
-               (a + "o_a_proj.weight", (g * orank, n * d // g)), (a + "o_b_proj.weight", (h, g * orank))]
+        # qk_layernorm: false: no q_a_norm / kv_norm (MindFormers' IdentityOp q_layernorm / kv_layernorm)
+        norm = m.qk_layernorm
+        out = [(a + "sinks", (n,)), (a + "q_a_proj.weight", (qr, h))] + ([(a + "q_a_norm.weight", (qr,))] if norm else [])
+        out += [(a + "q_b_proj.weight", (n * d, qr)), (a + "kv_proj.weight", (d, h))]
+        out += [(a + "kv_norm.weight", (d,))] if norm else []
+        out += [(a + "o_a_proj.weight", (g * orank, n * d // g)), (a + "o_b_proj.weight", (h, g * orank))]
 
     def pooling(prefix: str, dim: int, ratio: int, overlap: bool) -> list[tuple[str, tuple[int, ...]]]:
         width = 2 * dim if overlap else dim

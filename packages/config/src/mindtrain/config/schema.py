@@ -340,10 +340,12 @@ class ModelConfig:
     it (its heads are qk_nope_head_dim + qk_rope_head_dim and v_head_dim)."""
     qk_layernorm: bool = True
     """RMSNorm over each query and key head: Qwen3's q_norm / k_norm over head_dim before
-    rope, DeepSeek-V3's MLA latent norms (q_a_layernorm, kv_a_layernorm). False builds the
-    model without them, as MindFormers does (its IdentityOp); such a model has no HF
-    equivalent (HF always builds the norms), so mindtrain-export-hf refuses it. DeepSeek-V4:
-    false is refused. MindFormers' name."""
+    rope, DeepSeek-V3's MLA latent norms (q_a_layernorm, kv_a_layernorm), DeepSeek-V4's query
+    latent and key/value norms (q_a_norm, kv_norm; in its mla variant DeepSeek-V3's). False
+    builds the model without them, as MindFormers does (its IdentityOp; V4's fixed per-head
+    query norm and its compressors' and indexer's norms stay); such a model has no HF
+    equivalent (HF always builds the norms), so mindtrain-export-hf refuses it. MindFormers'
+    name."""
     n_shared_experts: int = 1
     n_routed_experts: int = 256
     routed_scaling_factor: float = 2.5

@@ -193,9 +193,6 @@ def _validate_deepseek_v4(m: ModelConfig, path: str) -> None:
     if m.enable_hc_head and not m.enable_hyper_connections:  # MindFormers refuses it too
         raise ConfigError(f"{path}.enable_hc_head", "true needs the hyper-connection streams it collapses "
                                                     "(enable_hyper_connections: false); set it to false")
-    if not m.qk_layernorm:
-        raise ConfigError(f"{path}.qk_layernorm", "false (no query / key-value norms) is built for DeepSeek-V3 and "
-                                                  "Qwen3, not DeepSeek-V4; set it to true")
     if m.experimental_attention_variant not in ("dsv4_hybrid", "mla"):
         raise ConfigError(f"{path}.experimental_attention_variant", f"must be dsv4_hybrid (sliding / compressed "
                           f"attention, HF's) or mla (DeepSeek-V3's attention), got {m.experimental_attention_variant!r}")

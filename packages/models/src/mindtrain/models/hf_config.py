@@ -123,7 +123,7 @@ def _qwen3_to_hf(cfg: ModelConfig) -> dict[str, Any]:
 
 def refuse_without_hf_equivalent(cfg: ModelConfig) -> None:
     """Raise ConfigError (one line) when transformers has no model for ``cfg``: without the
-    q/k norms (``qk_layernorm: false``) HF's DeepseekV3 / Qwen3 classes would still build them
+    q/k norms (``qk_layernorm: false``) HF's DeepseekV3 / DeepseekV4 / Qwen3 classes would still build them
     and fill them with ones (an RMSNorm, not the identity), a different model; DeepSeek-V4
     without hyper-connection streams (``enable_hyper_connections: false``) likewise."""
     if cfg.model_type == "deepseek_v4" and not cfg.enable_hyper_connections:
@@ -132,7 +132,7 @@ def refuse_without_hf_equivalent(cfg: ModelConfig) -> None:
                                                             "hyper-connection streams; keep the mindtrain checkpoint")
     if not cfg.qk_layernorm:
         raise ConfigError("model.qk_layernorm", "false (no q/k norms) has no HF model: transformers' "
-                                                "DeepSeek-V3 / Qwen3 always build the norms; keep the mindtrain "
+                                                "DeepSeek-V3 / V4 / Qwen3 always build the norms; keep the mindtrain "
                                                 "checkpoint (train, evaluate and resume from it)")
 
 

@@ -430,7 +430,7 @@ def _gqa_attention(m: ModelConfig, z: _Shapes, dims: ParallelDims) -> Module:
 def _v4_attention(m: ModelConfig, i: int, z: _Shapes) -> Module:
     """DeepSeek-V4's attention (``mindtrain.models.deepseek_v4.attention``, counted from its
     code, float32): the query latent and its norm, the queries (unweighted norm, rope), the one
-    key/value head (norm, rope), the compressed entries appended to the keys, the scores over
+    key/value head (norm, rope; neither norm under ``qk_layernorm: false``), the compressed entries appended to the keys, the scores over
     all S keys plus the entries and the sink (the model masks the window rather than slicing
     it), the output (rope undone, grouped low-rank projection). ``self_attn.compressor``: the
     pooling (its projections, gates, softmax, normed and roped entries) and, in compressed
@@ -442,10 +442,18 @@ def _v4_attention(m: ModelConfig, i: int, z: _Shapes) -> Module:
     ratio = int(m.compress_ratios[i]) if kind != "sliding" else 0
     entries = z.sk // ratio if kind != "sliding" else 0
     own = t * h * c if c != F32 else 0
-    own += t * qr * c + _rms(t, qr) + t * qr * F32          # q latent, its norm and output
+    own += t * qr * c                                       # q latent
+    if m.qk_layernorm:                                      # its norm and output (false: none)
+        own += _rms(t, qr) + t * qr * F32
+    elif c != F32:                                          # its float32 copy
+        own += t * qr * F32
     own += t * n * d * c + 2 * t * n * d * F32              # q, its unweighted norm
     own += 3 * t * n * d * F32 + t * n * d * F32            # rope (rotated, two products), transposed
-    own += t * d * c + _rms(t, d) + 3 * t * d * F32         # the key/value head, norm, rope
+    own += t * d * c + 3 * t * d * F32                      # the key/value head, rope
+    if m.qk_layernorm:                                      # its norm (false: none; a float32 copy)
+        own += _rms(t, d)
+    elif c != F32:
+        own += t * d * F32
     own += z.b * (z.sk + entries) * d * F32                 # keys with the entries appended
     own += 5 * t * n * d * F32                              # output, transposed, rope undone
     groups = m.o_groups * n // m.num_attention_heads         # this rank's groups (tensor parallelism splits them)

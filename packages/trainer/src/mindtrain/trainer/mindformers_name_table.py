@@ -119,11 +119,12 @@ _COMPANIONS = {
     "qwen3": [(ROUTER, (0,), TOKENS_PER_EXPERT, 0.0)],  # Qwen3-MoE: no expert bias
     # every V4 MoE layer has one (hash-routed layers have no expert bias); HyperConnectionModule's
     # fixed RMSNorm gamma [n*H]; DSv4HybridSelfAttention's fixed query RMSNorm gamma
-    # [q_head_dim], which MindFormers sets to v_head_dim (kv_layernorm's size; the mla variant has none)
+    # [q_head_dim], which MindFormers sets to v_head_dim (linear_kv_proj's rows, there under
+    # qk_layernorm: false too, unlike kv_layernorm; the mla variant has none)
     "deepseek_v4": [(ROUTER, (0,), TOKENS_PER_EXPERT, 0.0),
                     ("attn_hc.mapping_proj.weight", (1,), "attn_hc.rms_weight", 1.0),
                     ("ffn_hc.mapping_proj.weight", (1,), "ffn_hc.rms_weight", 1.0),
-                    ("self_attention.kv_layernorm.weight", (0,), "self_attention.q_rms_gamma", 1.0)],
+                    ("self_attention.linear_kv_proj.weight", (0,), "self_attention.q_rms_gamma", 1.0)],
 }
 
 

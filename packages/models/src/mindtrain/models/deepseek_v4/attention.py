@@ -230,7 +230,10 @@ class CSACompressor(Compressor):
 class DeepseekV4Attention(nn.Cell):
     """HF DeepseekV4Attention: ``q_a_proj``, ``q_a_norm``, ``q_b_proj``, ``kv_proj``,
     ``kv_norm``, ``o_a_proj`` (grouped: [o_groups x o_lora_rank, heads x head_dim / o_groups]),
-    ``o_b_proj``, ``sinks`` [heads] and, in compressed layers, ``compressor``.
+    ``o_b_proj``, ``sinks`` [heads] and, in compressed layers, ``compressor``. Under
+    ``qk_layernorm: false`` neither ``q_a_norm`` (the query latent's, which the indexer reads
+    too) nor ``kv_norm`` (MindFormers' DSv4HybridSelfAttention with IdentityOp q_layernorm /
+    kv_layernorm); the fixed per-head query norm and the compressors' and indexer's norms stay.
 
     ``construct(x [B,S,H], *tables)`` -> [B,S,H]; ``tables`` (from the model, named by
     ``table_keys``) are the rope tables, the pair rotations and the masks of the sequence
@@ -248,11 +251,14 @@ class DeepseekV4Attention(nn.Cell):
         self.kind, self.ratio = kind, ratio
         self.num_heads, self.head_dim, self.eps = n, d, float(cfg.rms_norm_eps)
         self.o_groups, self.o_lora_rank = cfg.o_groups, cfg.o_lora_rank
+        self.qk_layernorm = bool(getattr(cfg, "qk_layernorm", True))
         self.q_a_proj = Linear(h, cfg.q_lora_rank, init_std=std)
-        self.q_a_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+        if self.qk_layernorm:  # false: no latent / key-value norms (MindFormers' IdentityOp)
+            self.q_a_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
         self.q_b_proj = Linear(cfg.q_lora_rank, n * d, init_std=std)
         self.kv_proj = Linear(h, d, init_std=std)
-        self.kv_norm = RMSNorm(d, cfg.rms_norm_eps)
+        if self.qk_layernorm:
+            self.kv_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.o_a_proj = Linear(n * d // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank, init_std=std)
         self.o_b_proj = Linear(cfg.o_groups * cfg.o_lora_rank, h, init_std=std)
         self.sinks = new_weight((n,), Init("zeros"), "sinks")
@@ -275,10 +281,10 @@ class DeepseekV4Attention(nn.Cell):
         cd = self.matmul_dtype
         rope = "main" if self.kind == "sliding" else "compress"
         cos, sin, rot = tables[f"{rope}_cos"], tables[f"{rope}_sin"], tables["rotation"]
-        q_latent = rms_norm(_lora_linear(self.q_a_proj, x, cd), self.q_a_norm.weight, self.eps)
+        q_latent = self._norm(_lora_linear(self.q_a_proj, x, cd), "q_a_norm")
         q = _lora_linear(self.q_b_proj, q_latent, cd).reshape(b, s, n, d)
         q = apply_rope(unweighted_rms_norm(q, self.eps), cos.reshape(1, s, 1, d), sin.reshape(1, s, 1, d), rot)
-        kv = rms_norm(_lora_linear(self.kv_proj, x, cd), self.kv_norm.weight, self.eps)
+        kv = self._norm(_lora_linear(self.kv_proj, x, cd), "kv_norm")
         kv = apply_rope(kv, cos, sin, rot)                                    # [B, S, d]
         ex = self.kv_exchange
         entries = bias = None
@@ -301,6 +307,13 @@ class DeepseekV4Attention(nn.Cell):
         w = self.o_a_proj.weight.reshape(g, self.o_lora_rank, n * d // g)
         low = ops.transpose(self.bmm_t(grouped, w), (1, 0, 2)).reshape(b, s, g * self.o_lora_rank)
         return _lora_linear(self.o_b_proj, low, cd)
+
+    def _norm(self, x, name: str):
+        """The norm ``name`` of ``x`` (float32, as HF's); without the norms (``qk_layernorm:
+        false``) ``x`` itself, cast to float32 as the norm's output would be."""
+        if self.qk_layernorm:
+            return rms_norm(x, getattr(self, name).weight, self.eps)
+        return x if x.dtype == ms.float32 else ops.cast(x, ms.float32)
 
     def _attend(self, qh, keys, mask, sinks, keep):
         """The core: queries ``qh`` [Bq, n, c, d] (the ``n`` heads of ``sinks`` [n]) over
