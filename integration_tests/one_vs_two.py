@@ -31,6 +31,8 @@ def _start(tmp: str, name: str, workers: int, prefix: str, extra, port: int, con
     items = [*base, f"train_dataset.dataloader.config.data_path=['1', '{prefix}']",
              "checkpoint.enable_save=false", f"monitor.metrics_dir={os.path.join(tmp, name)}", *extra]
     args = ["--config", config, "--mode", "1"] + [a for item in items for a in ("--override", item)]
+    if "MINDTRAIN_TEST_PORT" in os.environ:  # a run beside other suites: their own range
+        port = int(os.environ["MINDTRAIN_TEST_PORT"]) + port % 10
     cmd = [sys.executable, ENTRY, *args] if workers == 1 else [
         "msrun", f"--worker_num={workers}", f"--local_worker_num={workers}", f"--master_port={free_port(port)}",
         "--join=True", f"--log_dir={os.path.join(tmp, name, 'log')}", ENTRY, *args]
