@@ -26,7 +26,7 @@ BASE = ("training.steps=4", "model.seq_length=32", "train_dataset.dataloader.con
         "compile.enable=false")
 
 
-def _start(tmp: str, name: str, workers: int, prefix: str, extra, port: int, config: str = TINY,
+def _start(tmp: str, name: str, workers: int, prefix: str, extra, port: int | None, config: str = TINY,
            base=BASE) -> subprocess.Popen:
     items = [*base, f"train_dataset.dataloader.config.data_path=['1', '{prefix}']",
              "checkpoint.enable_save=false", f"monitor.metrics_dir={os.path.join(tmp, name)}", *extra]
