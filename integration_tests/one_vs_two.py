@@ -26,11 +26,13 @@ BASE = ("training.steps=4", "model.seq_length=32", "train_dataset.dataloader.con
         "compile.enable=false")
 
 
-def _start(tmp: str, name: str, workers: int, prefix: str, extra, port: int, config: str = TINY,
+def _start(tmp: str, name: str, workers: int, prefix: str, extra, port: int | None, config: str = TINY,
            base=BASE) -> subprocess.Popen:
     items = [*base, f"train_dataset.dataloader.config.data_path=['1', '{prefix}']",
              "checkpoint.enable_save=false", f"monitor.metrics_dir={os.path.join(tmp, name)}", *extra]
     args = ["--config", config, "--mode", "1"] + [a for item in items for a in ("--override", item)]
+    if port is not None and "MINDTRAIN_TEST_PORT" in os.environ:  # a run beside other suites: their own range
+        port = int(os.environ["MINDTRAIN_TEST_PORT"]) + port % 10
     cmd = [sys.executable, ENTRY, *args] if workers == 1 else [
         "msrun", f"--worker_num={workers}", f"--local_worker_num={workers}", f"--master_port={free_port(port)}",
         "--join=True", f"--log_dir={os.path.join(tmp, name, 'log')}", ENTRY, *args]
@@ -49,11 +51,21 @@ def one_and_two(tmp: str, extra, port: int, two_extra=(), config: str = TINY,
     """The metrics rows of one process and of 2 workers (rank 0's), both with ``base`` and
     ``extra`` on ``config``; the workers also with ``two_extra`` (their layout, e.g. tensor
     parallelism)."""
+    one, twos = one_and_twos(tmp, extra, {"two": (port, two_extra)}, config, base)
+    return one, twos["two"]
+
+
+def one_and_twos(tmp: str, extra, layouts: dict, config: str = TINY,
+                 base=BASE) -> tuple[list[dict], dict]:
+    """:func:`one_and_two` for several 2-worker layouts against one single-process run, all
+    started at once: ``layouts`` maps a name to ``(port, two_extra)``; returns the one
+    process's rows and each layout's (rank 0's), by name."""
     prefix = prepare_data(os.path.join(tmp, "data", "pydoc"))
+    runs = {"one": (1, None, ())} | {name: (2, port, tuple(more)) for name, (port, more) in layouts.items()}
     jobs = {name: _start(tmp, name, workers, prefix, [*extra, *more], port, config, base)
-            for name, workers, more in (("one", 1, ()), ("two", 2, tuple(two_extra)))}
-    one, two = (_rows(tmp, name, proc) for name, proc in jobs.items())
-    return one, two
+            for name, (workers, port, more) in runs.items()}
+    rows = {name: _rows(tmp, name, proc) for name, proc in jobs.items()}
+    return rows.pop("one"), rows
 
 
 def max_rel_diff(rows: list[dict], ref: list[dict]) -> float:
