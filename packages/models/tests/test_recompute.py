@@ -140,8 +140,6 @@ def test_recomputed_attention_runs_in_row_blocks(monkeypatch):
         return backward(ctx, dout)
 
     monkeypatch.setattr(attention._RowBlock, "backward", staticmethod(counted_backward))
-    # the other layers' cores run their Python math (counted below), not the compiled core
-    monkeypatch.setattr(attention.CoreAttention, "eager_graph", False)
     off = _baseline(False)
     calls: dict = {}
     ms.set_seed(0)

@@ -261,11 +261,12 @@ class DeepseekV3ForCausalLM(nn.Cell):
     def plan_attention(self, mask_add) -> None:
         """Before layers run on ``mask_add``: the attention cores' causal row blocks
         (:func:`~mindtrain.models.attention.plan_causal_blocks`)."""
-        cores = self.__dict__.get("_cores")
-        if cores is None:
-            cores = tuple(c for _, c in self.cells_and_names() if isinstance(c, CoreAttention))
-            object.__setattr__(self, "_cores", cores)
-        plan_causal_blocks(cores, mask_add)
+        cells = self.__dict__.get("_attentions")
+        if cells is None:
+            cells = tuple(c for _, c in self.cells_and_names()
+                          if isinstance(getattr(c, "core_attention", None), CoreAttention) and isinstance(c, Block))
+            object.__setattr__(self, "_attentions", cells)
+        plan_causal_blocks(cells, mask_add)
 
     def run_layers(self, h, layer_ids, cos, sin, mask_add):
         """The decoder layers ``layer_ids`` in order -> ``(h, counts, balances)``: the tokens
