@@ -67,3 +67,18 @@ def check_logits_loss_grads(model, ref, lm_loss_key):
     assert abs(float(metrics["lm_loss"].asnumpy()) - ref[lm_loss_key].item()) < TOL
     check_grads(grads, names, ref)
     return metrics
+
+
+def check_no_hf_export(model, cfg, tmp_path):
+    """A model without its q/k norms (``qk_layernorm: false``): its config keeps the key through
+    HF's config.json form, and ``save_pretrained`` refuses in one line, writing nothing (HF's
+    classes always build the norms)."""
+    import pytest
+    from mindtrain.config import ConfigError
+
+    hf = mm.config_to_hf(cfg)
+    assert hf["qk_layernorm"] is False and mm.config_from_hf(hf) == cfg
+    with pytest.raises(ConfigError) as err:
+        model.save_pretrained(str(tmp_path / "hf"))
+    assert str(err.value).startswith("model.qk_layernorm: false") and "\n" not in str(err.value)
+    assert not os.path.exists(tmp_path / "hf")

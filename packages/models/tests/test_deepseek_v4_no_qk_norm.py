@@ -21,11 +21,11 @@ import pytest
 from mindspore import Tensor
 
 import mindtrain.models as mm
-from mindtrain.config import ConfigError, ModelConfig
+from mindtrain.config import ModelConfig
 from mindtrain.config.model_plan import param_specs
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_parity_fixtures import check_logits_loss_grads, fixture_dir, load_fixture  # noqa: E402
+from hf_parity_fixtures import check_logits_loss_grads, check_no_hf_export, fixture_dir, load_fixture  # noqa: E402
 
 HYBRID_NORMS = ("self_attn.q_a_norm.weight", "self_attn.kv_norm.weight")
 MLA_NORMS = ("self_attn.q_a_layernorm.weight", "self_attn.kv_a_layernorm.weight")
@@ -63,12 +63,7 @@ def test_hybrid_matches_hf_without_the_norms(tmp_path):
             "model.layers.0.self_attn.compressor.indexer.kv_norm.weight",
             "model.layers.1.self_attn.compressor.kv_norm.weight"} <= set(names)
 
-    hf = mm.config_to_hf(cfg)
-    assert hf["qk_layernorm"] is False and mm.config_from_hf(hf) == cfg
-    with pytest.raises(ConfigError) as err:
-        model.save_pretrained(str(tmp_path / "hf"))
-    assert str(err.value).startswith("model.qk_layernorm: false") and "\n" not in str(err.value)
-    assert not os.path.exists(tmp_path / "hf")
+    check_no_hf_export(model, cfg, tmp_path)
 
 
 def test_mla_variant_matches_hf_without_the_norms():

@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 
 import mindtrain.models as mm
-from mindtrain.config import ConfigError
 from mindtrain.config.model_plan import param_specs
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_parity_fixtures import check_logits_loss_grads, load_fixture, TOL  # noqa: E402
+from hf_parity_fixtures import check_logits_loss_grads, check_no_hf_export, load_fixture, TOL  # noqa: E402
 
 NAMES = ["ds3_no_qk_norm", "qwen3_moe_no_qk_norm"]
 # as test_hf_parity.py: HF's DeepSeek-V3 has no MTP weights and no sequence-wise aux loss
@@ -43,12 +42,7 @@ def test_matches_hf_without_the_norms(name, tmp_path):
     assert extra and all(n.endswith(("q_a_layernorm.weight", "kv_a_layernorm.weight", "q_norm.weight",
                                      "k_norm.weight")) for n in extra), extra
 
-    hf = mm.config_to_hf(cfg)
-    assert hf["qk_layernorm"] is False and mm.config_from_hf(hf) == cfg
-    with pytest.raises(ConfigError) as err:
-        model.save_pretrained(str(tmp_path / "hf"))
-    assert str(err.value).startswith("model.qk_layernorm: false") and "\n" not in str(err.value)
-    assert not os.path.exists(tmp_path / "hf")
+    check_no_hf_export(model, cfg, tmp_path)
 
 
 def test_compiled_matches_hf_without_the_norms():
