@@ -105,7 +105,15 @@ def test_a_compiled_model_follows_the_mask_it_gets():
         np.testing.assert_allclose(got[0], ref[0], rtol=1e-5)
         for g, r in zip(got[1], ref[1]):
             np.testing.assert_allclose(g, r, rtol=1e-3, atol=1e-6)
+    # a core that runs the device's fused attention kernel gets none (it would never read them)
+    mask = additive_mask(None, 2, S, 2)
+    cores[0].fast_kernels, cores[0].matmul_dtype = True, ms.float16
+    compiled.plan_attention(mask)
+    assert cores[0].causal_blocks is None
+    cores[0].fast_kernels, cores[0].matmul_dtype = False, None
+    compiled.plan_attention(mask)
+    assert cores[0].causal_blocks is not None
     # a core a layout runs its own way (its forward replaced, as Ulysses does) gets none
     object.__setattr__(cores[0], "construct", cores[0].untracked)
-    compiled.plan_attention(additive_mask(None, 2, S, 2))
+    compiled.plan_attention(mask)
     assert cores[0].causal_blocks is None

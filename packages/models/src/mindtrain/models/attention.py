@@ -252,14 +252,18 @@ def plan_causal_blocks(attentions, mask_add) -> None:
     gets its causal blocks (:func:`causal_blocks`; None unless it is the causal mask). None for
     a core that runs eagerly (its attention's pieces not compiled, or run eagerly for LoRA
     dropout: eager slices of the query rows ran their matmuls on strided views ~3x slower, a
-    loss) and for one a layout runs in its own way (its forward replaced: Ulysses context
-    parallelism, whose mask holds other ranks' rows; recompute in row blocks, which skips
-    blocked keys by itself)."""
+    loss), for one that runs the device's fused attention kernel (``fast_kernels``; the blocks
+    would be memory it never reads) and for one a layout runs in its own way (its forward
+    replaced: Ulysses context parallelism, whose mask holds other ranks' rows; recompute in
+    row blocks, which skips blocked keys by itself). The blocks hold (G + 1) / 2G of the mask
+    again (0.625 at 4 blocks; the mask is materialised per head, as adding a broadcast one is
+    3-13x slower on CPU)."""
     blocks = causal_blocks(mask_add)
     for attn in attentions:
         core = attn.core_attention
         compiled = bool(attn.compiled_pieces) and not attn.has_lora_dropout()
-        want = blocks if compiled and not overridden(core) else None
+        fused = core.fast_kernels and core.matmul_dtype is not None  # the device's fused attention instead
+        want = blocks if compiled and not fused and not overridden(core) else None
         if core.causal_blocks is not want:
             object.__setattr__(core, "causal_blocks", want)
 
