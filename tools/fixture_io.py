@@ -54,6 +54,24 @@ def record_choices(gates: dict[int, torch.nn.Module]) -> dict[int, torch.Tensor]
     return choices
 
 
+def busiest_experts(choices: dict[int, torch.Tensor], experts: int) -> dict[int, list[int]]:
+    """Per MoE layer (``choices``: :func:`record_choices`), its experts from most to least
+    chosen (ties by index): the ones whose gradients a fixture keeps."""
+    return {i: list(np.argsort(-np.bincount(idx.numpy().reshape(-1), minlength=experts), kind="stable"))
+            for i, idx in choices.items()}
+
+
+def mark_no_qk_norm(out: str) -> None:
+    """Add ``"qk_layernorm": false`` to the fixture ``out``'s config.json: the key mindtrain
+    writes for a model without its q/k norms, which no HF class reads."""
+    path = os.path.join(out, "config.json")
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    config["qk_layernorm"] = False
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2)
+
+
 def masked_loss(logits: torch.Tensor, labels: np.ndarray, loss_mask: np.ndarray, vocab: int) -> torch.Tensor:
     """The masked mean cross-entropy of ``logits`` against ``labels`` (aligned as mindtrain's are)."""
     ce = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), torch.from_numpy(labels).reshape(-1),

@@ -158,8 +158,7 @@ def make(name: str, spec: dict, seq: int) -> None:
                     if j >= 0:
                         kept[bi, q, j] = 1.0
         ref[f"indexer.{i}"] = kept
-    busiest = {i: list(np.argsort(-np.bincount(idx.numpy().reshape(-1), minlength=spec["n_routed_experts"]),
-                                  kind="stable")) for i, idx in choices.items()}
+    busiest = fx.busiest_experts(choices, spec["n_routed_experts"])
     fx.add_grads(ref, model, grad_names(spec, busiest), spec["moe_intermediate_size"])
     out_dir = fx.write_fixture(name, model, ref)
     kept = {i: f"{ref[f'indexer.{i}'].sum(-1).max():.0f}" for i in indexers}

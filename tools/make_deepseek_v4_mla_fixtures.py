@@ -126,8 +126,7 @@ def main() -> int:
     ref = fx.reference(input_ids, labels, loss_mask, logits)
     ref["loss"] = ref["lm_loss"] = np.array(loss.item(), np.float32)
     fx.add_choices(ref, choices)
-    busiest = {i: list(np.argsort(-np.bincount(idx.numpy().reshape(-1), minlength=V4["n_routed_experts"]),
-                                  kind="stable")) for i, idx in choices.items()}
+    busiest = fx.busiest_experts(choices, V4["n_routed_experts"])
     fx.add_grads(ref, model, grad_names(busiest), V4["moe_intermediate_size"])
     out = fx.write_fixture(NAME, model, ref)
     with open(os.path.join(out, "overrides.json"), "w") as f:

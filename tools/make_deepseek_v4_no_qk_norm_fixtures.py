@@ -54,18 +54,6 @@ MLA_V4 = dict(mla.V4, num_hidden_layers=2, layer_types=["sliding_attention"] * 2
 MLA_V3 = dict(mla.V3, num_hidden_layers=2)
 
 
-def _mark(out: str, overrides: dict | None = None) -> None:
-    path = os.path.join(out, "config.json")
-    with open(path, encoding="utf-8") as f:
-        config = json.load(f)
-    config["qk_layernorm"] = False
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=2)
-    if overrides is not None:
-        with open(os.path.join(out, "overrides.json"), "w", encoding="utf-8") as f:
-            json.dump(overrides, f, indent=1)
-
-
 def _run(name: str, model, spec: dict, seq: int, seed: int, grad_names) -> dict:
     """Forward + loss + backward on a random batch; the reference arrays."""
     input_ids, labels, loss_mask = fx.random_batch(seed, spec["vocab_size"], v4.BATCH, seq)
@@ -79,8 +67,7 @@ def _run(name: str, model, spec: dict, seq: int, seed: int, grad_names) -> dict:
     ref = fx.reference(input_ids, labels, loss_mask, logits)
     ref["loss"] = ref["lm_loss"] = np.array(loss.item(), np.float32)
     fx.add_choices(ref, choices)
-    busiest = {i: list(np.argsort(-np.bincount(idx.numpy().reshape(-1), minlength=spec["n_routed_experts"]),
-                                  kind="stable")) for i, idx in choices.items()}
+    busiest = fx.busiest_experts(choices, spec["n_routed_experts"])
     fx.add_grads(ref, model, grad_names(busiest), spec["moe_intermediate_size"])
     print(f"{name}: loss {loss.item():.6f}")
     return ref
@@ -104,7 +91,7 @@ def make_hybrid() -> None:
 
     ref = _run(name, model, HYBRID, HYBRID_SEQ, 23, grads)
     out = fx.write_fixture(name, model, ref)
-    _mark(out)
+    fx.mark_no_qk_norm(out)
     print(f"wrote {out}")
 
 
@@ -139,7 +126,9 @@ def make_mla() -> None:
 
     ref = _run(name, model, MLA_V4, mla.SEQ, 29, grads)
     out = fx.write_fixture(name, model, ref)
-    _mark(out, dict(mla.OVERRIDES))
+    fx.mark_no_qk_norm(out)
+    with open(os.path.join(out, "overrides.json"), "w", encoding="utf-8") as f:
+        json.dump(dict(mla.OVERRIDES), f, indent=1)
     print(f"wrote {out}")
 
 

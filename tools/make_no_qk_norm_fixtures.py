@@ -21,8 +21,6 @@ gradients (``grad.<HF name>``).
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 
 import numpy as np
@@ -38,15 +36,6 @@ DS3 = dict(ds3.BASE, num_hidden_layers=2, vocab_size=64)
 # Qwen3-MoE: layer 1 dense (mlp_only_layers), q/k/v/o biases, the aux loss in the loss
 QWEN3_MOE = dict(qw.MOE, num_hidden_layers=2, mlp_only_layers=[1], attention_bias=True)
 BATCH, SEQ = 2, 16
-
-
-def _mark(out: str) -> None:
-    path = os.path.join(out, "config.json")
-    with open(path, encoding="utf-8") as f:
-        config = json.load(f)
-    config["qk_layernorm"] = False
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=2)
 
 
 def make_ds3() -> None:
@@ -73,7 +62,7 @@ def make_ds3() -> None:
     fx.add_grads(ref, model, grads, spec["moe_intermediate_size"])
     assert not any("layernorm" in k and "self_attn" in k for k in model.state_dict())
     out = fx.write_fixture(name, model, ref)
-    _mark(out)
+    fx.mark_no_qk_norm(out)
     print(f"{name}: loss {loss.item():.6f}, wrote {out}")
 
 
@@ -102,7 +91,7 @@ def make_qwen3_moe() -> None:
     fx.add_grads(ref, model, grads, spec["moe_intermediate_size"])
     assert not any(k.endswith(("q_norm.weight", "k_norm.weight")) for k in model.state_dict())
     out_dir = fx.write_fixture(name, model, ref)
-    _mark(out_dir)
+    fx.mark_no_qk_norm(out_dir)
     print(f"{name}: loss {loss.item():.6f} (lm {lm_loss.item():.6f}), wrote {out_dir}")
 
 

@@ -119,8 +119,7 @@ def make(name: str, kind: str, spec: dict) -> None:
     if sparse:
         ref["aux_loss"] = np.array(out.aux_loss.item(), np.float32)
     fx.add_choices(ref, choices)
-    busiest = {i: list(np.argsort(-np.bincount(idx.numpy().reshape(-1), minlength=spec["num_experts"]),
-                                  kind="stable")) for i, idx in choices.items()}
+    busiest = fx.busiest_experts(choices, spec.get("num_experts", 0))  # dense: no choices
     fx.add_grads(ref, model, grad_names(kind, spec, busiest), spec.get("moe_intermediate_size", 0))
     out_dir = fx.write_fixture(name, model, ref)
     aux = f", aux {ref['aux_loss'].item():.6f}" if sparse else ""
