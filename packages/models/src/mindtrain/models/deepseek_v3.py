@@ -165,7 +165,7 @@ class DeepseekV3ForCausalLM(nn.Cell):
         if self.dropout.enabled:  # whole sequences here: each token's identity for the dropout masks
             self.dropout.set_tokens(token_keys(input_ids.asnumpy() if isinstance(input_ids, Tensor) else input_ids))
         cos, sin, mask_add = rope_and_mask(self, b, s, position_ids, attention_mask)
-        self.plan_attention(mask_add)
+        self.plan_attention(mask_add)  # before the whole graph is looked up: its key reads the cores' blocks
         if labels is not None:
             if loss_mask is None:
                 loss_mask = ops.ones(labels.shape, ms.float32)
@@ -307,8 +307,9 @@ class DeepseekV3ForCausalLM(nn.Cell):
     def mtp_forward(self, h, depths, cos, sin, mask_add):
         """MTP depths 1..len(depths) on the main trunk's last hidden state ``h``;
         ``depths[k - 1]`` is depth k's ``(input_ids, labels, loss_mask)`` (shifted, see
-        :meth:`mtp_inputs`). Returns ``(losses per depth, counts, balances)``."""
-        self.plan_attention(mask_add)
+        :meth:`mtp_inputs`). Returns ``(losses per depth, counts, balances)``. Its callers
+        (:meth:`construct`, a pipeline stage) ran :meth:`run_layers` on ``mask_add`` first, which
+        planned the cores' causal blocks."""
         losses, counts, balances = [], [], []
         for k, (ids_k, labels_k, mask_k) in enumerate(depths, 1):
             layer = self.model.layers[self.num_layers + k - 1]
