@@ -158,8 +158,9 @@ def test_recomputed_attention_runs_in_row_blocks(monkeypatch):
     params = model.trainable_params()
     loss, grads = ms.value_and_grad(lambda: model(ids, labels=labels, loss_mask=mask)[0], None, params)()
     # recomputed layers: the forward in 16 blocks (the output kept); in backward the replay
-    # takes that output, and each of the 16 blocks is computed again in its own backward
-    assert calls == {0: 16, 1: 1, 2: 1, 3: 16}
+    # takes that output, and each of the 16 blocks is computed again in its own backward;
+    # the other layers' eager attention runs heads-major (attend_heads_major), not attend
+    assert calls == {0: 16, 3: 16}
     cores = [layer.self_attn.core_attention for layer in model.model.layers]
     assert blocks == {id(cores[0]): 16, id(cores[3]): 16}
     assert all(not layer.self_attn.core_attention.__dict__.get("_first_pass_outputs")

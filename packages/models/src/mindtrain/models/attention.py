@@ -14,6 +14,7 @@ from mindtrain.config.recompute import ROW_BLOCK_ELEMENTS
 from mindtrain.config.plan import Region
 from mindtrain.models import kernels
 from mindtrain.models.inputs import NEG
+from mindtrain.models.attention_eager import BMM_TA, BMM_TB, EagerSoftmax, eager_mla, eager_mla_ready
 from mindtrain.models.blocks import Block, overridden
 from mindtrain.models.dropout import dropout_of
 from mindtrain.models.linear import Linear, linear
@@ -61,6 +62,7 @@ class CoreAttention(nn.Cell):
     def __init__(self):
         super().__init__()
         self.softmax = Softmax()
+        self.eager_softmax = EagerSoftmax()  # attend_heads_major's
         self.bmm_t = ops.BatchMatMul(transpose_b=True)
         self.bmm = ops.BatchMatMul()
 
@@ -68,7 +70,9 @@ class CoreAttention(nn.Cell):
     """Also return each row's largest logit (see :meth:`attend_tracked`); set with
     :func:`track_max_attention_logits` before the first (possibly compiled) call."""
 
-    def construct(self, q, k, v, mask_add, keep=None):
+    def construct(self, q, k, v, mask_add, keep=None, heads_major=False):
+        if heads_major:
+            return self.attend_heads_major(q, k, v, mask_add)
         if self.track_max_logits:
             return self.attend_tracked(q, k, v, mask_add, keep)
         return self.untracked(q, k, v, mask_add, keep)
@@ -93,6 +97,13 @@ class CoreAttention(nn.Cell):
             probs = self.softmax(scores)
             out = self.bmm(to_compute(probs if keep is None else probs * keep, self.matmul_dtype), v)
         return out, ops.amax(ops.stop_gradient(scores), -1)
+
+    def attend_heads_major(self, q_t, k_t, v_t, mask_add):
+        """Eager attention of queries and keys given transposed, ``q_t`` [B,N,d,S] and ``k_t``
+        [B,N,d,Sk], with values ``v_t`` [B,N,dv,Sk]: the heads' outputs transposed, [B,N,dv,S]
+        (:mod:`mindtrain.models.attention_eager`: no operand is a transposed view)."""
+        probs = self.eager_softmax(BMM_TA(q_t, k_t) + mask_add)
+        return BMM_TB(v_t, probs)
 
     def head_max_eager(self, q, k, mask_add):
         """Per head ([N]) the largest pre-softmax logit of ``q`` [B,N,S,d] over ``k``
@@ -149,7 +160,9 @@ class CoreAttention(nn.Cell):
         elif self.__dict__.get("construct") == self._row_blocks:
             object.__delattr__(self, "construct")
 
-    def _row_blocks(self, q, k, v, mask_add, keep=None):
+    def _row_blocks(self, q, k, v, mask_add, keep=None, heads_major=False):
+        if heads_major:  # only at sizes that are one block (attention_eager.eager_mla_ready)
+            return self.attend_heads_major(q, k, v, mask_add)
         b, n, s, sk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
         fast = self.fast_kernels and self.matmul_dtype is not None
         if fast or keep is not None or b * n * s * sk <= self.row_block_elements:
@@ -472,6 +485,8 @@ class MLAttention(Block):
     dropout's mask is drawn per global head."""
 
     def construct(self, x, cos, sin, mask_add):
+        if eager_mla_ready(self, mask_add) and attention_keep(self, self.num_heads, mask_add.shape[-1]) is None:
+            return eager_mla(self, x, cos, sin, mask_add, *self.piece_weights("forward"))
         q, kv_lat, k_rot = self.run("project", x, cos, sin)
         if self.kv_exchange is not None:
             kv_lat, k_rot = self.kv_exchange(kv_lat, k_rot)

@@ -9,6 +9,7 @@ code compiles once under ms.jit and an expert with no tokens needs no special ca
 from __future__ import annotations
 
 import mindspore as ms
+import numpy as np
 from mindtrain.config.plan import MOE_BLOCK
 from mindspore import Tensor, ops
 
@@ -62,6 +63,8 @@ class RoutedExperts(Block):
         return gated_silu(gate, up, self.swiglu_limit)
 
     def construct(self, x, topk_idx, topk_weight):
+        if self.graph("forward") is None and not (self.fast_kernels and not self.swiglu_limit):
+            return self.forward_host_dispatch(x, topk_idx, topk_weight, *self.piece_weights("forward"))
         return self.run("forward", x, topk_idx, topk_weight)
 
     def forward(self, x, topk_idx, topk_weight, gate_proj, up_proj, down_proj):
@@ -113,3 +116,46 @@ class RoutedExperts(Block):
         for j in range(1, k):
             y = y + ops.gather(out, dest_tk[:, j], 0)
         return y, ops.stop_gradient(counts)
+
+    def forward_host_dispatch(self, x, topk_idx, topk_weight, gate_proj, up_proj, down_proj):
+        """:meth:`forward` for an eager cell: the slots of the (token, choice) pairs, the
+        tokens of the slots and the experts of the blocks are index arithmetic on
+        ``topk_idx`` (no gradient), done in numpy; the rows, the weights and the matmuls are
+        :meth:`forward`'s, so every slot holds the same numbers. Blocks after the last
+        filled one are not built (the compiled piece needs the worst case's count)."""
+        t, h = x.shape
+        idx = topk_idx.asnumpy().astype(np.int64)
+        k = idx.shape[1]
+        e, b = self.n_experts, self.block
+        flat_e = idx.reshape(-1)
+        n = flat_e.shape[0]
+        counts = np.bincount(flat_e, minlength=e)
+        order = np.argsort(flat_e, kind="stable")                    # pairs by expert, in pair order
+        rank = np.empty(n, np.int64)
+        rank[order] = np.arange(n) - np.repeat(np.cumsum(counts) - counts, counts)
+        padded = (counts + (b - 1)) // b * b
+        starts = np.cumsum(padded) - padded
+        dest = starts[flat_e] + rank                                  # [N] slot of each pair
+        n_slots = int(padded.sum())
+        slot_token = np.full(n_slots, t, np.int32)                    # empty slots read the zero row
+        slot_token[dest] = np.arange(n) // k
+        slot_pair = np.full(n_slots, n, np.int32)                     # empty slots weigh 0
+        slot_pair[dest] = np.arange(n)
+        block_expert = Tensor(np.repeat(np.arange(e, dtype=np.int32), padded // b))
+        n_blocks = n_slots // b
+
+        cd = self.matmul_dtype
+        x_pad = ops.concat((x, ops.zeros((1, h), x.dtype)), 0)
+        xb = ops.gather(to_compute(x_pad, cd), Tensor(slot_token), 0).reshape(n_blocks, b, h)
+        w_pad = ops.concat((topk_weight.reshape(-1), ops.zeros((1,), topk_weight.dtype)), 0)
+        slot_weight = ops.gather(w_pad, Tensor(slot_pair), 0)
+        scale = ops.matmul(slot_weight.reshape(-1, 1), ops.ones((1, self.intermediate_size), topk_weight.dtype))
+        gate = self.bmm_t(xb, ops.gather(to_compute(gate_proj, cd), block_expert, 0))
+        up = self.bmm_t(xb, ops.gather(to_compute(up_proj, cd), block_expert, 0))
+        act = gated_silu(gate, up, self.swiglu_limit) * to_compute(scale.reshape(n_blocks, b, self.intermediate_size), cd)
+        out = self.bmm_t(act, ops.gather(to_compute(down_proj, cd), block_expert, 0)).reshape(n_slots, h)
+        dest_tk = dest.reshape(t, k).astype(np.int32)
+        y = ops.gather(out, Tensor(np.ascontiguousarray(dest_tk[:, 0])), 0)
+        for j in range(1, k):
+            y = y + ops.gather(out, Tensor(np.ascontiguousarray(dest_tk[:, j])), 0)
+        return y, Tensor(counts.astype(np.int32))

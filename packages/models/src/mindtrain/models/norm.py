@@ -24,8 +24,9 @@ def rms_norm(x, weight, eps: float):
     h = shape[-1]
     x2 = x.reshape(-1, h)
     t = x2.shape[0]
-    mean_sq = ops.matmul(x2 * x2, ops.fill(x2.dtype, (h, 1), 1.0 / h))          # [T, 1]
-    inv = ops.matmul(ops.rsqrt(mean_sq + eps), ops.ones((1, h), x2.dtype))       # [T, H]
+    # the row sums times 1/h (a FillV2 of 1/h costs an eager Cast: ~0.4 ms on CPU)
+    sum_sq = ops.matmul(x2 * x2, ops.ones((h, 1), x2.dtype))                     # [T, 1]
+    inv = ops.matmul(ops.rsqrt(sum_sq * (1.0 / h) + eps), ops.ones((1, h), x2.dtype))  # [T, H]
     w = ops.matmul(ops.ones((t, 1), x2.dtype), weight.reshape(1, h))             # [T, H]
     return (w * (x2 * inv)).reshape(shape)
 

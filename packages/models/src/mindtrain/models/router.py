@@ -64,7 +64,10 @@ class TopkRouter(Block):
         return self.weight, self.e_score_correction_bias
 
     def construct(self, x):
-        out = self.run("forward", x)
+        if self.graph("forward") is None:
+            out = self.route_on_host(x, *self.piece_weights("forward"))
+        else:
+            out = self.run("forward", x)
         if self.recorded is not None:
             self.recorded.append(out[0])
         return out
@@ -102,3 +105,35 @@ class TopkRouter(Block):
         if self.norm_topk_prob:
             weights = weights / (weights.sum(-1, keepdims=True) + 1e-20)
         return topk_idx, weights * self.scaling, scores
+
+    def route_on_host(self, x, weight, bias):
+        """:meth:`forward` for an eager cell: the choice of experts (no gradient: comparisons
+        of the scores) in numpy, the scores and the chosen weights in MindSpore. The same
+        choice as :meth:`forward` (ties to the lower index, the groups by the sum of their two
+        best scores, float32 sums); about 25 small eager ops a layer fewer (each ~0.1-0.4 ms
+        on CPU, a dtype cast ~0.35 ms)."""
+        scores = ops.sigmoid(self.matmul(x, weight))
+        choice = scores.asnumpy() + bias.asnumpy()
+        t = choice.shape[0]
+        if self.n_group > 1:
+            grouped = choice.reshape(t, self.n_group, -1)
+            if grouped.shape[-1] == 2:
+                group_scores = grouped.sum(-1)
+            else:
+                top2 = np.sort(grouped, -1)[..., -2:]
+                group_scores = top2[..., 1] + top2[..., 0]
+            groups = _top_indices(group_scores, self.topk_group)
+            keep = np.zeros(group_scores.shape, np.bool_)
+            np.put_along_axis(keep, groups, True, -1)
+            choice = np.where(np.repeat(keep, grouped.shape[-1], -1), choice, np.float32(-1e30))
+        topk_idx = Tensor(_top_indices(choice, self.top_k).astype(np.int32))
+        weights = ops.gather_elements(scores, 1, topk_idx)
+        if self.norm_topk_prob:
+            weights = weights / (weights.sum(-1, keepdims=True) + 1e-20)
+        return topk_idx, weights * self.scaling, scores
+
+
+def _top_indices(x: np.ndarray, k: int) -> np.ndarray:
+    """Indices [T, k] of the k largest entries of each row of ``x``, largest first, ties to
+    the lower index (as :func:`_topk_indices_by_rank`)."""
+    return np.argsort(-x, axis=-1, kind="stable")[:, :k]

@@ -1,0 +1,154 @@
+"""MLA's eager forward in a heads-major layout: no transposed views.
+
+On MindSpore's CPU backend an eager op on a transposed or sliced view first copies it into
+a contiguous buffer, at ~1 GB/s (measured: 1.5-1.8 ms for the [2, 8, 512, 48] queries, more
+than the matmul that reads them); the eager attention of :class:`~mindtrain.models.attention.MLAttention`
+paid four such copies a layer forward (queries, keys, values, the heads' outputs) and as
+many backward. Here every projection writes its heads already laid out for the attention
+matmuls: the weight ``[M, K]`` (tiled over the batch, a few thousand floats) times the
+activations ``[B, S, K]`` with ``transpose_b`` gives ``[B, M, S]`` = ``[B, N, d, S]``, the
+queries and keys transposed. Scores are ``q^T k`` (``transpose_a``), the heads' outputs come
+out ``[B, N, dv, S]`` and ``o_proj`` reads them with ``transpose_a``: the same numbers as
+the compiled pieces, in the same order of summation per dot product, with no view copied.
+Rope uses cos/sin transposed once per forward (cached by the tensors' identity) and tiled
+over the heads, so no multiply broadcasts (an eager broadcasting multiply ran 5-10x
+slower than one of equal shapes). The softmax's backward sums rows with ``mint.sum`` and
+expands them with ``tile``: on eager tensors those beat the matmuls with ones vectors that
+compiled graphs use (``mindtrain.models.softmax``).
+
+Used by eager cells only, when nothing asks for the general path: no context-parallel
+exchange, attention dropout, replaced core (or one recomputed in row blocks of a size
+that blocks), max-logit tracking, LoRA dropout, biases or mixed precision
+(:func:`eager_mla_ready`). A recomputed core runs through its recompute route
+(:meth:`CoreAttention.attend_heads_major`), so recompute changes no number here either.
+"""
+
+from __future__ import annotations
+
+from mindspore import mint, nn, ops
+
+from mindtrain.models.blocks import overridden
+from mindtrain.models.linear import linear
+
+BMM_TA = ops.BatchMatMul(transpose_a=True)
+BMM_TB = ops.BatchMatMul(transpose_b=True)
+_BMM_TA_TB = ops.BatchMatMul(transpose_a=True, transpose_b=True)
+
+
+class EagerSoftmax(nn.Cell):
+    """``softmax(x, -1)`` whose backward ``y * (dy - sum(dy * y))`` takes the row sums with
+    ``mint.sum`` and expands them with ``tile`` (eager only: a compiled last-axis ReduceSum
+    is the slow one, see :class:`~mindtrain.models.softmax.Softmax`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.softmax = ops.Softmax(-1)
+
+    def construct(self, x):
+        return self.softmax(x)
+
+    def bprop(self, x, out, dout):
+        shape = out.shape
+        n = shape[-1]
+        prod = (dout * out).reshape(-1, n)
+        row = ops.tile(mint.sum(prod, -1, keepdim=True), (1, n))
+        return (prod - out.reshape(-1, n) * row).reshape(shape),
+
+
+def eager_mla_ready(cell, mask_add) -> bool:
+    """True when ``cell`` (an MLAttention whose pieces run eagerly) may run :func:`eager_mla`
+    on ``mask_add``: the general path is needed for anything a layout or a feature hooks."""
+    core = cell.core_attention
+    b, n = mask_add.shape[0], cell.num_heads
+    return (cell.kv_exchange is None and not cell.attention_bias and cell.matmul_dtype is None
+            and not cell.fast_kernels and not cell.track_max_logits and _plain_core(core, mask_add)
+            and not core.track_max_logits
+            and not cell.has_lora_dropout() and cell.graph("project") is None
+            and len(mask_add.shape) == 4 and tuple(mask_add.shape[1:2]) == (n,)
+            and mask_add.shape[2] == mask_add.shape[3] and b >= 1)
+
+
+def _plain_core(core, mask_add) -> bool:
+    """True if ``core`` computes plain attention on ``mask_add``: not replaced, or in
+    recomputed row blocks (:meth:`CoreAttention.recompute_in_row_blocks`) at a size it runs
+    whole anyway."""
+    if not overridden(core):
+        return True
+    if core.__dict__.get("construct") != core._row_blocks:  # pylint: disable=protected-access
+        return False
+    b, n, s, sk = mask_add.shape
+    return b * n * s * sk <= core.row_block_elements
+
+
+def _per_batch(w, b: int):
+    """``w`` [M, K] as [B, M, K] (a batched matmul's weight; the gradient sums the copies)."""
+    w3 = w.reshape((1,) + tuple(w.shape))
+    return w3 if b == 1 else ops.tile(w3, (b, 1, 1))
+
+
+def _rope_transposed(cell, cos, sin, b: int, s: int):
+    """(cos, sin) for the queries [B, N, rope, S] and for the key [B, rope, S], from the
+    [B, 1, S, rope] tables; cached on the class by the tables' identity (one forward's
+    layers, and steps at the default positions, share one pair)."""
+    n, rope = cell.num_heads, cell.rope
+    key = (id(cos), id(sin), n)
+    cache = type(cell).__dict__.get("_eager_rope_cache")
+    if cache is not None and cache[0] == key and cache[1][0] is cos and cache[1][1] is sin:
+        return cache[2]
+    ck = ops.transpose(cos.reshape(b, s, rope), (0, 2, 1)).contiguous()
+    sk = ops.transpose(sin.reshape(b, s, rope), (0, 2, 1)).contiguous()
+    cq = ops.tile(ck.reshape(b, 1, rope, s), (1, n, 1, 1))
+    sq = ops.tile(sk.reshape(b, 1, rope, s), (1, n, 1, 1))
+    out = (cq, sq, ck, sk)
+    type(cell)._eager_rope_cache = (key, (cos, sin), out)
+    return out
+
+
+def eager_mla(cell, x, cos, sin, mask_add, *w):
+    """:meth:`MLAttention.forward`'s math on ``x`` [B, S, H] with the weights ``w``
+    (``piece_weights("forward")``, no biases), in the heads-major layout (module doc)."""
+    b, s, _ = x.shape
+    n, nope, rope, dv = cell.num_heads, cell.nope, cell.rope, cell.v_dim
+    kv_lora = cell.kv_lora_rank
+    x2 = x.reshape(b * s, -1)
+    x3 = x2.reshape(b, s, -1)
+    cq, sq, ck, sk = _rope_transposed(cell, cos, sin, b, s)
+
+    if cell.q_lora_rank is None:
+        q_in, wq, i = x3, w[0], 1
+    else:
+        q_lat = linear(x2, w[0])
+        if cell.qk_layernorm:
+            q_lat, wq, i = cell.q_a_layernorm.apply(q_lat, w[1]), w[2], 3
+        else:
+            wq, i = w[1], 2
+        q_in = q_lat.reshape(b, s, -1)
+    # the softmax scale is folded into the query weights, as in MLAttention.project
+    wq = wq.reshape(n, cell.qk_head_dim, -1) * cell.scaling
+    wq_rot, wq_half = cell._rope_rows(wq[:, nope:], n)  # pylint: disable=protected-access
+    q_nope = BMM_TB(_per_batch(wq[:, :nope].reshape(n * nope, -1), b), q_in).reshape(b, n, nope, s)
+    q_rot = (BMM_TB(_per_batch(wq_rot, b), q_in).reshape(b, n, rope, s) * cq
+             + BMM_TB(_per_batch(wq_half, b), q_in).reshape(b, n, rope, s) * sq)
+    q_t = ops.concat((q_nope, q_rot), 2)                                          # [B, N, qk, S]
+
+    wkv = w[i]
+    kv_lat = linear(x2, wkv[:kv_lora])                                            # [T, kv_lora]
+    wk_rot, wk_half = cell._rope_rows(wkv[kv_lora:].reshape(1, rope, -1), 1)  # pylint: disable=protected-access
+    k_rot = BMM_TB(_per_batch(wk_rot, b), x3) * ck + BMM_TB(_per_batch(wk_half, b), x3) * sk  # [B, rope, S]
+    if cell.qk_layernorm:
+        kv_lat, j = cell.kv_a_layernorm.apply(kv_lat, w[i + 1]), i + 2
+    else:
+        j = i + 1
+    lat = kv_lat.reshape(b, s, kv_lora)
+    wkvb = w[j].reshape(n, nope + dv, -1)
+    k_nope = BMM_TB(_per_batch(wkvb[:, :nope].reshape(n * nope, -1), b), lat).reshape(b, n, nope, s)
+    v_t = BMM_TB(_per_batch(wkvb[:, nope:].reshape(n * dv, -1), b), lat).reshape(b, n, dv, s)
+    k_t = ops.concat((k_nope, ops.tile(k_rot.reshape(b, 1, rope, s), (1, n, 1, 1))), 2)
+
+    core = cell.core_attention
+    if core.__dict__.get("_recompute_cell") is not None:  # recomputed: through the core's call route
+        out_t = core(q_t, k_t, v_t, mask_add, None, True)
+    else:
+        out_t = core.attend_heads_major(q_t, k_t, v_t, mask_add)                  # [B, N, dv, S]
+    out_t = out_t.reshape(b, n * dv, s)
+    return _BMM_TA_TB(out_t, _per_batch(w[j + 1], b))                              # [B, S, H]
