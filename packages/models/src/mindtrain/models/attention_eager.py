@@ -88,12 +88,13 @@ def _per_batch(w, b: int):
 
 def _rope_transposed(cell, cos, sin, b: int, s: int):
     """(cos, sin) for the queries [B, N, rope, S] and for the key [B, rope, S], from the
-    [B, 1, S, rope] tables; cached on the class by the tables' identity (one forward's
-    layers, and steps at the default positions, share one pair)."""
+    [B, 1, S, rope] tables; cached on the class by the tables' storage (the layers get
+    ``stop_gradient`` views of one forward's tables, and steps at the default positions share
+    them; the cache holds the tables, so no other tensor can have that storage meanwhile)."""
     n, rope = cell.num_heads, cell.rope
-    key = (id(cos), id(sin), n)
+    key = (cos.data_ptr(), sin.data_ptr(), tuple(cos.shape), tuple(sin.shape), n)
     cache = type(cell).__dict__.get("_eager_rope_cache")
-    if cache is not None and cache[0] == key and cache[1][0] is cos and cache[1][1] is sin:
+    if cache is not None and cache[0] == key:
         return cache[2]
     ck = ops.transpose(cos.reshape(b, s, rope), (0, 2, 1)).contiguous()
     sk = ops.transpose(sin.reshape(b, s, rope), (0, 2, 1)).contiguous()
