@@ -130,7 +130,9 @@ def test_flat_buffers_equal_the_per_parameter_update_over_20_steps(bucket, monke
     """The update over flat buffers (one kernel call per dtype and decay group, parameters and
     moments as views of the buffers) against one kernel call per parameter: 20 steps, half
     of them clipped, a weight written anew mid-way (``set_data``, as a checkpoint load does:
-    taken back into the buffer) and one through ``write_param`` (ops.assign refuses views)."""
+    taken back into the buffer) and one through ``write_param`` (ops.assign refuses views).
+    The flat gradient both ways: numpy into a kept host buffer (synchronous CPU, the
+    trainer's case here) and ``ops.cat`` (asynchronous dispatch, other devices)."""
     from mindtrain.parallel.layout import write_param
     from mindtrain.trainer import optimizer
 
@@ -138,7 +140,9 @@ def test_flat_buffers_equal_the_per_parameter_update_over_20_steps(bucket, monke
     rng = np.random.default_rng(5)
     init = {n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items()}
     runs = {}
-    for flat in (True, False):
+    for mode in ("host", "cat", "per-param"):
+        flat = mode != "per-param"
+        monkeypatch.setattr(optimizer, "synchronous_dispatch", lambda m=mode: m == "host")
         named = [(n, Parameter(Tensor(a.copy()), name=n)) for n, a in init.items()]
         opt = AdamW(named, lr=1e-2, betas=BETAS, eps=EPS, weight_decay=WD, flat=flat)
         # decay and no-decay (40 + 24 values, 4 + 10: the bucket of 30 splits the first); the empty shard stays out
@@ -153,14 +157,16 @@ def test_flat_buffers_equal_the_per_parameter_update_over_20_steps(bucket, monke
                 named[0][1].set_data(Tensor(np.full(SHAPES[named[0][0]], 0.5, np.float32)))
             if step == 11:
                 write_param(named[2][1], np.full(SHAPES[named[2][0]], -0.25, np.float32))
-        runs[flat] = ([p.asnumpy().copy() for _, p in named], [m.asnumpy().copy() for m in opt.exp_avg],
+        assert all((g._grad_host is not None) == (mode == "host") for g in opt._groups)
+        runs[mode] = ([p.asnumpy().copy() for _, p in named], [m.asnumpy().copy() for m in opt.exp_avg],
                       [v.asnumpy().copy() for v in opt.exp_avg_sq], opt.state_dict())
-    (pa, ma, va, sa), (pb, mb, vb, sb) = runs[True], runs[False]
-    for n, a, b in zip(SHAPES, pa, pb):
-        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6, err_msg=n)
-    for a, b in zip(ma + va, mb + vb):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
-    assert sa.keys() == sb.keys()
+    pb, mb, vb, sb = runs["per-param"]
+    for pa, ma, va, sa in (runs["host"], runs["cat"]):
+        for n, a, b in zip(SHAPES, pa, pb):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-6, err_msg=n)
+        for a, b in zip(ma + va, mb + vb):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+        assert sa.keys() == sb.keys()
     # a state loaded into the flat buffers continues like the per-parameter one
     named = [(n, Parameter(Tensor(a.copy()), name=n)) for n, a in zip(SHAPES, pb)]
     opt = AdamW(named, lr=1e-2, betas=BETAS, eps=EPS, weight_decay=WD)

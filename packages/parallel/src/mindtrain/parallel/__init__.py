@@ -15,6 +15,7 @@ _LAZY = {
     "all_reduce": "collectives",
     "install_failure_handler": "failure",
     "fully_shard": "fsdp",
+    "synchronous_dispatch": "fsdp",
     "FSDP": "fsdp",
     "apply_tensor_parallel": "tensor_parallel",
     "TensorParallel": "tensor_parallel",

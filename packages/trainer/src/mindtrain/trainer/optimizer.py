@@ -10,6 +10,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, ops
 
 from mindtrain.config import OptimizerConfig
+from mindtrain.parallel import synchronous_dispatch
 
 
 def wants_decay(name: str, param: Parameter) -> bool:
@@ -39,6 +40,7 @@ class _FlatGroup:
         self.exp_avg = Parameter(Tensor(np.zeros(total, np.float32)), name=f"flat_exp_avg.{tag}", requires_grad=False)
         self.exp_avg_sq = Parameter(Tensor(np.zeros(total, np.float32)), name=f"flat_exp_avg_sq.{tag}",
                                     requires_grad=False)
+        self._grad_host: Optional[np.ndarray] = None  # flat_gradient's buffer (host path)
         self.m_views = [self._piece(self.exp_avg, i, f"exp_avg.{p.name}") for i, p in enumerate(params)]
         self.v_views = [self._piece(self.exp_avg_sq, i, f"exp_avg_sq.{p.name}") for i, p in enumerate(params)]
         self._ptrs: list[int] = []
@@ -61,6 +63,21 @@ class _FlatGroup:
         for i, p in enumerate(self.params):
             p.set_data(self._view(self.flat, i))
         self._ptrs = [p.data_ptr() for p in self.params]
+
+    def flat_gradient(self, grads: list, host: bool) -> Tensor:
+        """The group's gradients as one flat tensor in the buffer's dtype. ``host`` (a CPU
+        device with synchronous dispatch: a kernel has finished reading the tensor before
+        the next step writes it): float32 gradients are copied with numpy into a host
+        buffer kept between steps and handed over without a copy (``Tensor.from_numpy``);
+        a fresh 24 MB buffer each step page-faults (bench model: ``ops.cat`` 10.4 ms,
+        ``np.concatenate`` into the kept buffer 1.8 ms). Otherwise ``ops.cat``."""
+        dtype = self.flat.dtype
+        if host and dtype == ms.float32 and all(x.dtype == dtype for x in grads):
+            if self._grad_host is None:
+                self._grad_host = np.empty(self.offsets[-1], np.float32)
+            np.concatenate([x.asnumpy().reshape(-1) for x in grads], out=self._grad_host)
+            return Tensor.from_numpy(self._grad_host)
+        return ops.cat([(x if x.dtype == dtype else x.astype(dtype)).reshape(-1) for x in grads])
 
     def aliased(self) -> bool:
         """True while every parameter is still its piece of the buffer."""
@@ -166,12 +183,11 @@ class AdamW:
         lr_t, eps_t, wd_t, norm = (Tensor(x, ms.float32) for x in (
             self.lr * root_bc2 / bc1, self.eps * root_bc2, self.weight_decay * bc1 / root_bc2, 1.0 / grad_scale))
         beta1, beta2 = self._betas
+        host = bool(self._groups) and synchronous_dispatch() and str(ms.get_context("device_target")).upper() == "CPU"
         for g in self._groups:
             if not g.aliased():
                 g.adopt()
-            pieces = [grads[i] for i in g.idx]
-            flat_grad = ops.cat([(x if x.dtype == g.flat.dtype else x.astype(g.flat.dtype)).reshape(-1)
-                                 for x in pieces])
+            flat_grad = g.flat_gradient([grads[i] for i in g.idx], host)
             self._kernel(g.flat, g.exp_avg, g.exp_avg_sq, lr_t, beta1, beta2, eps_t,
                          wd_t if g.decay else self._no_decay, flat_grad, norm)
         for i in self._loose:
