@@ -19,7 +19,7 @@ from mindtrain.models.inputs import shift_left, whole_sequence_inputs
 from mindtrain.models.linear import Linear
 from mindtrain.models.loss import MaskedCrossEntropy, TokenCrossEntropy
 from mindtrain.models.mtp import MTPLayer
-from mindtrain.models.norm import RMSNorm
+from mindtrain.models.norm import RMSNorm, rms_norm
 from mindtrain.models.blocks import Block, call_graph, overridden
 from mindtrain.models.execution import is_compiled
 from mindtrain.models.precision import (DTYPES, check_param_dtype, current_device, resolve_compute_dtype,
@@ -100,7 +100,7 @@ class _HeadLoss(Block):
         if self.fast_kernels:
             x = kernels.fast_rms_norm(x, norm_weight, eps)
         else:
-            x = norm_weight * (x * ops.rsqrt(ops.mean(ops.square(x), -1, keep_dims=True) + eps))
+            x = rms_norm(x, norm_weight, eps)  # the layers' norm (no broadcasting multiplies)
         if self.lora_input is not None:  # [x, dropout(x)] while the head's adapter runs unmerged
             x = self.lora_input(x)
         if self.sequence_gather is not None:
