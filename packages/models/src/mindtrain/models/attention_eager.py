@@ -25,7 +25,8 @@ that blocks), max-logit tracking, LoRA dropout, biases or mixed precision
 
 from __future__ import annotations
 
-from mindspore import mint, nn, ops
+import numpy as np
+from mindspore import Tensor, mint, nn, ops
 
 from mindtrain.models.blocks import overridden
 from mindtrain.models.linear import linear
@@ -80,6 +81,46 @@ def _plain_core(core, mask_add) -> bool:
     return b * n * s * sk <= core.row_block_elements
 
 
+def _selection(cell, kind: str, n: int):
+    """A constant [rows out, rows in] matrix whose product with a projection's weight picks
+    (and scales, signs) its rows for :func:`eager_mla`: ``"q"``: the query weight's nope rows,
+    then the de-interleaved rope rows, then their rotate_half (sign folded in), all times the
+    softmax scale; ``"k"``: the latent projection's rope rows, de-interleaved, then their
+    rotate_half; ``"kv"``: ``kv_b_proj``'s key rows, then its value rows. One matmul in place
+    of strided slices, gathers and a broadcasting multiply (each an eager op and a backward
+    one): every entry is 0 or +-scale, so the rows are the same numbers. Cached per shape."""
+    nope, rope, dv = cell.nope, cell.rope, cell.v_dim
+    key = (kind, n, nope, rope, dv, cell.rope_interleave, float(cell.scaling))
+    cache = _SELECTIONS.get(key)
+    if cache is not None:
+        return cache
+    half = rope // 2
+    deint = (np.concatenate([np.arange(0, rope, 2), np.arange(1, rope, 2)]) if cell.rope_interleave
+             else np.arange(rope))
+    half_src = np.concatenate([np.arange(half, rope), np.arange(half)])
+    half_sign = np.concatenate([-np.ones(half), np.ones(half)])
+    if kind == "kv":
+        width = nope + dv
+        picks = [(h * width + c, 1.0) for h in range(n) for c in range(nope)] + \
+                [(h * width + nope + c, 1.0) for h in range(n) for c in range(dv)]
+        cols = n * width
+    else:
+        width, base, scale = (nope + rope, nope, float(cell.scaling)) if kind == "q" else (rope, 0, 1.0)
+        picks = [(h * width + c, scale) for h in range(n) for c in range(nope)] if kind == "q" else []
+        picks += [(h * width + base + deint[j], scale) for h in range(n) for j in range(rope)]
+        picks += [(h * width + base + deint[half_src[j]], scale * half_sign[j]) for h in range(n) for j in range(rope)]
+        cols = n * width
+    m = np.zeros((len(picks), cols), np.float32)
+    for row, (col, value) in enumerate(picks):
+        m[row, col] = value
+    out = Tensor(m)
+    _SELECTIONS[key] = out
+    return out
+
+
+_SELECTIONS: dict = {}
+
+
 def _per_batch(w, b: int):
     """``w`` [M, K] as [B, M, K] (a batched matmul's weight; the gradient sums the copies)."""
     w3 = w.reshape((1,) + tuple(w.shape))
@@ -124,26 +165,27 @@ def eager_mla(cell, x, cos, sin, mask_add, *w):
         else:
             wq, i = w[1], 2
         q_in = q_lat.reshape(b, s, -1)
-    # the softmax scale is folded into the query weights, as in MLAttention.project
-    wq = wq.reshape(n, cell.qk_head_dim, -1) * cell.scaling
-    wq_rot, wq_half = cell._rope_rows(wq[:, nope:], n)  # pylint: disable=protected-access
-    q_nope = BMM_TB(_per_batch(wq[:, :nope].reshape(n * nope, -1), b), q_in).reshape(b, n, nope, s)
+    # the nope rows, the de-interleaved rope rows and their rotate_half, the softmax scale
+    # folded in (as MLAttention.project does), by one matmul with a constant selection
+    wq_nope, wq_rot, wq_half = ops.split(ops.matmul(_selection(cell, "q", n), wq), [n * nope, n * rope, n * rope])
+    q_nope = BMM_TB(_per_batch(wq_nope, b), q_in).reshape(b, n, nope, s)
     q_rot = (BMM_TB(_per_batch(wq_rot, b), q_in).reshape(b, n, rope, s) * cq
              + BMM_TB(_per_batch(wq_half, b), q_in).reshape(b, n, rope, s) * sq)
     q_t = ops.concat((q_nope, q_rot), 2)                                          # [B, N, qk, S]
 
     wkv = w[i]
-    kv_lat = linear(x2, wkv[:kv_lora])                                            # [T, kv_lora]
-    wk_rot, wk_half = cell._rope_rows(wkv[kv_lora:].reshape(1, rope, -1), 1)  # pylint: disable=protected-access
+    w_lat, w_rope = ops.split(wkv, [kv_lora, rope])
+    kv_lat = linear(x2, w_lat)                                                    # [T, kv_lora]
+    wk_rot, wk_half = ops.split(ops.matmul(_selection(cell, "k", 1), w_rope), rope)
     k_rot = BMM_TB(_per_batch(wk_rot, b), x3) * ck + BMM_TB(_per_batch(wk_half, b), x3) * sk  # [B, rope, S]
     if cell.qk_layernorm:
         kv_lat, j = cell.kv_a_layernorm.apply(kv_lat, w[i + 1]), i + 2
     else:
         j = i + 1
     lat = kv_lat.reshape(b, s, kv_lora)
-    wkvb = w[j].reshape(n, nope + dv, -1)
-    k_nope = BMM_TB(_per_batch(wkvb[:, :nope].reshape(n * nope, -1), b), lat).reshape(b, n, nope, s)
-    v_t = BMM_TB(_per_batch(wkvb[:, nope:].reshape(n * dv, -1), b), lat).reshape(b, n, dv, s)
+    wk_nope, wv = ops.split(ops.matmul(_selection(cell, "kv", n), w[j]), [n * nope, n * dv])  # key rows, value rows
+    k_nope = BMM_TB(_per_batch(wk_nope, b), lat).reshape(b, n, nope, s)
+    v_t = BMM_TB(_per_batch(wv, b), lat).reshape(b, n, dv, s)
     k_t = ops.concat((k_nope, ops.tile(k_rot.reshape(b, 1, rope, s), (1, n, 1, 1))), 2)
 
     core = cell.core_attention
