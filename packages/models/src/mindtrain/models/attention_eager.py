@@ -26,27 +26,21 @@ that blocks), max-logit tracking, LoRA dropout, biases or mixed precision
 from __future__ import annotations
 
 import numpy as np
-from mindspore import Tensor, mint, nn, ops
+from mindspore import Tensor, mint, ops
 
 from mindtrain.models.blocks import overridden
 from mindtrain.models.linear import linear
+from mindtrain.models.softmax import Softmax
 
 BMM_TA = ops.BatchMatMul(transpose_a=True)
 BMM_TB = ops.BatchMatMul(transpose_b=True)
 _BMM_TA_TB = ops.BatchMatMul(transpose_a=True, transpose_b=True)
 
 
-class EagerSoftmax(nn.Cell):
+class EagerSoftmax(Softmax):
     """``softmax(x, -1)`` whose backward ``y * (dy - sum(dy * y))`` takes the row sums with
     ``mint.sum`` and expands them with ``tile`` (eager only: a compiled last-axis ReduceSum
     is the slow one, see :class:`~mindtrain.models.softmax.Softmax`)."""
-
-    def __init__(self):
-        super().__init__()
-        self.softmax = ops.Softmax(-1)
-
-    def construct(self, x):
-        return self.softmax(x)
 
     def bprop(self, x, out, dout):
         shape = out.shape
