@@ -51,3 +51,19 @@ def test_compiled_matches_hf_without_the_norms():
     name = "ds3_no_qk_norm"
     model, ref = load_fixture(name, jit=True, **OVERRIDES[name])
     check_logits_loss_grads(model, ref, lm_loss_key="lm_loss" if "lm_loss" in ref else "loss")
+
+
+@pytest.mark.parametrize("name", ["qlora", "qwen3_moe", "deepseek_v4"])
+def test_a_checkpoint_with_the_norms_is_refused_without_them(name):
+    """An HF checkpoint whose attention has its norms (DeepSeek-V3's latent norms, Qwen3's
+    q_norm / k_norm, DeepSeek-V4's q_norm / kv norm) loaded with ``qk_layernorm: false``: one
+    line naming the field, not a model that silently drops the checkpoint's norms."""
+    from hf_parity_fixtures import fixture_dir
+
+    from mindtrain.config import UserError
+
+    overrides = {"num_nextn_predict_layers": 0} if name == "qlora" else {}
+    with pytest.raises(UserError, match=r"model\.qk_layernorm: false") as err:
+        mm.from_pretrained(fixture_dir(name), jit=False, qk_layernorm=False, **overrides)
+    assert "\n" not in str(err.value) and "norm" in str(err.value).split("(e.g. ")[1]
+    mm.from_pretrained(fixture_dir(name), jit=False, **overrides)  # with the norms it loads

@@ -115,6 +115,10 @@ def read_hf_weights(directory: str) -> dict[str, np.ndarray]:
     return out
 
 
+# the attention's latent / per-head q-k norms, which ``qk_layernorm: false`` leaves out (model names)
+_QK_NORM = re.compile(r"\.self_attn\.(q_a_layernorm|kv_a_layernorm|q_a_norm|kv_norm|q_norm|k_norm)\.weight$")
+
+
 class HFBoxes:
     """An HF model directory read box by box under the model's own parameter names: a rank
     reads only the parts of the files that overlap its pieces (per-expert tensors are stacked
@@ -144,6 +148,7 @@ class HFBoxes:
         self.global_shapes: dict[str, tuple[int, ...]] = {}
         per_expert: dict[str, dict[int, str]] = {}
         unexpected = []
+        unknown_norms = []  # model names of the attention norms a qk_layernorm: false model lacks
         v4 = cfg.model_type == "deepseek_v4"
         for key in where:
             if key.endswith("weight_scale_inv"):
@@ -156,6 +161,7 @@ class HFBoxes:
                     self._sources[name] = ("plain", key)
                 else:
                     unexpected.append(key)
+                    unknown_norms += [name] if _QK_NORM.search(name) else []
                 continue
             m = _EXPERT_FILE.match(key)
             if m:
@@ -176,6 +182,11 @@ class HFBoxes:
                 self._sources[key] = ("plain", key)
             else:
                 unexpected.append(key)
+                unknown_norms += [key] if _QK_NORM.search(key) else []
+        if unknown_norms and not getattr(cfg, "qk_layernorm", True):
+            raise UserError(f"{directory}: holds {len(unknown_norms)} attention norm weights (e.g. {unknown_norms[0]}) "
+                            "that a model with model.qk_layernorm: false does not have; set model.qk_layernorm: "
+                            "true to load them (the checkpoint's model has the norms)")
         for name, keys in per_expert.items():
             lacking = [e for e in range(cfg.n_routed_experts) if e not in keys]
             if lacking:
