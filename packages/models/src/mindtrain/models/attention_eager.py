@@ -54,13 +54,11 @@ def eager_mla_ready(cell, mask_add) -> bool:
     """True when ``cell`` (an MLAttention whose pieces run eagerly) may run :func:`eager_mla`
     on ``mask_add``: the general path is needed for anything a layout or a feature hooks."""
     core = cell.core_attention
-    b, n = mask_add.shape[0], cell.num_heads
-    return (cell.kv_exchange is None and not cell.attention_bias and cell.matmul_dtype is None
-            and not cell.fast_kernels and not cell.track_max_logits and _plain_core(core, mask_add)
-            and not core.track_max_logits
-            and not cell.has_lora_dropout() and cell.graph("project") is None
-            and len(mask_add.shape) == 4 and tuple(mask_add.shape[1:2]) == (n,)
-            and mask_add.shape[2] == mask_add.shape[3] and b >= 1)
+    return (len(mask_add.shape) == 4 and mask_add.shape[1] == cell.num_heads
+            and mask_add.shape[2] == mask_add.shape[3]
+            and cell.kv_exchange is None and not cell.attention_bias and cell.matmul_dtype is None
+            and not cell.fast_kernels and not cell.track_max_logits and not core.track_max_logits
+            and _plain_core(core, mask_add) and not cell.has_lora_dropout() and cell.graph("project") is None)
 
 
 def _plain_core(core, mask_add) -> bool:

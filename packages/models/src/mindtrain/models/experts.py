@@ -73,7 +73,7 @@ class RoutedExperts(Block):
         cd = self.matmul_dtype
         if self.fast_kernels and not self.swiglu_limit:
             return kernels.fast_routed_experts(x, topk_idx, topk_weight, gate_proj, up_proj, down_proj, cd)
-        t, h = x.shape
+        t = x.shape[0]
         k = topk_idx.shape[1]
         e = self.n_experts
         b = self.block
@@ -94,8 +94,6 @@ class RoutedExperts(Block):
         # slots no pair fills read the zero row appended at index t
         slot_token = ops.fill(ms.int32, (n_slots,), t)
         slot_token = ops.tensor_scatter_update(slot_token, dest.reshape(-1, 1), token_of_pair)
-        x_pad = ops.concat((x, ops.zeros((1, h), x.dtype)), 0)
-        xb = ops.gather(to_compute(x_pad, cd), slot_token, 0).reshape(n_blocks, b, h)
 
         block_start = ops.arange(n_blocks, dtype=ms.int32) * b
         block_expert = (ops.expand_dims(block_start, 1) >= ops.expand_dims(ends, 0)).astype(ms.int32).sum(1)
@@ -106,16 +104,31 @@ class RoutedExperts(Block):
         # weighted sum of the K outputs then is a plain sum of gathered rows
         slot_weight = ops.zeros((n_slots,), topk_weight.dtype)
         slot_weight = ops.tensor_scatter_update(slot_weight, dest.reshape(-1, 1), topk_weight.reshape(-1))
-        scale = ops.matmul(slot_weight.reshape(-1, 1), ops.ones((1, self.intermediate_size), topk_weight.dtype))
-        gate = self.bmm_t(xb, ops.gather(to_compute(gate_proj, cd), block_expert, 0))
-        up = self.bmm_t(xb, ops.gather(to_compute(up_proj, cd), block_expert, 0))
-        act = (gated_silu(gate, up, self.swiglu_limit)) * to_compute(scale.reshape(n_blocks, b, self.intermediate_size), cd)
-        out = self.bmm_t(act, ops.gather(to_compute(down_proj, cd), block_expert, 0)).reshape(n_slots, h)
+        out = self.slot_outputs(x, slot_token, slot_weight, block_expert, gate_proj, up_proj, down_proj)
         dest_tk = ops.stop_gradient(dest).reshape(t, k)
         y = ops.gather(out, dest_tk[:, 0], 0)
         for j in range(1, k):
             y = y + ops.gather(out, dest_tk[:, j], 0)
         return y, ops.stop_gradient(counts)
+
+    def slot_outputs(self, x, slot_token, slot_weight, block_expert, gate_proj, up_proj, down_proj):
+        """The experts' outputs per slot [n_slots, H] (:meth:`forward`'s and
+        :meth:`forward_host_dispatch`'s compute): slot ``i`` holds token ``slot_token[i]`` of
+        ``x`` (``T``: the zero row) weighted by ``slot_weight[i]`` through expert
+        ``block_expert[i // block]``. Each block gathers its expert's weights; the routing
+        weight is applied before ``down_proj``, so a token's output is a plain sum of its rows."""
+        cd = self.matmul_dtype
+        h = x.shape[1]
+        b = self.block
+        n_slots = slot_token.shape[0]
+        n_blocks = n_slots // b
+        x_pad = ops.concat((x, ops.zeros((1, h), x.dtype)), 0)
+        xb = ops.gather(to_compute(x_pad, cd), slot_token, 0).reshape(n_blocks, b, h)
+        scale = ops.matmul(slot_weight.reshape(-1, 1), ops.ones((1, self.intermediate_size), slot_weight.dtype))
+        gate = self.bmm_t(xb, ops.gather(to_compute(gate_proj, cd), block_expert, 0))
+        up = self.bmm_t(xb, ops.gather(to_compute(up_proj, cd), block_expert, 0))
+        act = gated_silu(gate, up, self.swiglu_limit) * to_compute(scale.reshape(n_blocks, b, self.intermediate_size), cd)
+        return self.bmm_t(act, ops.gather(to_compute(down_proj, cd), block_expert, 0)).reshape(n_slots, h)
 
     def forward_host_dispatch(self, x, topk_idx, topk_weight, gate_proj, up_proj, down_proj):
         """:meth:`forward` for an eager cell: the slots of the (token, choice) pairs, the
@@ -123,7 +136,7 @@ class RoutedExperts(Block):
         ``topk_idx`` (no gradient), done in numpy; the rows, the weights and the matmuls are
         :meth:`forward`'s, so every slot holds the same numbers. Blocks after the last
         filled one are not built (the compiled piece needs the worst case's count)."""
-        t, h = x.shape
+        t = x.shape[0]
         idx = topk_idx.asnumpy().astype(np.int64)
         k = idx.shape[1]
         e, b = self.n_experts, self.block
@@ -142,18 +155,10 @@ class RoutedExperts(Block):
         slot_pair = np.full(n_slots, n, np.int32)                     # empty slots weigh 0
         slot_pair[dest] = np.arange(n)
         block_expert = Tensor(np.repeat(np.arange(e, dtype=np.int32), padded // b))
-        n_blocks = n_slots // b
 
-        cd = self.matmul_dtype
-        x_pad = ops.concat((x, ops.zeros((1, h), x.dtype)), 0)
-        xb = ops.gather(to_compute(x_pad, cd), Tensor(slot_token), 0).reshape(n_blocks, b, h)
         w_pad = ops.concat((topk_weight.reshape(-1), ops.zeros((1,), topk_weight.dtype)), 0)
         slot_weight = ops.gather(w_pad, Tensor(slot_pair), 0)
-        scale = ops.matmul(slot_weight.reshape(-1, 1), ops.ones((1, self.intermediate_size), topk_weight.dtype))
-        gate = self.bmm_t(xb, ops.gather(to_compute(gate_proj, cd), block_expert, 0))
-        up = self.bmm_t(xb, ops.gather(to_compute(up_proj, cd), block_expert, 0))
-        act = gated_silu(gate, up, self.swiglu_limit) * to_compute(scale.reshape(n_blocks, b, self.intermediate_size), cd)
-        out = self.bmm_t(act, ops.gather(to_compute(down_proj, cd), block_expert, 0)).reshape(n_slots, h)
+        out = self.slot_outputs(x, Tensor(slot_token), slot_weight, block_expert, gate_proj, up_proj, down_proj)
         dest_tk = dest.reshape(t, k).astype(np.int32)
         y = ops.gather(out, Tensor(np.ascontiguousarray(dest_tk[:, 0])), 0)
         for j in range(1, k):

@@ -101,10 +101,15 @@ class TopkRouter(Block):
         else:
             _, topk_idx = ops.topk(choice, self.top_k)
         topk_idx = ops.stop_gradient(topk_idx)
+        return topk_idx, self.chosen_weights(scores, topk_idx), scores
+
+    def chosen_weights(self, scores, topk_idx):
+        """The routing weights [T, K] of the chosen experts: their unbiased scores,
+        normalised to sum 1 per token (``norm_topk_prob``), times ``routed_scaling_factor``."""
         weights = ops.gather_elements(scores, 1, topk_idx)
         if self.norm_topk_prob:
             weights = weights / (weights.sum(-1, keepdims=True) + 1e-20)
-        return topk_idx, weights * self.scaling, scores
+        return weights * self.scaling
 
     def route_on_host(self, x, weight, bias):
         """:meth:`forward` for an eager cell: the choice of experts (no gradient: comparisons
@@ -127,10 +132,7 @@ class TopkRouter(Block):
             np.put_along_axis(keep, groups, True, -1)
             choice = np.where(np.repeat(keep, grouped.shape[-1], -1), choice, np.float32(-1e30))
         topk_idx = Tensor(_top_indices(choice, self.top_k).astype(np.int32))
-        weights = ops.gather_elements(scores, 1, topk_idx)
-        if self.norm_topk_prob:
-            weights = weights / (weights.sum(-1, keepdims=True) + 1e-20)
-        return topk_idx, weights * self.scaling, scores
+        return topk_idx, self.chosen_weights(scores, topk_idx), scores
 
 
 def _top_indices(x: np.ndarray, k: int) -> np.ndarray:
