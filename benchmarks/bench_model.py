@@ -18,8 +18,9 @@ tensor with clipping folded in; the trainer's flat buffers, one kernel per group
 round by round, and prints each one's share of its steps per round (norm + clip + update
 against model + norm + clip + update; issue 33). ``--trainer`` times what users
 run instead: ``run_mindformer.py --config benchmarks/configs/ds3_bench.yaml`` in one process
-(the same model, batch and clipping) each round, its per_step_time of steps 2 on, against the
-PyTorch steps of the same round.
+(the same model, batch and clipping) each round, its per_step_time of steps 3 to 10 (step 1
+compiles, step 2 is its first warm step; the PyTorch worker warms up before round 1), against
+the PyTorch steps of the same round.
 
 The PyTorch side needs a venv with torch==2.13.0 and transformers (see tools/make_hf_fixtures.py).
 Prints per-round tokens/s, the ratio, MindSpore's compile time (first step), achieved GFLOP/s
@@ -247,7 +248,7 @@ def _run(proc, n):
 
 
 def _trainer_round(work: str, r: int, eager: bool, pin: list) -> dict:
-    """One run of run_mindformer.py on ds3_bench.yaml: per_step_time of steps 2 on, peak RSS."""
+    """One run of run_mindformer.py on ds3_bench.yaml: per_step_time of steps 3 on, peak RSS."""
     import glob
 
     out = os.path.join(work, f"round{r}")
@@ -261,7 +262,7 @@ def _trainer_round(work: str, r: int, eager: bool, pin: list) -> dict:
     if proc.returncode:
         raise SystemExit(f"bench_model: run_mindformer.py failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     rows = [json.loads(line) for f in glob.glob(os.path.join(out, "*", "metrics.jsonl")) for line in open(f)]
-    times = [row["per_step_time_ms"] / 1e3 for row in rows if row["step"] >= 2]
+    times = [row["per_step_time_ms"] / 1e3 for row in rows if row["step"] >= 3]
     return {"times": times, "loss": rows[-1]["loss"], "peak_rss_mb": max(row["max_rss_mb"] for row in rows)}
 
 

@@ -131,8 +131,9 @@ def test_flat_buffers_equal_the_per_parameter_update_over_20_steps(bucket, monke
     moments as views of the buffers) against one kernel call per parameter: 20 steps, half
     of them clipped, a weight written anew mid-way (``set_data``, as a checkpoint load does:
     taken back into the buffer) and one through ``write_param`` (ops.assign refuses views).
-    The flat gradient both ways: numpy into a kept host buffer (synchronous CPU, the
-    trainer's case here) and ``ops.cat`` (asynchronous dispatch, other devices)."""
+    Both routes over the buffers: the host one (synchronous CPU, the trainer's case here:
+    the scaled gradient copied with numpy, the decay in place, ``ops.Adam``) and the fused
+    kernel on ``ops.cat`` (asynchronous dispatch, other devices)."""
     from mindtrain.parallel.layout import write_param
     from mindtrain.trainer import optimizer
 
@@ -164,8 +165,10 @@ def test_flat_buffers_equal_the_per_parameter_update_over_20_steps(bucket, monke
     for pa, ma, va, sa in (runs["host"], runs["cat"]):
         for n, a, b in zip(SHAPES, pa, pb):
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-6, err_msg=n)
+        # the host route's Adam step (ops.Adam) rounds the moments in another order
+        # (m + (g - m) * (1 - b1)): within float32 rounding of the gradient's scale
         for a, b in zip(ma + va, mb + vb):
-            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-8)
         assert sa.keys() == sb.keys()
     # a state loaded into the flat buffers continues like the per-parameter one
     named = [(n, Parameter(Tensor(a.copy()), name=n)) for n, a in zip(SHAPES, pb)]
