@@ -65,8 +65,8 @@ RULES: list[_Rule] = [
     ("model", "use_flash_attention", _on_cpu, "no FlashAttention kernel on CPU; the portable attention runs"),
     ("model", "expert_dtype", lambda v, d: v not in (None, "fp32", "float32"),
      "the routed experts' weights are float32 (no fp4 / fp8 expert kernels)"),
-    ("optimizer", "use_fused_adamw", _set, "mindtrain's AdamW (and Muon's AdamW part) is one fused kernel per "
-                                           "parameter either way"),
+    ("optimizer", "use_fused_adamw", _set, "mindtrain's AdamW (and Muon's AdamW part) updates its flat "
+                                           "parameter buffers in one pass either way"),
     ("model", "moe_grouped_gemm", _on_cpu, "no grouped-matmul kernel on CPU; experts run as batched matmuls"),
     ("model", "bias_swiglu_fusion", _on_cpu, "no fused SwiGLU kernel on CPU; silu(gate) * up runs"),
     ("model", "mla_qkv_concat", _set, "same math; mindtrain keeps DeepSeek-V3's separate q/kv down-projections "
