@@ -23,6 +23,19 @@ UNIT_KINDS = ("embedding", "decoder", "head", "mtp")
 ZERO3_UNIT_KINDS = ("decoder", "mtp")
 """The unit kinds ZeRO-3 gathers one at a time outside a pipeline (mindtrain-parallel's
 ``ShardedLayout``); the others (embedding, head) are its root, gathered for the micro-batch."""
+SYNCHRONOUS_DEVICES = frozenset({"CPU"})
+"""Devices whose eager ops mindtrain runs to completion at each call (MindSpore's
+``launch_blocking``: mindtrain-models' ``synchronous_cpu_dispatch`` sets it there). What
+follows from it is counted by mindtrain-estimate: ZeRO-3 units release their weights'
+storage in place and replay no forward (mindtrain-parallel), AdamW copies the gradients on
+the host (mindtrain-trainer)."""
+
+
+def dispatches_synchronously(device: str) -> bool:
+    """True if mindtrain runs ``device``'s eager ops synchronously (:data:`SYNCHRONOUS_DEVICES`)."""
+    return str(device).upper() in SYNCHRONOUS_DEVICES
+
+
 ZERO3_BUCKET_BYTES = 16 << 20
 """ZeRO-3 units gathered (and their gradients reduce-scattered) together while their full
 weights add up to at most this (mindtrain-parallel's ``fully_shard(bucket_bytes=)``): every
@@ -178,4 +191,5 @@ class ParallelPlan(_Record):
         return [r.path for r in self.regions if r.role == role]
 
 
-__all__ = ["ParallelPlan", "ParamPlan", "ROLES", "Region", "TP_STYLES", "UNIT_KINDS", "UnitPlan", "ZERO3_UNIT_KINDS", "MOE_BLOCK"]
+__all__ = ["ParallelPlan", "ParamPlan", "ROLES", "Region", "TP_STYLES", "UNIT_KINDS", "UnitPlan", "ZERO3_UNIT_KINDS", "MOE_BLOCK",
+           "SYNCHRONOUS_DEVICES", "dispatches_synchronously"]

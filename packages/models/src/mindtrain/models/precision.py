@@ -15,6 +15,7 @@ import mindspore as ms
 from mindspore import ops
 
 from mindtrain.config import ConfigError
+from mindtrain.config.plan import dispatches_synchronously
 
 DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
 
@@ -36,7 +37,7 @@ def synchronous_cpu_dispatch() -> bool:
     DeepSeek-V3's eager forward + backward took ~2,000 ms asynchronous and ~230 ms
     synchronous; compiled layers are unaffected, ~100 ms either way). Call it once after
     ``ms.set_device``; it also makes an op's error surface at the op that raised it."""
-    if current_device().upper() != "CPU":
+    if not dispatches_synchronously(current_device()):
         return False
     ms.runtime.launch_blocking()
     return True

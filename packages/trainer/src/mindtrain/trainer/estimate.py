@@ -80,6 +80,7 @@ from mindtrain.config import families
 from mindtrain.config.model_plan import ParamSpec, flops_per_token, param_specs
 from mindtrain.config.model_plan import units as model_units
 from mindtrain.config.pipeline import partition_units
+from mindtrain.config.plan import dispatches_synchronously
 from mindtrain.config.fsdp_policy import reshard_after_forward
 from mindtrain.config.plan import MOE_BLOCK, ZERO3_BUCKET_BYTES, ZERO3_UNIT_KINDS
 from mindtrain.config.schema import RecomputeConfig
@@ -768,8 +769,8 @@ def estimate(cfg: MindTrainConfig, world_size: int, device: str = "Ascend",
             st.host_transient = st.save_buffer = 0
         else:  # FSDP gathers over the shared-memory transport (the CPU default) into numpy arrays
             st.gathered_on_host = dims.dp_shard > 1
-        if device.upper() == "CPU" and st.units_replay:
-            # mindtrain's CPU runtime dispatches synchronously: ZeRO-3 units release their
+        if dispatches_synchronously(device) and st.units_replay:
+            # the runtime dispatches synchronously there: ZeRO-3 units release their
             # weights' storage in place and keep their activations, replaying nothing
             # (mindtrain.parallel.fsdp.synchronous_dispatch)
             st.units_replay, st.graph_held = False, 0
