@@ -80,9 +80,8 @@ from mindtrain.config import families
 from mindtrain.config.model_plan import ParamSpec, flops_per_token, param_specs
 from mindtrain.config.model_plan import units as model_units
 from mindtrain.config.pipeline import partition_units
-from mindtrain.config.plan import dispatches_synchronously
 from mindtrain.config.fsdp_policy import reshard_after_forward
-from mindtrain.config.plan import MOE_BLOCK, ZERO3_BUCKET_BYTES, ZERO3_UNIT_KINDS
+from mindtrain.config.plan import MOE_BLOCK, ZERO3_BUCKET_BYTES, ZERO3_UNIT_KINDS, dispatches_synchronously
 from mindtrain.config.schema import RecomputeConfig
 
 PROG = "mindtrain-estimate"

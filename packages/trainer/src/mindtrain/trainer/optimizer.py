@@ -40,7 +40,7 @@ class _FlatGroup:
         self.exp_avg = Parameter(Tensor(np.zeros(total, np.float32)), name=f"flat_exp_avg.{tag}", requires_grad=False)
         self.exp_avg_sq = Parameter(Tensor(np.zeros(total, np.float32)), name=f"flat_exp_avg_sq.{tag}",
                                     requires_grad=False)
-        self._grad_host: Optional[np.ndarray] = None  # flat_gradient's buffer (host path)
+        self._grad_host: Optional[np.ndarray] = None  # host_gradient's buffer
         self.m_views = [self._piece(self.exp_avg, i, f"exp_avg.{p.name}") for i, p in enumerate(params)]
         self.v_views = [self._piece(self.exp_avg_sq, i, f"exp_avg_sq.{p.name}") for i, p in enumerate(params)]
         self._ptrs: list[int] = []
@@ -64,28 +64,27 @@ class _FlatGroup:
             p.set_data(self._view(self.flat, i))
         self._ptrs = [p.data_ptr() for p in self.params]
 
-    def flat_gradient(self, grads: list, host: bool, scale: float = 1.0) -> Tensor:
-        """The group's gradients as one flat tensor in the buffer's dtype. ``host`` (a CPU
-        device with synchronous dispatch: a kernel has finished reading the tensor before
-        the next step writes it): float32 gradients are copied with numpy, times ``scale``
-        in the same pass, into a host buffer kept between steps and handed over without a
-        copy (``Tensor.from_numpy``); a fresh 24 MB buffer each step page-faults (bench
-        model: ``ops.cat`` 10.4 ms, ``np.concatenate`` into the kept buffer 1.8 ms).
-        Otherwise ``ops.cat`` (``scale`` must then be 1: the fused kernel scales)."""
+    def flat_gradient(self, grads: list) -> Tensor:
+        """The group's gradients as one flat tensor in the buffer's dtype (``ops.cat``)."""
         dtype = self.flat.dtype
-        if host and self.host_ready(grads):
-            if self._grad_host is None:
-                self._grad_host = np.empty(self.offsets[-1], np.float32)
-            if scale == 1.0:
-                np.concatenate([x.asnumpy().reshape(-1) for x in grads], out=self._grad_host)
-            else:
-                factor = np.float32(scale)
-                for x, a, b in zip(grads, self.offsets, self.offsets[1:]):
-                    np.multiply(x.asnumpy().reshape(-1), factor, out=self._grad_host[a:b])
-            return Tensor.from_numpy(self._grad_host)
-        if scale != 1.0:
-            raise ValueError("flat_gradient scales on the host path only")
         return ops.cat([(x if x.dtype == dtype else x.astype(dtype)).reshape(-1) for x in grads])
+
+    def host_gradient(self, grads: list, scale: float) -> Tensor:
+        """The host route's flat gradient (float32 ``grads``, :meth:`host_ready`, on a CPU
+        device with synchronous dispatch: a kernel has finished reading the tensor before
+        the next step writes it): copied with numpy, times ``scale`` in the same pass, into a
+        host buffer kept between steps and handed over without a copy (``Tensor.from_numpy``);
+        a fresh 24 MB buffer each step page-faults (bench model: ``ops.cat`` 10.4 ms,
+        ``np.concatenate`` into the kept buffer 1.8 ms)."""
+        if self._grad_host is None:
+            self._grad_host = np.empty(self.offsets[-1], np.float32)
+        if scale == 1.0:
+            np.concatenate([x.asnumpy().reshape(-1) for x in grads], out=self._grad_host)
+        else:
+            factor = np.float32(scale)
+            for x, a, b in zip(grads, self.offsets, self.offsets[1:]):
+                np.multiply(x.asnumpy().reshape(-1), factor, out=self._grad_host[a:b])
+        return Tensor.from_numpy(self._grad_host)
 
     def host_ready(self, grads: list) -> bool:
         """True when the buffer and ``grads`` are float32 (the host update's precondition)."""
@@ -223,13 +222,13 @@ class AdamW:
                 # the CPU route: the scaled gradient copied once, the decay a numpy pass over
                 # the weights, then the Adam step (ops.Adam: 3.6 ms for 6.0M values against
                 # 22 ms for the fused AdamW kernel, which runs one thread; issue 33)
-                flat_grad = g.flat_gradient(group_grads, True, grad_scale)
+                flat_grad = g.host_gradient(group_grads, grad_scale)
                 if g.decay and self.weight_decay:
                     g.decay_in_place(1.0 - self.lr * self.weight_decay)
                 self._adam(g.flat, g.exp_avg, g.exp_avg_sq, powers[0], powers[1], lr_raw, beta1, beta2, eps_t,
                            flat_grad)
                 continue
-            flat_grad = g.flat_gradient(group_grads, False)
+            flat_grad = g.flat_gradient(group_grads)
             self._kernel(g.flat, g.exp_avg, g.exp_avg_sq, lr_t, beta1, beta2, eps_t,
                          wd_t if g.decay else self._no_decay, flat_grad, norm)
         for i in self._loose:
