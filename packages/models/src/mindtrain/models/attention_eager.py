@@ -29,6 +29,7 @@ import numpy as np
 from mindspore import Tensor, mint, ops
 
 from mindtrain.models.blocks import overridden
+from mindtrain.models.eager_reshape import plain, reshape
 from mindtrain.models.linear import linear
 from mindtrain.models.softmax import Softmax
 
@@ -45,9 +46,9 @@ class EagerSoftmax(Softmax):
     def bprop(self, x, out, dout):
         shape = out.shape
         n = shape[-1]
-        prod = (dout * out).reshape(-1, n)
+        prod = plain(dout * out, (-1, n))
         row = ops.tile(mint.sum(prod, -1, keepdim=True), (1, n))
-        return (prod - out.reshape(-1, n) * row).reshape(shape),
+        return plain(prod - plain(out, (-1, n)) * row, shape),
 
 
 def eager_mla_ready(cell, mask_add) -> bool:
@@ -144,8 +145,8 @@ def eager_mla(cell, x, cos, sin, mask_add, *w):
     b, s, _ = x.shape
     n, nope, rope, dv = cell.num_heads, cell.nope, cell.rope, cell.v_dim
     kv_lora = cell.kv_lora_rank
-    x2 = x.reshape(b * s, -1)
-    x3 = x2.reshape(b, s, -1)
+    x2 = reshape(x, (b * s, -1))
+    x3 = reshape(x2, (b, s, -1))
     cq, sq, ck, sk = _rope_transposed(cell, cos, sin, b, s)
 
     if cell.q_lora_rank is None:
@@ -156,13 +157,13 @@ def eager_mla(cell, x, cos, sin, mask_add, *w):
             q_lat, wq, i = cell.q_a_layernorm.apply(q_lat, w[1]), w[2], 3
         else:
             wq, i = w[1], 2
-        q_in = q_lat.reshape(b, s, -1)
+        q_in = reshape(q_lat, (b, s, -1))
     # the nope rows, the de-interleaved rope rows and their rotate_half, the softmax scale
     # folded in (as MLAttention.project does), by one matmul with a constant selection
     wq_nope, wq_rot, wq_half = ops.split(ops.matmul(_selection(cell, "q", n), wq), [n * nope, n * rope, n * rope])
-    q_nope = BMM_TB(_per_batch(wq_nope, b), q_in).reshape(b, n, nope, s)
-    q_rot = (BMM_TB(_per_batch(wq_rot, b), q_in).reshape(b, n, rope, s) * cq
-             + BMM_TB(_per_batch(wq_half, b), q_in).reshape(b, n, rope, s) * sq)
+    q_nope = reshape(BMM_TB(_per_batch(wq_nope, b), q_in), (b, n, nope, s))
+    q_rot = (reshape(BMM_TB(_per_batch(wq_rot, b), q_in), (b, n, rope, s)) * cq
+             + reshape(BMM_TB(_per_batch(wq_half, b), q_in), (b, n, rope, s)) * sq)
     q_t = ops.concat((q_nope, q_rot), 2)                                          # [B, N, qk, S]
 
     wkv = w[i]
@@ -174,16 +175,16 @@ def eager_mla(cell, x, cos, sin, mask_add, *w):
         kv_lat, j = cell.kv_a_layernorm.apply(kv_lat, w[i + 1]), i + 2
     else:
         j = i + 1
-    lat = kv_lat.reshape(b, s, kv_lora)
+    lat = reshape(kv_lat, (b, s, kv_lora))
     wk_nope, wv = ops.split(ops.matmul(_selection(cell, "kv", n), w[j]), [n * nope, n * dv])  # key rows, value rows
-    k_nope = BMM_TB(_per_batch(wk_nope, b), lat).reshape(b, n, nope, s)
-    v_t = BMM_TB(_per_batch(wv, b), lat).reshape(b, n, dv, s)
-    k_t = ops.concat((k_nope, ops.tile(k_rot.reshape(b, 1, rope, s), (1, n, 1, 1))), 2)
+    k_nope = reshape(BMM_TB(_per_batch(wk_nope, b), lat), (b, n, nope, s))
+    v_t = reshape(BMM_TB(_per_batch(wv, b), lat), (b, n, dv, s))
+    k_t = ops.concat((k_nope, ops.tile(reshape(k_rot, (b, 1, rope, s)), (1, n, 1, 1))), 2)
 
     core = cell.core_attention
     if core.__dict__.get("_recompute_cell") is not None:  # recomputed: through the core's call route
         out_t = core(q_t, k_t, v_t, mask_add, None, True)
     else:
         out_t = core.attend_heads_major(q_t, k_t, v_t, mask_add)                  # [B, N, dv, S]
-    out_t = out_t.reshape(b, n * dv, s)
+    out_t = reshape(out_t, (b, n * dv, s))
     return _BMM_TA_TB(out_t, _per_batch(w[j + 1], b))                              # [B, S, H]

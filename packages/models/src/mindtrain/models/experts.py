@@ -13,7 +13,7 @@ import numpy as np
 from mindtrain.config.plan import MOE_BLOCK
 from mindspore import Tensor, ops
 
-from mindtrain.models import kernels
+from mindtrain.models import eager_reshape, kernels
 from mindtrain.models.blocks import Block
 from mindtrain.models.precision import to_compute
 from mindtrain.models.weights import Init, new_weight
@@ -111,24 +111,26 @@ class RoutedExperts(Block):
             y = y + ops.gather(out, dest_tk[:, j], 0)
         return y, ops.stop_gradient(counts)
 
-    def slot_outputs(self, x, slot_token, slot_weight, block_expert, gate_proj, up_proj, down_proj):
+    def slot_outputs(self, x, slot_token, slot_weight, block_expert, gate_proj, up_proj, down_proj,
+                     reshape=ops.reshape):
         """The experts' outputs per slot [n_slots, H] (:meth:`forward`'s and
         :meth:`forward_host_dispatch`'s compute): slot ``i`` holds token ``slot_token[i]`` of
         ``x`` (``T``: the zero row) weighted by ``slot_weight[i]`` through expert
         ``block_expert[i // block]``. Each block gathers its expert's weights; the routing
-        weight is applied before ``down_proj``, so a token's output is a plain sum of its rows."""
+        weight is applied before ``down_proj``, so a token's output is a plain sum of its rows.
+        ``reshape``: an eager caller's :func:`~mindtrain.models.eager_reshape.reshape`."""
         cd = self.matmul_dtype
         h = x.shape[1]
         b = self.block
         n_slots = slot_token.shape[0]
         n_blocks = n_slots // b
         x_pad = ops.concat((x, ops.zeros((1, h), x.dtype)), 0)
-        xb = ops.gather(to_compute(x_pad, cd), slot_token, 0).reshape(n_blocks, b, h)
+        xb = reshape(ops.gather(to_compute(x_pad, cd), slot_token, 0), (n_blocks, b, h))
         scale = ops.matmul(slot_weight.reshape(-1, 1), ops.ones((1, self.intermediate_size), slot_weight.dtype))
         gate = self.bmm_t(xb, ops.gather(to_compute(gate_proj, cd), block_expert, 0))
         up = self.bmm_t(xb, ops.gather(to_compute(up_proj, cd), block_expert, 0))
-        act = gated_silu(gate, up, self.swiglu_limit) * to_compute(scale.reshape(n_blocks, b, self.intermediate_size), cd)
-        return self.bmm_t(act, ops.gather(to_compute(down_proj, cd), block_expert, 0)).reshape(n_slots, h)
+        act = gated_silu(gate, up, self.swiglu_limit) * to_compute(reshape(scale, (n_blocks, b, self.intermediate_size)), cd)
+        return reshape(self.bmm_t(act, ops.gather(to_compute(down_proj, cd), block_expert, 0)), (n_slots, h))
 
     def forward_host_dispatch(self, x, topk_idx, topk_weight, gate_proj, up_proj, down_proj):
         """:meth:`forward` for an eager cell: the slots of the (token, choice) pairs, the
@@ -158,7 +160,8 @@ class RoutedExperts(Block):
 
         w_pad = ops.concat((topk_weight.reshape(-1), ops.zeros((1,), topk_weight.dtype)), 0)
         slot_weight = ops.gather(w_pad, Tensor(slot_pair), 0)
-        out = self.slot_outputs(x, Tensor(slot_token), slot_weight, block_expert, gate_proj, up_proj, down_proj)
+        out = self.slot_outputs(x, Tensor(slot_token), slot_weight, block_expert, gate_proj, up_proj, down_proj,
+                                eager_reshape.reshape)
         dest_tk = dest.reshape(t, k).astype(np.int32)
         y = ops.gather(out, Tensor(np.ascontiguousarray(dest_tk[:, 0])), 0)
         for j in range(1, k):

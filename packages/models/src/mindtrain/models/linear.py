@@ -83,7 +83,8 @@ _MATMUL = ops.MatMul()
 def linear(x, weight, bias=None, cd=None):
     """``x @ weight.T (+ bias)`` over the last axis of ``x``, in ``cd`` (None: float32)."""
     shape = x.shape
-    y = _MATMUL_T(to_compute(x.reshape(-1, shape[-1]), cd), to_compute(weight, cd))
+    flat = x if len(shape) == 2 else x.reshape(-1, shape[-1])  # a reshape is a view (eager_reshape)
+    y = _MATMUL_T(to_compute(flat, cd), to_compute(weight, cd))
     if bias is not None:
         y = y + to_compute(bias, cd)
-    return y.reshape(shape[:-1] + (weight.shape[0],))
+    return y if len(shape) == 2 else y.reshape(shape[:-1] + (weight.shape[0],))

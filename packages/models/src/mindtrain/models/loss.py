@@ -65,7 +65,8 @@ class MaskedCrossEntropy(nn.Cell):
 
     def construct(self, logits, labels, loss_mask):
         v = logits.shape[-1]
-        logits = logits.reshape(-1, v)
+        if len(logits.shape) != 2:  # a reshape is a view (mindtrain.models.eager_reshape)
+            logits = logits.reshape(-1, v)
         labels = labels.reshape(-1).astype(ms.int32)
         mask = loss_mask.reshape(-1).astype(logits.dtype)
         valid = labels >= 0

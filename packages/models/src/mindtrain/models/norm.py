@@ -26,10 +26,11 @@ def rms_norm(x, weight, eps: float):
         x = ops.cast(x, ms.float32)
     shape = x.shape
     h = shape[-1]
-    x2 = x.reshape(-1, h)
+    x2 = x if len(shape) == 2 else x.reshape(-1, h)  # a reshape is a view (eager_reshape)
     mean_sq = ops.matmul(x2 * x2, Tensor(np.full((h, 1), 1.0 / h, np.float32)))   # [T, 1]
     scale = ops.matmul(ops.rsqrt(mean_sq + eps), weight.reshape(1, h))              # [T, H]
-    return (x2 * scale).reshape(shape)
+    y = x2 * scale
+    return y if len(shape) == 2 else y.reshape(shape)
 
 
 class RMSNorm(Block):
