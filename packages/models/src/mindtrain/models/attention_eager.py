@@ -10,9 +10,13 @@ activations ``[B, S, K]`` with ``transpose_b`` gives ``[B, M, S]`` = ``[B, N, d,
 queries and keys transposed. Scores are ``q^T k`` (``transpose_a``), the heads' outputs come
 out ``[B, N, dv, S]`` and ``o_proj`` reads them with ``transpose_a``: the same numbers as
 the compiled pieces, in the same order of summation per dot product, with no view copied.
-Rope uses cos/sin transposed once per forward (cached by the tensors' identity) and tiled
-over the heads, so no multiply broadcasts (an eager broadcasting multiply ran 5-10x
-slower than one of equal shapes). The softmax's backward sums rows with ``mint.sum`` and
+No concat or tile builds a head either (their backward hands strided slices on, and each is
+copied): the queries' nope and rope rows come out of one matmul, their rotate_half out of
+another, and each head's key is its nope rows plus the shared rope key placed in its rope
+rows by a constant 0/1 matmul (zeros where the other part is: exact sums). Rope uses cos/sin
+transposed once per forward (cached by the tensors' identity) and tiled over the heads, so
+no multiply broadcasts (an eager broadcasting multiply ran 5-10x slower than one of equal
+shapes). Reshapes go through :mod:`mindtrain.models.eager_reshape` (no view). The softmax's backward sums rows with ``mint.sum`` and
 expands them with ``tile``: on eager tensors those beat the matmuls with ones vectors that
 compiled graphs use (``mindtrain.models.softmax``).
 
@@ -76,12 +80,19 @@ def _plain_core(core, mask_add) -> bool:
 
 def _selection(cell, kind: str, n: int):
     """A constant [rows out, rows in] matrix whose product with a projection's weight picks
-    (and scales, signs) its rows for :func:`eager_mla`: ``"q"``: the query weight's nope rows,
-    then the de-interleaved rope rows, then their rotate_half (sign folded in), all times the
-    softmax scale; ``"k"``: the latent projection's rope rows, de-interleaved, then their
-    rotate_half; ``"kv"``: ``kv_b_proj``'s key rows, then its value rows. One matmul in place
-    of strided slices, gathers and a broadcasting multiply (each an eager op and a backward
-    one): every entry is 0 or +-scale, so the rows are the same numbers. Cached per shape."""
+    (and scales, signs) its rows for :func:`eager_mla`, per head in the ``[nope | rope]`` order
+    of the scores' operands (``qk = nope + rope`` rows a head):
+
+    - ``"q"``: the query weight's nope rows, then its de-interleaved rope rows;
+    - ``"q_half"``: nope zero rows, then the rope rows' rotate_half (sign folded in); both
+      query kinds carry the softmax scale;
+    - ``"k"`` / ``"k_half"``: the latent projection's rope rows, de-interleaved / their
+      rotate_half (one head: the rope key is shared);
+    - ``"k_nope"``: ``kv_b_proj``'s key rows, then rope zero rows; ``"v"``: its value rows.
+
+    One matmul in place of strided slices, gathers and a broadcasting multiply (each an eager
+    op and a backward one): every entry is 0 or +-scale, so the rows are the same numbers, and
+    a zero row gives an exact zero. Cached per shape."""
     nope, rope, dv = cell.nope, cell.rope, cell.v_dim
     key = (kind, n, nope, rope, dv, cell.rope_interleave, float(cell.scaling))
     cache = _SELECTIONS.get(key)
@@ -92,23 +103,48 @@ def _selection(cell, kind: str, n: int):
              else np.arange(rope))
     half_src = np.concatenate([np.arange(half, rope), np.arange(half)])
     half_sign = np.concatenate([-np.ones(half), np.ones(half)])
-    if kind == "kv":
+    zeros = lambda count: [(None, 0.0)] * count  # noqa: E731
+    if kind in ("k_nope", "v"):
         width = nope + dv
-        picks = [(h * width + c, 1.0) for h in range(n) for c in range(nope)] + \
-                [(h * width + nope + c, 1.0) for h in range(n) for c in range(dv)]
-        cols = n * width
+        if kind == "k_nope":
+            rows = [r for h in range(n) for r in [(h * width + c, 1.0) for c in range(nope)] + zeros(rope)]
+        else:
+            rows = [(h * width + nope + c, 1.0) for h in range(n) for c in range(dv)]
+    elif kind in ("q", "q_half"):
+        width, scale = nope + rope, float(cell.scaling)
+        if kind == "q":
+            head = lambda h: ([(h * width + c, scale) for c in range(nope)]  # noqa: E731
+                              + [(h * width + nope + deint[j], scale) for j in range(rope)])
+        else:
+            head = lambda h: zeros(nope) + [(h * width + nope + deint[half_src[j]], scale * half_sign[j])  # noqa: E731
+                                            for j in range(rope)]
+        rows = [r for h in range(n) for r in head(h)]
     else:
-        width, base, scale = (nope + rope, nope, float(cell.scaling)) if kind == "q" else (rope, 0, 1.0)
-        picks = [(h * width + c, scale) for h in range(n) for c in range(nope)] if kind == "q" else []
-        picks += [(h * width + base + deint[j], scale) for h in range(n) for j in range(rope)]
-        picks += [(h * width + base + deint[half_src[j]], scale * half_sign[j]) for h in range(n) for j in range(rope)]
-        cols = n * width
-    m = np.zeros((len(picks), cols), np.float32)
-    for row, (col, value) in enumerate(picks):
-        m[row, col] = value
+        width = rope
+        rows = ([(deint[j], 1.0) for j in range(rope)] if kind == "k"
+                else [(deint[half_src[j]], half_sign[j]) for j in range(rope)])
+    m = np.zeros((len(rows), n * width), np.float32)
+    for row, (col, value) in enumerate(rows):
+        if col is not None:
+            m[row, col] = value
     out = Tensor(m)
     _SELECTIONS[key] = out
     return out
+
+
+def _rope_placement(cell, b: int):
+    """[B, N * qk, rope]: row ``h * qk + nope + j`` picks column ``j``, the others are zero.
+    Its product with the shared rope key [B, rope, S] puts that key in every head's rope rows
+    (a matmul of 0s and 1s: the same numbers), where a tile and a concat would hand the
+    backward strided slices to copy. Cached per shape."""
+    n, nope, rope = cell.num_heads, cell.nope, cell.rope
+    key = ("place", b, n, nope, rope)
+    cache = _SELECTIONS.get(key)
+    if cache is None:
+        m = np.zeros((n, nope + rope, rope), np.float32)
+        m[:, nope:, :] = np.eye(rope, dtype=np.float32)
+        cache = _SELECTIONS[key] = Tensor(np.ascontiguousarray(np.broadcast_to(m.reshape(1, -1, rope), (b, n * (nope + rope), rope))))
+    return cache
 
 
 _SELECTIONS: dict = {}
@@ -121,20 +157,21 @@ def _per_batch(w, b: int):
 
 
 def _rope_transposed(cell, cos, sin, b: int, s: int):
-    """(cos, sin) for the queries [B, N, rope, S] and for the key [B, rope, S], from the
-    [B, 1, S, rope] tables; cached on the class by the tables' storage (the layers get
-    ``stop_gradient`` views of one forward's tables, and steps at the default positions share
-    them; the cache holds the tables, so no other tensor can have that storage meanwhile)."""
-    n, rope = cell.num_heads, cell.rope
-    key = (cos.data_ptr(), sin.data_ptr(), tuple(cos.shape), tuple(sin.shape), n)
+    """(cos, sin) for the queries [B, N, qk, S] (1 and 0 in each head's nope rows) and for the
+    shared rope key [B, rope, S], from the [B, 1, S, rope] tables; cached on the class by the
+    tables' storage (the layers get ``stop_gradient`` views of one forward's tables, and steps
+    at the default positions share them; the cache holds the tables, so no other tensor can
+    have that storage meanwhile)."""
+    n, nope, rope = cell.num_heads, cell.nope, cell.rope
+    key = (cos.data_ptr(), sin.data_ptr(), tuple(cos.shape), tuple(sin.shape), n, nope)
     cache = type(cell).__dict__.get("_eager_rope_cache")
     if cache is not None and cache[0] == key:
         return cache[2]
     ck = ops.transpose(cos.reshape(b, s, rope), (0, 2, 1)).contiguous()
     sk = ops.transpose(sin.reshape(b, s, rope), (0, 2, 1)).contiguous()
-    cq = ops.tile(ck.reshape(b, 1, rope, s), (1, n, 1, 1))
-    sq = ops.tile(sk.reshape(b, 1, rope, s), (1, n, 1, 1))
-    out = (cq, sq, ck, sk)
+    cq = ops.concat((ops.ones((b, nope, s), ck.dtype), ck), 1).reshape(b, 1, nope + rope, s)
+    sq = ops.concat((ops.zeros((b, nope, s), sk.dtype), sk), 1).reshape(b, 1, nope + rope, s)
+    out = (ops.tile(cq, (1, n, 1, 1)), ops.tile(sq, (1, n, 1, 1)), ck, sk)
     type(cell)._eager_rope_cache = (key, (cos, sin), out)
     return out
 
@@ -158,28 +195,31 @@ def eager_mla(cell, x, cos, sin, mask_add, *w):
         else:
             wq, i = w[1], 2
         q_in = reshape(q_lat, (b, s, -1))
-    # the nope rows, the de-interleaved rope rows and their rotate_half, the softmax scale
-    # folded in (as MLAttention.project does), by one matmul with a constant selection
-    wq_nope, wq_rot, wq_half = ops.split(ops.matmul(_selection(cell, "q", n), wq), [n * nope, n * rope, n * rope])
-    q_nope = reshape(BMM_TB(_per_batch(wq_nope, b), q_in), (b, n, nope, s))
-    q_rot = (reshape(BMM_TB(_per_batch(wq_rot, b), q_in), (b, n, rope, s)) * cq
-             + reshape(BMM_TB(_per_batch(wq_half, b), q_in), (b, n, rope, s)) * sq)
-    q_t = ops.concat((q_nope, q_rot), 2)                                          # [B, N, qk, S]
+    # per head the nope rows, then the de-interleaved rope rows (times cos) plus their
+    # rotate_half (times sin; nope rows 0 there), the softmax scale folded in (as
+    # MLAttention.project does), by matmuls with constant selections: no slice, no concat
+    qk = nope + rope
+    q_main = reshape(BMM_TB(_per_batch(ops.matmul(_selection(cell, "q", n), wq), b), q_in), (b, n, qk, s))
+    q_half = reshape(BMM_TB(_per_batch(ops.matmul(_selection(cell, "q_half", n), wq), b), q_in), (b, n, qk, s))
+    q_t = q_main * cq + q_half * sq                                              # [B, N, qk, S]
 
     wkv = w[i]
     w_lat, w_rope = ops.split(wkv, [kv_lora, rope])
     kv_lat = linear(x2, w_lat)                                                    # [T, kv_lora]
-    wk_rot, wk_half = ops.split(ops.matmul(_selection(cell, "k", 1), w_rope), rope)
+    wk_rot = ops.matmul(_selection(cell, "k", 1), w_rope)
+    wk_half = ops.matmul(_selection(cell, "k_half", 1), w_rope)
     k_rot = BMM_TB(_per_batch(wk_rot, b), x3) * ck + BMM_TB(_per_batch(wk_half, b), x3) * sk  # [B, rope, S]
     if cell.qk_layernorm:
         kv_lat, j = cell.kv_a_layernorm.apply(kv_lat, w[i + 1]), i + 2
     else:
         j = i + 1
     lat = reshape(kv_lat, (b, s, kv_lora))
-    wk_nope, wv = ops.split(ops.matmul(_selection(cell, "kv", n), w[j]), [n * nope, n * dv])  # key rows, value rows
-    k_nope = reshape(BMM_TB(_per_batch(wk_nope, b), lat), (b, n, nope, s))
+    # each head's key: its nope rows (rope rows 0) plus the shared rope key placed in its
+    # rope rows (nope rows 0): exact sums, no tile or concat
+    wk_nope = ops.matmul(_selection(cell, "k_nope", n), w[j])
+    wv = ops.matmul(_selection(cell, "v", n), w[j])
+    k_t = reshape(BMM_TB(_per_batch(wk_nope, b), lat) + ops.bmm(_rope_placement(cell, b), k_rot), (b, n, qk, s))
     v_t = reshape(BMM_TB(_per_batch(wv, b), lat), (b, n, dv, s))
-    k_t = ops.concat((k_nope, ops.tile(reshape(k_rot, (b, 1, rope, s)), (1, n, 1, 1))), 2)
 
     core = cell.core_attention
     if core.__dict__.get("_recompute_cell") is not None:  # recomputed: through the core's call route
