@@ -11,6 +11,7 @@ from mindspore import Tensor
 
 import mindtrain.models as mm
 from mindtrain.config import ModelConfig
+from mindtrain.config.plan import causal_block_elements
 from mindtrain.models import attention
 from mindtrain.models.attention_mask import additive_mask
 
@@ -36,6 +37,26 @@ def test_blocks_are_cut_from_the_causal_mask_only():
     assert attention.causal_blocks(Tensor(m[:, :, :128])) is None  # one rank's rows (context parallel)
     assert attention.causal_blocks(additive_mask(None, 2, 128, 2)) is None  # one block: not split
     assert attention.causal_block_rows(4096) == 512 and attention.causal_block_rows(512) == 128
+    # mindtrain-estimate's count of the blocks' elements is what the model cuts (per plane)
+    assert sum(b.size for b in blocks) == 2 * 2 * causal_block_elements(S)
+    assert causal_block_elements(512) == 128 * 128 * (1 + 2 + 3 + 4) and causal_block_elements(128) == 0
+
+
+def test_an_eager_model_builds_no_blocks():
+    """No core of an eager model reads causal blocks, so planning its attention cuts none
+    (they would hold (G + 1) / 2G of the mask again for nothing)."""
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, n_routed_experts=4,
+                      n_group=2, topk_group=1, num_experts_per_tok=2, first_k_dense_replace=1, kv_lora_rank=8,
+                      q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8, seq_length=384,
+                      max_position_embeddings=768, num_nextn_predict_layers=0)
+    mask = additive_mask(None, 3, 384, 2)  # a shape no other test plans
+    key = (3, 2, 384, 384, attention.causal_block_rows(384))
+    attention._CAUSAL_BLOCKS.pop(key, None)  # pylint: disable=protected-access
+    mm.build_model(cfg, jit=False).plan_attention(mask)
+    assert key not in attention._CAUSAL_BLOCKS  # pylint: disable=protected-access
+    mm.build_model(cfg, jit=True).plan_attention(mask)
+    assert key in attention._CAUSAL_BLOCKS  # pylint: disable=protected-access
 
 
 @pytest.mark.parametrize("how", ["eager", "compiled_piece"])

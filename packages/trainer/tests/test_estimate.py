@@ -195,6 +195,7 @@ def test_recomputed_attention_is_rebuilt_in_blocks(monkeypatch):
     compiles such a layer around its core): bench_memory's size at seq 4096. Attention that
     is not recomputed keeps the whole scores."""
     from mindtrain.config import recompute as rules
+    from mindtrain.config.plan import causal_block_elements
     from mindtrain.config.schema import RecomputeConfig
     from mindtrain.trainer import estimate
 
@@ -211,18 +212,22 @@ def test_recomputed_attention_is_rebuilt_in_blocks(monkeypatch):
         units = [f"layers.{i}" for i in range(cfg.model.num_hidden_layers)]
         return estimate.activation_bytes(cfg, dims, units, 4, rc)
 
+    # a compiled model whose cores run plainly also holds the causal mask's row blocks
+    # (mindtrain-models' plan_causal_blocks cuts them for compiled cores only)
+    causal = 8 * causal_block_elements(4096) * 4
     cases = [("full", {}), ("select", {"self_attn.core_attention": True})]
     blocked = {(c, mode): act(c, mode, **sel) for c in (False, True) for mode, sel in cases}
     off = act(False, "None")
-    assert act(True, "None") == off  # nothing recomputed: nothing in blocks
+    assert act(True, "None") == off + causal  # nothing recomputed: nothing in blocks
     # selecting the experts alone leaves the attention whole, eager or compiled
-    assert act(False, "select", **{"mlp.experts": True}) == act(True, "select", **{"mlp.experts": True})
+    assert act(False, "select", **{"mlp.experts": True}) + causal == act(True, "select", **{"mlp.experts": True})
     monkeypatch.setattr(rules, "ROW_BLOCK_ELEMENTS", 1 << 40)  # every core whole
     whole = {(c, mode): act(c, mode, **sel) for c in (False, True) for mode, sel in cases}
     core = 2 * scores * 4  # the scores and probabilities a rebuilt whole core keeps
     for key, b in blocked.items():
-        # a core in blocks: nothing of it rebuilt at once, one block in the backward's transient
-        assert whole[key] - b == core + 5 * (scores - block) * 4, key
+        # a core in blocks: nothing of it rebuilt at once, one block in the backward's transient;
+        # a compiled core run whole reads the causal blocks, one run in blocks none
+        assert whole[key] - b == core + 5 * (scores - block) * 4 + (causal if key[0] else 0), key
 
 
 def test_estimator_needs_no_mindspore():

@@ -11,7 +11,7 @@ from mindspore import Tensor, nn, ops
 from mindspore.common._grad_function import _Function  # MindSpore's custom autograd function (pinned 2.10)
 
 from mindtrain.config.recompute import ROW_BLOCK_ELEMENTS
-from mindtrain.config.plan import Region
+from mindtrain.config.plan import Region, causal_block_rows
 from mindtrain.models import kernels
 from mindtrain.models.inputs import NEG
 from mindtrain.models.attention_eager import BMM_TA, BMM_TB, EagerSoftmax, eager_mla, eager_mla_ready
@@ -208,23 +208,8 @@ class CoreAttention(nn.Cell):
         return ops.concat(per_batch, 0)
 
 
-CAUSAL_BLOCK_ROWS = 128
-"""The fewest query rows of a causal block (:func:`causal_blocks`): shorter sequences than
-two blocks run as one."""
-MAX_CAUSAL_BLOCKS = 8
 _CAUSAL_BLOCKS: dict = {}  # (mask shape, rows) -> the blocks: one tuple per shape (a graph constant)
 _CAUSAL_SEEN: dict = {}  # id(mask) -> (weak reference to it, its blocks or None)
-
-
-def causal_block_rows(seq: int) -> int:
-    """Query rows per block of a causal attention over ``seq`` keys: ``seq`` in at most
-    :data:`MAX_CAUSAL_BLOCKS` blocks of at least :data:`CAUSAL_BLOCK_ROWS` rows; 0 when
-    ``seq`` holds fewer than two. A block skips the keys after its last row: with G blocks
-    about (G - 1) / 2G of the scores (37.5% at 4) are never computed."""
-    if seq < 2 * CAUSAL_BLOCK_ROWS:
-        return 0
-    blocks = min(MAX_CAUSAL_BLOCKS, seq // CAUSAL_BLOCK_ROWS)
-    return -(-seq // blocks)
 
 
 def causal_blocks(mask_add):
@@ -270,15 +255,20 @@ def plan_causal_blocks(attentions, mask_add) -> None:
     replaced: Ulysses context parallelism, whose mask holds other ranks' rows; recompute in
     row blocks, which skips blocked keys by itself). The blocks hold (G + 1) / 2G of the mask
     again (0.625 at 4 blocks; the mask is materialised per head, as adding a broadcast one is
-    3-13x slower on CPU)."""
-    blocks = causal_blocks(mask_add)
+    3-13x slower on CPU); they are built only when a core takes them (an eager model holds
+    none; :func:`mindtrain.config.plan.causal_block_elements` is mindtrain-estimate's count)."""
+    wanted = []
     for attn in attentions:
         core = attn.core_attention
         compiled = bool(attn.compiled_pieces) and not attn.has_lora_dropout()
         fused = core.fast_kernels and core.matmul_dtype is not None  # the device's fused attention instead
-        want = blocks if compiled and not fused and not overridden(core) else None
-        if core.causal_blocks is not want:
-            object.__setattr__(core, "causal_blocks", want)
+        wanted.append(compiled and not fused and not overridden(core))
+    blocks = causal_blocks(mask_add) if any(wanted) else None  # no core reads them: none built
+    for attn, want in zip(attentions, wanted):
+        core = attn.core_attention
+        mine = blocks if want else None
+        if core.causal_blocks is not mine:
+            object.__setattr__(core, "causal_blocks", mine)
 
 
 def _fingerprint(*tensors) -> tuple:

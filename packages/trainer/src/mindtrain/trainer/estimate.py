@@ -43,8 +43,9 @@ schedule, the trainer's step), sized from the model's own parameter plan
   that the attention feeds its matmuls, the attention scores and probabilities
   ``heads x S x S``, the routed experts' block dispatch (gathered tokens, gathered expert
   weights per block of 32 slots, SwiGLU intermediates), the logits; once per micro-batch
-  the additive attention mask ``[B, heads, S, S]`` (float32) and the backward's largest
-  transient; with pipeline parallelism the stage inputs of the micro-batches in flight;
+  the additive attention mask ``[B, heads, S, S]`` (float32; with compiled layers on the
+  causal mask also its row blocks, :func:`mindtrain.config.plan.causal_block_elements` per
+  plane) and the backward's largest transient; with pipeline parallelism the stage inputs of the micro-batches in flight;
   ZeRO-3's units (outside a pipeline) on a device that dispatches asynchronously run each
   layer's forward again in its backward, so there a layer keeps only its input, as under
   full recompute (on CPU they keep their activations: no forward replayed);
@@ -81,7 +82,8 @@ from mindtrain.config.model_plan import ParamSpec, flops_per_token, param_specs
 from mindtrain.config.model_plan import units as model_units
 from mindtrain.config.pipeline import partition_units
 from mindtrain.config.fsdp_policy import reshard_after_forward
-from mindtrain.config.plan import MOE_BLOCK, ZERO3_BUCKET_BYTES, ZERO3_UNIT_KINDS, dispatches_synchronously
+from mindtrain.config.plan import (MOE_BLOCK, ZERO3_BUCKET_BYTES, ZERO3_UNIT_KINDS, causal_block_elements, causal_block_rows,
+                                   dispatches_synchronously)
 from mindtrain.config.schema import RecomputeConfig
 
 PROG = "mindtrain-estimate"
@@ -610,6 +612,18 @@ def _layer_kept(mod: Module, m: ModelConfig, i: int, z: _Shapes, plan_full: set,
     return kept, rebuilt
 
 
+def _causal_blocks_built(cfg: MindTrainConfig, m: ModelConfig, dims: ParallelDims, plain_cores: list) -> bool:
+    """True when the model builds causal row blocks of its mask: a compiled model whose mask is
+    the square causal one (no context parallelism, no per-document mask) and one of whose
+    attention cores runs plainly (``plain_cores``: per layer, not recomputed in row blocks).
+    DeepSeek-V4 attends through its own masks. (An attention whose LoRA adapter has dropout
+    runs eagerly and takes none; not told apart here: counted as taking them.)"""
+    data = cfg.train_dataset.dataloader.config
+    packed = data is not None and data.reset_attention_mask
+    return (bool(cfg.compile.enable) and m.model_type != "deepseek_v4" and dims.cp == 1 and not packed
+            and any(plain_cores) and causal_block_rows(m.seq_length) > 0)
+
+
 def _core_recomputed(i: int, full: set, select: dict) -> bool:
     """Layer ``i``'s attention core is recomputed: the whole layer, or a selected module
     that is the core or holds it."""
@@ -675,6 +689,10 @@ def activation_bytes(cfg: MindTrainConfig, dims: ParallelDims, units: list[str],
         # product and the label scatter's result
         transient = max(transient, 4 * tokens * v * F32)
     mask = b * m.num_attention_heads * s * m.seq_length * F32 if layer_ids else 0
+    if _causal_blocks_built(cfg, m, dims, [not (in_blocks and _core_recomputed(i, *cores)) for i in layer_ids]):
+        # the causal row blocks compiled cores read (mindtrain-models' plan_causal_blocks):
+        # (G + 1) / 2G of the mask again, cut per head as the mask is
+        mask += b * m.num_attention_heads * causal_block_elements(m.seq_length) * F32
     if m.model_type == "deepseek_v4":  # one cached [S, S] window mask; the head collapses the streams first
         mask = s * m.seq_length * F32 if layer_ids else 0
         if "head" in units:
