@@ -21,23 +21,25 @@ call ``asnumpy``.
 
 from __future__ import annotations
 
-import mindspore as ms
+import functools
+
 from mindspore import Tensor, nn, ops
+
+from mindtrain.models.precision import current_device
 
 # below this many elements the copy a view costs (~0.1 ms per MB) is less than the custom
 # bprop cell's own overhead (~0.06 ms measured in a backward)
 MIN_ELEMENTS = 1 << 16
 
 
-_DEVICE = []  # the device, read once (``get_context`` costs ~11 us a call)
+@functools.lru_cache(maxsize=None)
+def _on_cpu() -> bool:
+    """The process runs on CPU (read once: ``get_context`` costs ~11 us a call)."""
+    return current_device().upper() == "CPU"
 
 
 def _host_ready(x) -> bool:
-    if x.size < MIN_ELEMENTS or not x.is_contiguous():
-        return False
-    if not _DEVICE:
-        _DEVICE.append(str(ms.get_context("device_target")))
-    return _DEVICE[0] == "CPU"
+    return x.size >= MIN_ELEMENTS and x.is_contiguous() and _on_cpu()
 
 
 def _shared(x, shape):

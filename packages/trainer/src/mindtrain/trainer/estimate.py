@@ -663,9 +663,11 @@ def activation_bytes(cfg: MindTrainConfig, dims: ParallelDims, units: list[str],
                                                                       m.seq_length, rows)
     block = min(s, max(1, rows // m.seq_length)) * m.seq_length  # one block's scores
     largest_scores = 0  # the scores one attention backward holds at once
+    plain_cores = []  # per layer: its attention core runs whole (not recomputed in row blocks)
     for i in layer_ids:
         mod = layer_module(m, i, z, dims)
         blocked = in_blocks and _core_recomputed(i, *cores)
+        plain_cores.append(not blocked)
         k, r = _layer_kept(mod, m, i, z, full, select, blocked)
         paths = {sub.path: sub.total() for sub in mod.walk()}
         largest_scores = max(largest_scores, block if blocked else scores)
@@ -689,7 +691,7 @@ def activation_bytes(cfg: MindTrainConfig, dims: ParallelDims, units: list[str],
         # product and the label scatter's result
         transient = max(transient, 4 * tokens * v * F32)
     mask = b * m.num_attention_heads * s * m.seq_length * F32 if layer_ids else 0
-    if _causal_blocks_built(cfg, m, dims, [not (in_blocks and _core_recomputed(i, *cores)) for i in layer_ids]):
+    if _causal_blocks_built(cfg, m, dims, plain_cores):
         # the causal row blocks compiled cores read (mindtrain-models' plan_causal_blocks):
         # (G + 1) / 2G of the mask again, cut per head as the mask is
         mask += b * m.num_attention_heads * causal_block_elements(m.seq_length) * F32
